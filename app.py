@@ -1,0 +1,101 @@
+"""Chainlit handlers: chat that streams answers from the in-process vLLM engine.
+
+Flow: handler -> session store (history, budgets, turn lifetime) -> engine.
+Everything with state or rules lives in services/; this file only wires
+Chainlit's events to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import chainlit as cl
+from chainlit.input_widget import Slider, TextInput
+from chainlit.server import app as http_app
+
+from services.chainlit_state import forget_chat_context
+from services.engine import report_failure
+from services.metrics import install_routes
+from services.runtime import Runtime
+
+runtime = Runtime()
+install_routes(http_app, runtime.status)
+
+
+@cl.on_app_startup
+async def start_service() -> None:
+    await runtime.start()
+
+
+@cl.on_app_shutdown
+async def stop_service() -> None:
+    await runtime.stop()
+
+
+@cl.on_chat_start
+async def start_chat() -> None:
+    session = runtime.sessions.open(cl.context.session.id)
+    limit = runtime.settings.max_new_tokens_limit
+    await cl.ChatSettings(
+        [
+            Slider(id="temperature", label="Temperature", initial=session.sampling.temperature,
+                   min=0, max=2, step=0.05),
+            Slider(id="top_p", label="Top p", initial=session.sampling.top_p, min=0.05, max=1, step=0.05),
+            Slider(id="max_new_tokens", label="Max new tokens", initial=session.sampling.max_new_tokens,
+                   min=16, max=limit, step=16),
+            TextInput(id="system_prompt", label="System prompt", initial=session.system_prompt),
+        ]
+    ).send()  # fmt: skip
+
+
+@cl.on_settings_update
+async def update_settings(values: dict) -> None:
+    session = runtime.sessions.open(cl.context.session.id)
+    runtime.sessions.update_settings(session, **values)
+
+
+@cl.on_message
+async def answer(message: cl.Message) -> None:
+    sessions = runtime.sessions
+    session = sessions.open(cl.context.session.id)
+    if len(message.content) > runtime.settings.max_message_chars:
+        await cl.ErrorMessage(
+            f"Your message has {len(message.content):,} characters; the limit is "
+            f"{runtime.settings.max_message_chars:,}. Please shorten it."
+        ).send()
+        return
+    reply = cl.Message(content="")
+    async with sessions.turn(session) as request_id:
+        try:
+            prompt = sessions.build_prompt(session, message.content)
+            if prompt.dropped_messages:
+                await cl.Message(
+                    author="notice",
+                    content=f"_{prompt.dropped_messages} older message(s) were left out to fit "
+                    f"the model's {runtime.engine.max_model_len:,}-token context._",
+                ).send()
+            async for delta in sessions.reply(session, prompt, request_id):
+                await reply.stream_token(delta)
+        except asyncio.CancelledError:
+            if reply.content:
+                await asyncio.shield(reply.update())
+            raise
+        except Exception as error:  # one error shape for every failure of a turn
+            reply.content += ("\n\n" if reply.content else "") + f"⚠️ {report_failure(error, request_id)}"
+        await reply.send()
+    forget_chat_context(session.session_id)
+
+
+@cl.on_stop
+async def stop_turn() -> None:
+    if session := runtime.sessions.get(cl.context.session.id):
+        session.cancel_turn()
+
+
+@cl.on_chat_end
+async def end_chat() -> None:
+    # Chainlit does not cancel a running on_message task on disconnect: closing
+    # the session cancels it (aborting its engine request) and frees its state.
+    if runtime.sessions is not None:
+        runtime.sessions.close(cl.context.session.id)
+    forget_chat_context(cl.context.session.id)

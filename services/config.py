@@ -1,0 +1,191 @@
+"""The one settings object: every limit and engine option, read from env vars.
+
+Engine options carry the names of vLLM's ``AsyncEngineArgs`` fields (upper-cased
+as env vars), so vLLM's own documentation explains them. Values are parsed and
+validated once, at startup, and a bad value stops the app with a message that
+names the variable, the value and what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+SENSITIVE_WORDS = ("TOKEN", "SECRET", "PASSWORD", "KEY")
+
+
+class SettingsError(ValueError):
+    """A setting has a value the app cannot use."""
+
+
+def _setting(default: Any, env: str, doc: str, minimum: float | None = None) -> Any:
+    return field(default=default, metadata={"env": env, "doc": doc, "min": minimum})
+
+
+def _default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return str(Path(base) / "vllm-chat")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """All settings of the service. Field names are the env vars, lower-cased."""
+
+    # --- engine: names as in vLLM's AsyncEngineArgs --------------------------
+    model: str = _setting(
+        "", "MODEL", "Model folder or id vLLM loads; empty = bundled SmolLM2-135M-Instruct."
+    )
+    dtype: str = _setting(
+        "bfloat16", "DTYPE", "Weights/activations dtype (auto, bfloat16, float16, float32)."
+    )
+    max_model_len: int = _setting(8192, "MAX_MODEL_LEN", "Context window in tokens (prompt + answer).", 16)
+    max_num_seqs: int = _setting(64, "MAX_NUM_SEQS", "Sequences batched together at most.", 1)
+    max_num_batched_tokens: int = _setting(
+        8192, "MAX_NUM_BATCHED_TOKENS", "Tokens per engine step (chunked-prefill budget).", 16
+    )
+    enable_prefix_caching: bool = _setting(
+        True, "ENABLE_PREFIX_CACHING", "Reuse KV of shared prompt prefixes (history, documents)."
+    )
+    enable_chunked_prefill: bool = _setting(
+        True, "ENABLE_CHUNKED_PREFILL", "Split long prompts so decoding streams keep flowing."
+    )
+    gpu_memory_utilization: float = _setting(
+        0.9, "GPU_MEMORY_UTILIZATION", "Share of GPU memory vLLM may use (CUDA only).", 0.01
+    )
+    swap_space: float = _setting(4.0, "SWAP_SPACE", "CPU swap space per GPU in GiB (CUDA only).", 0)
+    enforce_eager: bool = _setting(
+        True, "ENFORCE_EAGER", "Skip torch.compile/graphs: starts in ~25 s instead of minutes."
+    )
+    tensor_parallel_size: int = _setting(1, "TENSOR_PARALLEL_SIZE", "GPUs per model replica.", 1)
+    quantization: str = _setting(
+        "", "QUANTIZATION", "Quantization method (awq, gptq, fp8, ...); empty = none."
+    )
+    kv_cache_dtype: str = _setting("auto", "KV_CACHE_DTYPE", "KV cache dtype (auto, fp8, ...).")
+    cpu_kvcache_space_gib: int = _setting(
+        1, "VLLM_CPU_KVCACHE_SPACE", "KV-cache size in GiB on CPU (vLLM's own variable).", 1
+    )
+
+    # --- chat ----------------------------------------------------------------
+    system_prompt: str = _setting(
+        "You are a helpful, concise assistant.", "SYSTEM_PROMPT", "Default system prompt."
+    )
+    temperature: float = _setting(0.2, "TEMPERATURE", "Default sampling temperature.", 0)
+    top_p: float = _setting(0.9, "TOP_P", "Default nucleus sampling top_p.", 0.01)
+    max_new_tokens: int = _setting(512, "MAX_NEW_TOKENS", "Default answer budget in tokens.", 1)
+    max_new_tokens_limit: int = _setting(
+        4096, "MAX_NEW_TOKENS_LIMIT", "Largest answer budget a user may pick in chat settings.", 1
+    )
+    max_message_chars: int = _setting(
+        100_000, "MAX_MESSAGE_CHARS", "Longest chat message accepted, in characters.", 1
+    )
+    max_history_messages: int = _setting(
+        200, "MAX_HISTORY_MESSAGES", "Messages kept per session before the oldest are dropped.", 2
+    )
+
+    # --- sessions ------------------------------------------------------------
+    max_sessions: int = _setting(
+        1000, "MAX_SESSIONS", "Sessions kept at once; the least recently used is evicted.", 1
+    )
+    session_ttl_seconds: float = _setting(
+        3600.0, "SESSION_TTL_SECONDS", "Idle time after which a session is dropped.", 1
+    )
+
+    # --- files and processes -------------------------------------------------
+    cache_dir: str = _setting(_default_cache_dir(), "CACHE_DIR", "Where the prepared default model is kept.")
+    status_route: bool = _setting(
+        True, "STATUS_ROUTE", "Serve GET /status (JSON: sessions, in-flight requests)."
+    )
+
+    @property
+    def model_path(self) -> str:
+        """What vLLM loads: MODEL, or the prepared default model's folder."""
+        return self.model or str(Path(self.cache_dir) / "models" / DEFAULT_MODEL_NAME)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Read and validate every setting; raise SettingsError naming the culprit."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            env = f.metadata["env"]
+            raw = environ.get(env)
+            if raw is None:
+                continue
+            values[f.name] = _parse(env, raw.strip(), f.type, f.metadata["min"])
+        settings = cls(**values)
+        settings._check()
+        return settings
+
+    def _check(self) -> None:
+        if self.max_new_tokens > self.max_new_tokens_limit:
+            raise SettingsError(
+                f"MAX_NEW_TOKENS={self.max_new_tokens} exceeds MAX_NEW_TOKENS_LIMIT="
+                f"{self.max_new_tokens_limit}"
+            )
+        if self.max_new_tokens >= self.max_model_len:
+            raise SettingsError(
+                f"MAX_NEW_TOKENS={self.max_new_tokens} leaves no room for a prompt in "
+                f"MAX_MODEL_LEN={self.max_model_len}"
+            )
+        if self.top_p > 1:
+            raise SettingsError(f"TOP_P={self.top_p} must be at most 1")
+
+    def non_default(self) -> dict[str, Any]:
+        """Settings that differ from the defaults, secrets redacted (for the start-up log)."""
+        changed = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value != f.default:
+                env = f.metadata["env"]
+                redact = any(word in env for word in SENSITIVE_WORDS)
+                changed[env] = "***" if redact else value
+        return changed
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with some fields changed (tests and benchmarks)."""
+        return dataclasses.replace(self, **changes)
+
+
+def _parse(env: str, raw: str, kind: str, minimum: float | None) -> Any:
+    """Parse one env value by the field's declared type name."""
+    if kind == "str":
+        return raw
+    if kind == "bool":
+        lowered = raw.lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise SettingsError(f"{env}={raw!r} is not a boolean (use true or false)")
+    try:
+        value: float = int(raw) if kind == "int" else float(raw)
+    except ValueError:
+        expected = "a whole number" if kind == "int" else "a number"
+        raise SettingsError(f"{env}={raw!r} is not {expected}") from None
+    if minimum is not None and value < minimum:
+        raise SettingsError(f"{env}={raw!r} must be at least {minimum:g}")
+    return value
+
+
+def settings_table() -> str:
+    """The README's settings table, generated from the fields (one source of truth)."""
+    rows = ["| Variable | Default | Meaning |", "|---|---|---|"]
+    for f in fields(Settings):
+        default = f.default
+        if f.name == "cache_dir":
+            default = "~/.cache/vllm-chat"
+        shown = f"`{default}`" if default != "" else "(empty)"
+        rows.append(f"| `{f.metadata['env']}` | {shown} | {f.metadata['doc']} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(settings_table())

@@ -1,0 +1,220 @@
+"""Per-session chat state in a TTL-bounded LRU, and the lifetime of a chat turn.
+
+`SessionStore.turn` is the one place that ties a turn to its session: it
+cancels the previous turn (one generation in flight per session), registers
+the running task so that stop, disconnect, eviction and expiry can cancel it,
+and the engine aborts the request whenever a turn's stream ends early.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
+
+from cachetools import TTLCache
+
+from services.config import Settings
+from services.engine import ChatEngine, Message, SamplingSettings, TokenBudgetError, token_budget
+
+logger = logging.getLogger(__name__)
+
+# How long a new turn waits for the turn it cancelled to finish its cleanup.
+PREVIOUS_TURN_GRACE_SECONDS = 2.0
+
+
+@dataclass
+class ChatSession:
+    """One user's conversation: settings, bounded history, the turn in flight."""
+
+    session_id: str
+    sampling: SamplingSettings
+    system_prompt: str
+    history: deque[Message]
+    turn_task: asyncio.Task | None = None
+    request_id: str | None = None
+
+    def cancel_turn(self) -> asyncio.Task | None:
+        """Cancel the running turn, if any; return it so the caller may await it."""
+        task = self.turn_task
+        if task is not None and not task.done():
+            task.cancel()
+            return task
+        return None
+
+
+@dataclass(frozen=True)
+class TrimmedPrompt:
+    """The messages sent to the engine and how many history messages were left out."""
+
+    messages: list[Message]
+    dropped_messages: int
+
+
+class _SessionCache(TTLCache):
+    """A TTLCache that hands every evicted or expired session to `on_drop`."""
+
+    def __init__(self, maxsize: int, ttl: float, timer: Callable[[], float], on_drop: Callable) -> None:
+        super().__init__(maxsize=maxsize, ttl=ttl, timer=timer)
+        self._on_drop = on_drop
+
+    def popitem(self):  # called by cachetools when the LRU bound is hit
+        key, session = super().popitem()
+        self._on_drop(session, "evicted")
+        return key, session
+
+    def expire(self, time=None):
+        expired = super().expire(time)
+        for _, session in expired:
+            self._on_drop(session, "expired")
+        return expired
+
+
+class SessionStore:
+    """All sessions of the process. Bounded by MAX_SESSIONS and SESSION_TTL_SECONDS."""
+
+    def __init__(self, engine: ChatEngine, settings: Settings, timer: Callable[[], float] = time.monotonic):
+        self.engine = engine
+        self.settings = settings
+        self._sessions = _SessionCache(
+            settings.max_sessions, settings.session_ttl_seconds, timer, self._release
+        )
+        self.dropped_total: dict[str, int] = {"evicted": 0, "expired": 0, "closed": 0}
+
+    # --- lifecycle -----------------------------------------------------------
+    def open(self, session_id: str) -> ChatSession:
+        """The session for `session_id`, created on first use; marks it as used now."""
+        self._sessions.expire()
+        session = self._sessions.get(session_id)
+        if session is None:
+            s = self.settings
+            session = ChatSession(
+                session_id=session_id,
+                sampling=SamplingSettings(s.temperature, s.top_p, s.max_new_tokens),
+                system_prompt=s.system_prompt,
+                history=deque(maxlen=s.max_history_messages),
+            )
+        self._sessions[session_id] = session  # (re)insert: refreshes TTL and LRU order
+        return session
+
+    def get(self, session_id: str) -> ChatSession | None:
+        return self._sessions.get(session_id)
+
+    def close(self, session_id: str) -> None:
+        """Drop a session now (disconnect): cancel its turn, free its state."""
+        session = self._sessions.pop(session_id, None)
+        if session is not None:
+            self._release(session, "closed")
+
+    def expire(self) -> int:
+        """Drop sessions idle for longer than the TTL; return how many."""
+        return len(self._sessions.expire())
+
+    def close_all(self) -> None:
+        for session_id in list(self._sessions.keys()):
+            self.close(session_id)
+
+    def _release(self, session: ChatSession, reason: str) -> None:
+        self.dropped_total[reason] += 1
+        if session.cancel_turn() is not None:
+            logger.info("session %s %s: cancelled its running turn", session.session_id[:8], reason)
+        session.history.clear()
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def turns_in_flight(self) -> int:
+        return sum(1 for s in self._sessions.values() if s.turn_task is not None and not s.turn_task.done())
+
+    # --- settings ------------------------------------------------------------
+    def update_settings(
+        self,
+        session: ChatSession,
+        *,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
+        system_prompt: str,
+    ) -> None:
+        """Apply chat settings from the UI, clamped to the service limits."""
+        limit = self.settings.max_new_tokens_limit
+        session.sampling = replace(
+            session.sampling,
+            temperature=min(max(float(temperature), 0.0), 2.0),
+            top_p=min(max(float(top_p), 0.01), 1.0),
+            max_new_tokens=min(max(int(max_new_tokens), 1), limit),
+        )
+        session.system_prompt = system_prompt.strip() or self.settings.system_prompt
+
+    # --- turns ---------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def turn(self, session: ChatSession) -> AsyncIterator[str]:
+        """Run one turn in the current task; yields its engine request id.
+
+        Cancels the session's previous turn first. Anything that cancels the
+        task (Stop, disconnect, eviction, a newer message) ends the stream, and
+        `ChatEngine.generate` aborts the engine request on the way out.
+        """
+        previous = session.cancel_turn()
+        if previous is not None:
+            await asyncio.wait([previous], timeout=PREVIOUS_TURN_GRACE_SECONDS)
+        task = asyncio.current_task()
+        request_id = f"chat-{session.session_id[:8]}-{uuid.uuid4().hex[:12]}"
+        session.turn_task, session.request_id = task, request_id
+        try:
+            yield request_id
+        finally:
+            if session.turn_task is task:
+                session.turn_task, session.request_id = None, None
+            if self._sessions.get(session.session_id) is session:
+                self._sessions[session.session_id] = session  # activity refreshes the TTL
+
+    def build_prompt(self, session: ChatSession, user_text: str) -> TrimmedPrompt:
+        """System prompt + the newest history that fits + the new message.
+
+        Older messages are left out (whole user/assistant pairs) until the
+        prompt plus the answer budget fits the context window.
+        """
+        system = {"role": "system", "content": session.system_prompt}
+        new = {"role": "user", "content": user_text}
+        history = list(session.history)
+        answer_tokens = min(session.sampling.max_new_tokens, self.engine.max_model_len // 2)
+        dropped = 0
+        while True:
+            messages = [system, *history, new]
+            prompt_tokens = len(self.engine.encode_chat(messages))
+            fits = prompt_tokens + answer_tokens <= self.engine.max_model_len
+            if fits or not history:
+                break
+            cut = 2 if len(history) >= 2 else 1
+            history, dropped = history[cut:], dropped + cut
+        if not fits:
+            # Not even the new message fits with a full answer: let the shared
+            # budget rule decide whether any answer is possible at all.
+            budget = token_budget(self.engine.max_model_len, prompt_tokens, session.sampling.max_new_tokens)
+            if budget < min(16, session.sampling.max_new_tokens):
+                raise TokenBudgetError(
+                    f"Input length ({prompt_tokens} tokens) leaves no room for an answer in the "
+                    f"model's context length ({self.engine.max_model_len} tokens)."
+                )
+        return TrimmedPrompt(messages, dropped)
+
+    async def reply(self, session: ChatSession, prompt: TrimmedPrompt, request_id: str) -> AsyncIterator[str]:
+        """Stream the answer to `prompt` and record the exchange in the history."""
+        user_text = prompt.messages[-1]["content"]
+        parts: list[str] = []
+        try:
+            stream = self.engine.generate(prompt.messages, session.sampling, request_id)
+            async with contextlib.aclosing(stream):
+                async for delta in stream:
+                    parts.append(delta)
+                    yield delta
+        finally:
+            session.history.append({"role": "user", "content": user_text})
+            if parts:
+                session.history.append({"role": "assistant", "content": "".join(parts)})

@@ -1,0 +1,148 @@
+"""A Chainlit 2.12 socket.io client: what the browser does, without the browser.
+
+Used by the server tests, the benchmarks and the load test. Protocol notes in
+../shared/FIELD_NOTES.md: the first token arrives inside `stream_start.output`,
+later ones as `stream_token`; `new_message` carries the final text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import socketio
+
+SOCKET_PATH = "/ws/socket.io"
+
+
+@dataclass
+class Reply:
+    """One assistant message as the client saw it."""
+
+    message_id: str | None = None
+    streamed: list[str] = field(default_factory=list)
+    final: str | None = None
+    sent_at: float = 0.0
+    first_token_at: float | None = None
+    done_at: float | None = None
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def streamed_text(self) -> str:
+        return "".join(self.streamed)
+
+    @property
+    def ttft_seconds(self) -> float | None:
+        return None if self.first_token_at is None else self.first_token_at - self.sent_at
+
+
+class ChatClient:
+    """One chat session over socket.io (async)."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+        self.session_id = str(uuid.uuid4())
+        self.sio = socketio.AsyncClient(reconnection=False)
+        self.events: list[tuple[str, Any]] = []
+        self.messages: dict[str, dict] = {}
+        self._reply: Reply | None = None
+        for name in ("stream_start", "stream_token", "new_message", "update_message", "task_end", "task_start"):
+            self.sio.on(name, self._handler(name))
+
+    def _handler(self, name: str):
+        async def handle(data: Any = None) -> None:
+            self.events.append((name, data))
+            del self.events[:-200]  # keep the tail only: long runs must not grow
+            self._on_event(name, data)
+
+        return handle
+
+    def _on_event(self, name: str, data: Any) -> None:
+        reply = self._reply
+        if name in ("new_message", "update_message", "stream_start") and isinstance(data, dict):
+            self.messages[data["id"]] = data
+        if reply is None or reply.done.is_set():
+            return
+        now = time.monotonic()
+        if name == "stream_start" and data.get("type") == "assistant_message":
+            reply.message_id = data["id"]
+            reply.first_token_at = now
+            reply.streamed.append(data.get("output") or "")
+        elif name == "stream_token" and data.get("id") == reply.message_id:
+            reply.streamed.append(data["token"])
+        elif name in ("new_message", "update_message") and data.get("type") == "assistant_message":
+            if reply.message_id is None and data.get("name") != "notice":
+                reply.message_id = data["id"]  # answered without streaming (e.g. an error)
+            if data["id"] == reply.message_id:
+                reply.final = data.get("output", "")
+                reply.done_at = now
+                reply.done.set()
+
+    async def connect(self) -> None:
+        auth = {
+            "sessionId": self.session_id,
+            "clientType": "webapp",
+            "threadId": "",
+            "userEnv": "{}",
+            "chatProfile": "",
+        }
+        await self.sio.connect(
+            self.base_url, socketio_path=SOCKET_PATH, transports=["websocket"], auth=auth, wait_timeout=10
+        )
+        await self.sio.emit("connection_successful")
+
+    async def send(self, text: str, file_ids: list[str] | None = None) -> Reply:
+        """Send a user message; the returned Reply fills in as the answer streams."""
+        reply = Reply(sent_at=time.monotonic())
+        self._reply = reply
+        payload = {
+            "message": {
+                "id": str(uuid.uuid4()),
+                "type": "user_message",
+                "output": text,
+                "createdAt": datetime.now(UTC).isoformat(),
+                "name": "User",
+                "threadId": "",
+                "metadata": {},
+            },
+            "fileReferences": [{"id": file_id} for file_id in file_ids or []],
+        }
+        await self.sio.emit("client_message", payload)
+        return reply
+
+    async def ask(self, text: str, timeout: float = 120) -> Reply:
+        reply = await self.send(text)
+        await asyncio.wait_for(reply.done.wait(), timeout)
+        return reply
+
+    async def wait_first_token(self, reply: Reply, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while reply.first_token_at is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError("no token streamed")
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        await self.sio.emit("stop")
+
+    async def update_settings(self, **values: Any) -> None:
+        await self.sio.emit("chat_settings_change", values)
+
+    async def close(self) -> None:
+        await self.sio.disconnect()
+
+    async def drop(self) -> None:
+        """Vanish abruptly: close the TCP connection without a socket.io goodbye."""
+        engine_io = self.sio.eio
+        if engine_io.ws is not None:
+            await engine_io.ws.close()
+        await engine_io.disconnect(abort=True)
+
+
+def describe(events: list[tuple[str, Any]]) -> str:
+    return "\n".join(f"{name}: {json.dumps(data)[:200]}" for name, data in events)

@@ -1,0 +1,89 @@
+"""Start and stop a real `chainlit run` server on a free loopback port."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class AppServer:
+    """`chainlit run app.py` as a child process, with its own env and log file."""
+
+    def __init__(self, env: dict[str, str], log_path: Path, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.env = {**os.environ, **env}
+        self.process: subprocess.Popen | None = None
+        self.engine_processes: list[psutil.Process] = []
+
+    def start(self, timeout: float = 300) -> AppServer:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("wb")
+        chainlit = str(Path(sys.executable).with_name("chainlit"))
+        command = [chainlit, "run", "app.py", "--headless", "--host", "127.0.0.1", "--port", str(self.port)]
+        self.process = subprocess.Popen(command, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with {self.process.returncode}; see {self.log_path}")
+            try:
+                if self.status().get("ready"):
+                    self.engine_processes = psutil.Process(self.process.pid).children(recursive=True)
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise TimeoutError(f"server not ready in {timeout} s; see {self.log_path}")
+
+    def get_json(self, path: str, timeout: float = 5) -> Any:
+        with urllib.request.urlopen(self.base_url + path, timeout=timeout) as response:
+            return json.loads(response.read())
+
+    def status(self) -> dict[str, Any]:
+        return self.get_json("/status")
+
+    def wait_for(self, predicate, timeout: float, interval: float = 0.05) -> dict[str, Any]:
+        """Poll /status until `predicate(status)` holds; return that status."""
+        deadline = time.monotonic() + timeout
+        status = self.status()
+        while not predicate(status):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"condition not met within {timeout} s; last status: {status}")
+            time.sleep(interval)
+            status = self.status()
+        return status
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> list[psutil.Process]:
+        """Signal the server and wait; return engine processes still alive (should be none)."""
+        if self.process is None or self.process.poll() is not None:
+            return []
+        self.process.send_signal(sig)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        _, alive = psutil.wait_procs(self.engine_processes, timeout=10)
+        for leftover in alive:
+            leftover.kill()
+        return alive

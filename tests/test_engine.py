@@ -1,0 +1,129 @@
+"""The real vLLM engine on the tiny model: streaming, concurrency, every abort route."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from services.engine import ChatEngine, SamplingSettings, StreamStats, TokenBudgetError, engine_lifespan
+from tests.conftest import tiny_settings
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+QUESTION = [{"role": "user", "content": "Tell me a long story."}]
+LONG = SamplingSettings(temperature=1.0, top_p=1.0, max_new_tokens=3000)
+SHORT = SamplingSettings(temperature=1.0, top_p=1.0, max_new_tokens=24)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def engine(tiny_model_dir: Path) -> AsyncIterator[ChatEngine]:
+    async with engine_lifespan(tiny_settings(tiny_model_dir)) as engine:
+        yield engine
+
+
+@pytest.fixture
+def finished(engine: ChatEngine) -> list[StreamStats]:
+    """Stats of every request that ends during the test."""
+    seen: list[StreamStats] = []
+    engine.on_finish(seen.append)
+    yield seen
+    engine._on_finish.remove(seen.append)
+
+
+async def collect(engine: ChatEngine, request_id: str, sampling: SamplingSettings = SHORT) -> str:
+    return "".join([delta async for delta in engine.generate(QUESTION, sampling, request_id)])
+
+
+async def wait_until_idle(engine: ChatEngine, timeout: float = 1.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while engine.unfinished_requests():
+        assert asyncio.get_running_loop().time() < deadline, "engine still holds requests"
+        await asyncio.sleep(0.01)
+
+
+async def test_streams_text_deltas(engine: ChatEngine, finished: list[StreamStats]) -> None:
+    deltas = [delta async for delta in engine.generate(QUESTION, SHORT, "stream-1")]
+    assert len(deltas) > 1, "the answer should arrive in several pieces"
+    assert finished[-1].finish_reason in ("length", "stop")
+    assert 0 < finished[-1].output_tokens <= SHORT.max_new_tokens
+    assert engine.unfinished_requests() == 0
+
+
+async def test_eight_concurrent_streams(engine: ChatEngine) -> None:
+    answers = await asyncio.gather(*(collect(engine, f"concurrent-{i}") for i in range(8)))
+    assert all(answers)
+    assert engine.unfinished_requests() == 0
+
+
+async def start_long_stream(engine: ChatEngine, request_id: str) -> tuple[AsyncIterator[str], list[str]]:
+    stream = engine.generate(QUESTION, LONG, request_id)
+    received = [await anext(stream) for _ in range(3)]
+    assert engine.unfinished_requests() == 1
+    return stream, received
+
+
+async def test_explicit_abort_ends_the_stream(engine: ChatEngine, finished: list[StreamStats]) -> None:
+    stream, _ = await start_long_stream(engine, "abort-explicit")
+    await engine.abort("abort-explicit")
+    rest = [delta async for delta in stream]  # the stream ends on its own
+    assert len(rest) < LONG.max_new_tokens
+    assert finished[-1].finish_reason == "abort"
+    await wait_until_idle(engine)
+
+
+async def test_task_cancellation_aborts(engine: ChatEngine, finished: list[StreamStats]) -> None:
+    started = asyncio.Event()
+
+    async def consume() -> None:
+        async for _ in engine.generate(QUESTION, LONG, "abort-cancel"):
+            started.set()
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(started.wait(), 30)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert finished[-1].finish_reason == "abort"
+    await wait_until_idle(engine)
+
+
+async def test_early_close_aborts(engine: ChatEngine, finished: list[StreamStats]) -> None:
+    stream, _ = await start_long_stream(engine, "abort-close")
+    await stream.aclose()
+    assert finished[-1].finish_reason == "abort"
+    await wait_until_idle(engine)
+
+
+async def test_consumer_exception_aborts(engine: ChatEngine) -> None:
+    with pytest.raises(RuntimeError, match="consumer failed"):
+        stream = engine.generate(QUESTION, LONG, "abort-exception")
+        async with contextlib.aclosing(stream):
+            async for _ in stream:
+                raise RuntimeError("consumer failed")
+    await wait_until_idle(engine)
+
+
+async def test_engine_still_serves_after_aborts(engine: ChatEngine) -> None:
+    for i in range(3):
+        stream, _ = await start_long_stream(engine, f"churn-{i}")
+        await stream.aclose()
+    assert await collect(engine, "after-aborts")
+    assert engine.unfinished_requests() == 0
+
+
+async def test_prompt_beyond_context_is_refused(engine: ChatEngine) -> None:
+    huge = [{"role": "user", "content": "word " * 5000}]
+    with pytest.raises(TokenBudgetError, match="exceeds the model's maximum context length"):
+        await anext(engine.generate(huge, SHORT, "too-long"))
+    assert engine.unfinished_requests() == 0
+
+
+async def test_answer_budget_is_capped_by_context(engine: ChatEngine, finished: list[StreamStats]) -> None:
+    prompt_tokens = len(engine.encode_chat(QUESTION))
+    await collect(engine, "capped", SamplingSettings(1.0, 1.0, max_new_tokens=100_000))
+    assert finished[-1].output_tokens <= engine.max_model_len - prompt_tokens
