@@ -51,7 +51,7 @@ async def start_chat() -> None:
 @cl.on_settings_update
 async def update_settings(values: dict) -> None:
     session = runtime.sessions.open(cl.context.session.id)
-    runtime.sessions.update_settings(session, **values)
+    runtime.sessions.update_settings(session, values)
 
 
 @cl.on_message

@@ -19,7 +19,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-SENSITIVE_WORDS = ("TOKEN", "SECRET", "PASSWORD", "KEY")
+SENSITIVE_SUFFIXES = ("_TOKEN", "_SECRET", "PASSWORD", "_KEY")
 
 
 class SettingsError(ValueError):
@@ -145,7 +145,7 @@ class Settings:
             value = getattr(self, f.name)
             if value != f.default:
                 env = f.metadata["env"]
-                redact = any(word in env for word in SENSITIVE_WORDS)
+                redact = env.endswith(SENSITIVE_SUFFIXES)
                 changed[env] = "***" if redact else value
         return changed
 

@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, replace
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from cachetools import TTLCache
 
@@ -132,24 +134,29 @@ class SessionStore:
         return sum(1 for s in self._sessions.values() if s.turn_task is not None and not s.turn_task.done())
 
     # --- settings ------------------------------------------------------------
-    def update_settings(
-        self,
-        session: ChatSession,
-        *,
-        temperature: float,
-        top_p: float,
-        max_new_tokens: int,
-        system_prompt: str,
-    ) -> None:
-        """Apply chat settings from the UI, clamped to the service limits."""
-        limit = self.settings.max_new_tokens_limit
-        session.sampling = replace(
-            session.sampling,
-            temperature=min(max(float(temperature), 0.0), 2.0),
-            top_p=min(max(float(top_p), 0.01), 1.0),
-            max_new_tokens=min(max(int(max_new_tokens), 1), limit),
+    def update_settings(self, session: ChatSession, values: Mapping[str, Any]) -> None:
+        """Apply chat settings from the UI (any subset), clamped to the service limits.
+
+        Unknown keys and values that are not numbers are ignored.
+        """
+        current = session.sampling
+
+        def number(key: str, default: float, low: float, high: float) -> float:
+            try:
+                value = float(values.get(key, default))
+            except (TypeError, ValueError):
+                return default
+            return min(max(value, low), high) if math.isfinite(value) else default
+
+        session.sampling = SamplingSettings(
+            temperature=number("temperature", current.temperature, 0.0, 2.0),
+            top_p=number("top_p", current.top_p, 0.01, 1.0),
+            max_new_tokens=int(
+                number("max_new_tokens", current.max_new_tokens, 1, self.settings.max_new_tokens_limit)
+            ),
         )
-        session.system_prompt = system_prompt.strip() or self.settings.system_prompt
+        if isinstance(values.get("system_prompt"), str):
+            session.system_prompt = values["system_prompt"].strip() or self.settings.system_prompt
 
     # --- turns ---------------------------------------------------------------
     @contextlib.asynccontextmanager

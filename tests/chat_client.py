@@ -8,6 +8,7 @@ later ones as `stream_token`; `new_message` carries the final text.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -51,7 +52,14 @@ class ChatClient:
         self.events: list[tuple[str, Any]] = []
         self.messages: dict[str, dict] = {}
         self._reply: Reply | None = None
-        for name in ("stream_start", "stream_token", "new_message", "update_message", "task_end", "task_start"):
+        for name in (
+            "stream_start",
+            "stream_token",
+            "new_message",
+            "update_message",
+            "task_end",
+            "task_start",
+        ):
             self.sio.on(name, self._handler(name))
 
     def _handler(self, name: str):
@@ -123,6 +131,8 @@ class ChatClient:
     async def wait_first_token(self, reply: Reply, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while reply.first_token_at is None:
+            if reply.done.is_set():
+                raise AssertionError(f"answered without streaming: {reply.final!r}")
             if time.monotonic() > deadline:
                 raise TimeoutError("no token streamed")
             await asyncio.sleep(0.01)
@@ -137,11 +147,13 @@ class ChatClient:
         await self.sio.disconnect()
 
     async def drop(self) -> None:
-        """Vanish abruptly: close the TCP connection without a socket.io goodbye."""
+        """Vanish abruptly: kill the TCP connection, no socket.io or websocket goodbye."""
         engine_io = self.sio.eio
-        if engine_io.ws is not None:
-            await engine_io.ws.close()
-        await engine_io.disconnect(abort=True)
+        connection = engine_io.ws._response.connection if engine_io.ws is not None else None
+        if connection is not None and connection.transport is not None:
+            connection.transport.abort()
+        with contextlib.suppress(Exception):
+            await engine_io.disconnect(abort=True)
 
 
 def describe(events: list[tuple[str, Any]]) -> str:

@@ -54,7 +54,7 @@ def tiny_server(tiny_model_dir: Path) -> Iterator[AppServer]:
 @pytest.fixture(scope="session")
 def default_server(default_model_dir: Path) -> Iterator[AppServer]:
     """A real `chainlit run` on the default model, as `scripts/run.sh` starts it."""
-    server = AppServer({}, ARTIFACTS / "logs" / "default-server.log").start()
+    server = AppServer({"MODEL": ""}, ARTIFACTS / "logs" / "default-server.log").start()
     yield server
     server.stop()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -72,6 +73,13 @@ class AppServer:
             time.sleep(interval)
             status = self.status()
         return status
+
+    async def poll(self, predicate, timeout: float, interval: float = 0.05) -> dict[str, Any]:
+        """`wait_for` for async tests: the event loop keeps running (and sending) meanwhile."""
+        return await asyncio.to_thread(self.wait_for, predicate, timeout, interval)
+
+    async def astatus(self) -> dict[str, Any]:
+        return await asyncio.to_thread(self.status)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> list[psutil.Process]:
         """Signal the server and wait; return engine processes still alive (should be none)."""

@@ -10,7 +10,13 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+)
+
 
 def build_tiny_model(tokenizer_dir: Path, out_dir: Path, max_position_embeddings: int = 4096) -> Path:
     """Write a 2-layer Llama with `tokenizer_dir`'s tokenizer into `out_dir`."""
@@ -29,7 +35,6 @@ def build_tiny_model(tokenizer_dir: Path, out_dir: Path, max_position_embeddings
         num_attention_heads=2,
         num_key_value_heads=1,
         head_dim=64,  # the CPU attention kernels support 32, 64, 80, 96, 112, 128, ...
-
         max_position_embeddings=max_position_embeddings,
         tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id,

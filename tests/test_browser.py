@@ -1,0 +1,59 @@
+"""A real headless Chromium types a message and watches the answer stream in."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Page, sync_playwright
+
+from tests.conftest import ARTIFACTS
+from tests.server import AppServer
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+ANSWER = '.step[data-step-type="assistant_message"] .message-content'
+
+
+@pytest.fixture
+def page(tmp_path: Path):
+    if not Path(CHROMIUM).exists():
+        pytest.fail("Debian's chromium is missing: run scripts/setup.sh --test")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        context = browser.new_context(viewport={"width": 1100, "height": 760})
+        yield context.new_page()
+        context.close()
+        browser.close()
+
+
+def answer_lengths(page: Page, seconds: float) -> list[int]:
+    """Length of the newest answer, sampled while it streams."""
+    lengths = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        answers = page.locator(ANSWER)
+        lengths.append(len(answers.last.inner_text()) if answers.count() else 0)
+        time.sleep(0.05)
+    return lengths
+
+
+def test_browser_chat_streams_an_answer(default_server: AppServer, page: Page) -> None:
+    page.goto(default_server.base_url)
+    page.locator("#chat-input").wait_for(timeout=30_000)
+    page.locator("#chat-input").fill("Write three sentences about the sea.")
+    page.locator("#chat-submit").click()
+    page.locator(ANSWER).first.wait_for(timeout=60_000)
+    lengths = answer_lengths(page, seconds=1.5)
+    assert len({n for n in lengths if n}) >= 3, f"the answer should grow while streaming: {lengths}"
+    page.locator("#chat-submit").wait_for(timeout=120_000)  # the stop button turns back into send
+    text = page.locator(ANSWER).last.inner_text()
+    assert len(text.split()) >= 5
+    screenshots = ARTIFACTS / "screenshots"
+    screenshots.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(screenshots / "chat.png"), full_page=True)

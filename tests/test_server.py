@@ -1,0 +1,123 @@
+"""A real `chainlit run` server on the tiny model, driven over Chainlit's socket.io protocol."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+
+import pytest
+
+from tests.chat_client import ChatClient
+from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
+from tests.server import AppServer
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+LONG_ANSWER_TOKENS = 3000
+
+
+def idle(status: dict) -> bool:
+    return status["engine_unfinished_requests"] == 0 and status["turns_in_flight"] == 0
+
+
+@contextlib.asynccontextmanager
+async def connected(server: AppServer, count: int = 1):
+    clients = [ChatClient(server.base_url) for _ in range(count)]
+    await asyncio.gather(*(client.connect() for client in clients))
+    try:
+        yield clients
+    finally:
+        await asyncio.gather(*(client.close() for client in clients), return_exceptions=True)
+
+
+async def start_long_answer(client: ChatClient, server: AppServer):
+    await client.update_settings(max_new_tokens=LONG_ANSWER_TOKENS, temperature=1.0)
+    reply = await client.send("Tell me everything you know.")
+    await client.wait_first_token(reply)
+    status = await server.astatus()
+    assert status["engine_unfinished_requests"] == 1, status
+    return reply
+
+
+async def test_twenty_concurrent_sessions_stream_their_replies(tiny_server: AppServer) -> None:
+    async with connected(tiny_server, 20) as clients:
+        replies = await asyncio.gather(*(c.ask(f"Question number {i}?") for i, c in enumerate(clients)))
+        for reply in replies:
+            assert reply.final, "every session gets a non-empty answer"
+            assert reply.streamed_text == reply.final, "streamed tokens add up to the final message"
+            assert len(reply.streamed) > 1, "the answer was streamed, not sent whole"
+        assert (await tiny_server.astatus())["sessions"] >= 20
+    status = await tiny_server.poll(lambda s: s["sessions"] == 0, timeout=5)
+    assert idle(status)
+    assert status["chainlit_chat_contexts"] == 0
+
+
+async def test_stop_mid_stream_aborts_the_engine_request(tiny_server: AppServer) -> None:
+    async with connected(tiny_server) as (client,):
+        reply = await start_long_answer(client, tiny_server)
+        await client.stop()
+        await tiny_server.poll(idle, timeout=2)
+        assert len(reply.streamed) < LONG_ANSWER_TOKENS
+        await client.update_settings(max_new_tokens=16)
+        again = await client.ask("Still there?")
+        assert again.final, "the session keeps working after Stop"
+        assert (await tiny_server.astatus())["sessions"] >= 1
+
+
+async def test_abrupt_disconnect_aborts_request_and_drops_session(tiny_server: AppServer) -> None:
+    async with connected(tiny_server) as (bystander,):
+        assert (await bystander.ask("Hello?")).final
+        sessions_before = (await tiny_server.astatus())["sessions"]
+        vanishing = ChatClient(tiny_server.base_url)
+        await vanishing.connect()
+        await tiny_server.poll(lambda s: s["sessions"] == sessions_before + 1, timeout=5)
+        await start_long_answer(vanishing, tiny_server)
+        await vanishing.drop()
+        status = await tiny_server.poll(
+            lambda s: idle(s) and s["sessions"] == sessions_before, timeout=1.0, interval=0.02
+        )
+        assert status["sessions_dropped_total"]["closed"] >= 1
+        reply = await bystander.ask("Did you notice anything?")
+        assert reply.final, "other sessions don't notice"
+
+
+async def test_new_message_replaces_the_running_answer(tiny_server: AppServer) -> None:
+    async with connected(tiny_server) as (client,):
+        first = await start_long_answer(client, tiny_server)
+        await client.update_settings(max_new_tokens=16)
+        second = await client.ask("Never mind: a short one.")
+        assert second.final
+        assert len(first.streamed) < LONG_ANSWER_TOKENS, "the first answer was cut short"
+        await tiny_server.poll(idle, timeout=2)
+
+
+async def test_message_beyond_the_context_gets_a_clear_error(tiny_server: AppServer) -> None:
+    async with connected(tiny_server) as (client,):
+        reply = await client.ask("hello " * (TINY_MAX_MODEL_LEN + 100))
+        assert "too long for this model" in reply.final
+        assert "exceeds the model's maximum context length" in reply.final
+        after = await client.ask("A short question?")
+        assert after.final and "⚠️" not in after.final
+    await tiny_server.poll(idle, timeout=2)
+
+
+async def test_trimmed_history_is_announced(tiny_server: AppServer) -> None:
+    filler = "lorem ipsum dolor sit amet " * 250  # ~1,500 tokens per message
+    async with connected(tiny_server) as (client,):
+        for turn in range(3):
+            reply = await client.ask(f"Part {turn}: {filler}")
+            assert reply.final
+        notices = [m for m in client.messages.values() if m.get("name") == "notice"]
+        assert notices, "dropping old messages is announced"
+        assert "older message(s) were left out" in notices[-1]["output"]
+
+
+async def test_sigint_stops_the_engine_processes(tiny_model_dir) -> None:
+    env = server_env(MODEL=tiny_model_dir, MAX_MODEL_LEN=TINY_MAX_MODEL_LEN, MAX_NUM_BATCHED_TOKENS=4096)
+    server = AppServer(env, ARTIFACTS / "logs" / "sigint-server.log")
+    await asyncio.to_thread(server.start)
+    assert server.engine_processes, "vLLM runs its engine in child processes"
+    leftovers = await asyncio.to_thread(server.stop, signal.SIGINT)
+    assert leftovers == []
+    assert server.process.returncode is not None
