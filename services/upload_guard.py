@@ -1,0 +1,144 @@
+"""Reject oversized uploads before they are read into memory (pure ASGI middleware).
+
+Chainlit's upload route reads the whole file into memory before it checks the
+size (see FIELD_NOTES), so the limit is enforced here, in front of it: by the
+Content-Length header when there is one, and by counting streamed body bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+DEFAULT_UPLOAD_PATH = "/project/file"  # Chainlit's upload route
+
+
+class UploadTooLargeError(Exception):
+    """Raised inside `receive` once a streamed body passes the limit."""
+
+
+def too_large_detail(max_upload_bytes: int) -> str:
+    """The sentence the user sees when an upload is over the limit."""
+    if max_upload_bytes >= 1024 * 1024:
+        size = f"{max_upload_bytes / (1024 * 1024):.1f}".removesuffix(".0") + " MB"
+    elif max_upload_bytes >= 1024:
+        size = f"{max_upload_bytes / 1024:.1f}".removesuffix(".0") + " KB"
+    else:
+        size = f"{max_upload_bytes} bytes"
+    return f"File too large: limit is {size}."
+
+
+class UploadSizeGuard:
+    """Answers 413 to POSTs on `path` whose body exceeds `max_upload_bytes`; all else passes.
+
+    The body is never buffered: a large Content-Length is refused unread, and a
+    streamed body is cut off at the first chunk past the limit.
+    """
+
+    def __init__(self, app: ASGIApp, max_upload_bytes: int, path: str = DEFAULT_UPLOAD_PATH) -> None:
+        if max_upload_bytes < 1:
+            raise ValueError("max_upload_bytes must be at least 1")
+        self.app = app
+        self.max_upload_bytes = max_upload_bytes
+        self.path = path
+
+    def _guards(self, scope: Scope) -> bool:
+        if scope["type"] != "http" or scope.get("method") != "POST":
+            return False
+        path = scope.get("path", "")
+        return path == self.path or path == scope.get("root_path", "") + self.path
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self._guards(scope):
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > self.max_upload_bytes:
+            logger.info("upload refused: Content-Length %d > %d bytes", declared, self.max_upload_bytes)
+            await self._reject(send)
+            return
+        await self._guarded_call(scope, receive, send)
+
+    async def _guarded_call(self, scope: Scope, receive: Receive, send: Send) -> None:
+        received_bytes = 0
+        too_large = False
+        response_started = False
+        replaced = False  # our 413 went out instead of the app's response
+
+        async def counting_receive() -> Message:
+            nonlocal received_bytes, too_large
+            if too_large:  # the app asks again after the error: the body is over
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.request":
+                received_bytes += len(message.get("body", b""))
+                if received_bytes > self.max_upload_bytes:
+                    too_large = True
+                    raise UploadTooLargeError(f"body passed {self.max_upload_bytes} bytes")
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal response_started, replaced
+            if replaced:
+                return  # the rest of the app's response, already replaced by our 413
+            if message["type"] == "http.response.start":
+                response_started = True
+                if too_large:
+                    # The app turned our error into a response of its own (FastAPI says
+                    # 400 "error parsing the body"): answer 413 instead.
+                    replaced = True
+                    await self._reject(send)
+                    return
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, tracking_send)
+        except Exception:
+            if not too_large:
+                raise
+            if response_started:
+                if not replaced:
+                    logger.warning("upload passed the limit after the response started; dropped")
+                return
+            await self._reject(send)
+        if too_large:
+            logger.info("upload refused: streamed body passed %d bytes", self.max_upload_bytes)
+
+    async def _reject(self, send: Send) -> None:
+        body = json.dumps({"detail": too_large_detail(self.max_upload_bytes)}).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),  # the unread rest of the body stays on the wire
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _content_length(scope: Scope) -> int | None:
+    """The declared body size; None when absent or unparsable (the counter still applies)."""
+    values = [value for name, value in scope.get("headers", ()) if name.lower() == b"content-length"]
+    try:
+        return max(int(value) for value in values) if values else None
+    except ValueError:
+        return None
+
+
+def install_upload_guard(fastapi_app: Any, max_upload_bytes: int, path: str = DEFAULT_UPLOAD_PATH) -> None:
+    """Put UploadSizeGuard in front of `fastapi_app` (call at import time, before it starts)."""
+    fastapi_app.add_middleware(UploadSizeGuard, max_upload_bytes=max_upload_bytes, path=path)
