@@ -8,18 +8,23 @@ Chainlit's events to it.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import chainlit as cl
 from chainlit.input_widget import Slider, TextInput
 from chainlit.server import app as http_app
 
-from services.chainlit_state import forget_chat_context
+from services.chainlit_state import forget_chat_context, tell_uploader
+from services.config import Settings
 from services.engine import report_failure
 from services.metrics import install_routes
 from services.runtime import Runtime
+from services.sessions import ChatSession
+from services.upload_guard import install_upload_guard
 
 runtime = Runtime()
 install_routes(http_app, runtime.status)
+install_upload_guard(http_app, Settings.from_env().max_upload_bytes, on_reject=tell_uploader)
 
 
 @cl.on_app_startup
@@ -67,14 +72,20 @@ async def answer(message: cl.Message) -> None:
     reply = cl.Message(content="")
     async with sessions.turn(session) as request_id:
         try:
-            prompt = sessions.build_prompt(session, message.content)
-            if prompt.dropped_messages:
-                await cl.Message(
-                    author="notice",
-                    content=f"_{prompt.dropped_messages} older message(s) were left out to fit "
-                    f"the model's {runtime.engine.max_model_len:,}-token context._",
-                ).send()
-            async for delta in sessions.reply(session, prompt, request_id):
+            files = [(e.path, e.name) for e in message.elements if getattr(e, "path", None)]
+            if files and not await read_documents(session, files):
+                return
+            if files:  # a file with a message: the message is the request about the file
+                stream = sessions.summarize(session, message.content, request_id, progress())
+            else:
+                prompt = sessions.build_prompt(session, message.content)
+                if prompt.dropped_messages:
+                    await notice(
+                        f"{prompt.dropped_messages} older message(s) were left out to fit "
+                        f"the model's {runtime.engine.max_model_len:,}-token context."
+                    )
+                stream = sessions.reply(session, prompt, request_id)
+            async for delta in stream:
                 await reply.stream_token(delta)
         except asyncio.CancelledError:
             if reply.content:
@@ -84,6 +95,34 @@ async def answer(message: cl.Message) -> None:
             reply.content += ("\n\n" if reply.content else "") + f"⚠️ {report_failure(error, request_id)}"
         await reply.send()
     forget_chat_context(session.session_id)
+
+
+async def read_documents(session: ChatSession, files: list[tuple[str, str]]) -> bool:
+    """Attach uploaded files to the session, telling the user what happened; False if none was readable."""
+    async with cl.Step(name="Reading the document", type="tool") as step:
+        result = await runtime.sessions.attach_files(session, files)
+        if result.document is not None:
+            step.output = f"«{result.document.name}»: {result.document.tokens:,} tokens."
+    for error in result.errors:
+        await cl.ErrorMessage(error).send()
+    if result.notes:
+        await notice(" ".join(result.notes))
+    return result.document is not None
+
+
+def progress() -> Callable[[int, int], Awaitable[None]]:
+    """Progress reporter for map-reduce summaries: one step, updated per finished part."""
+    step = cl.Step(name="Summarizing in parts", type="tool")
+
+    async def report(done: int, total: int) -> None:
+        step.output = f"Part {done} of {total} summarized." if done else f"Split into {total} parts."
+        await (step.send() if done == 0 else step.update())
+
+    return report
+
+
+async def notice(text: str) -> None:
+    await cl.Message(author="notice", content=f"_{text}_").send()
 
 
 @cl.on_stop

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
+from typing import Any
+from urllib.parse import parse_qs
+
 from chainlit.chat_context import chat_contexts
-from chainlit.session import ws_sessions_id
+from chainlit.context import init_ws_context
+from chainlit.message import ErrorMessage
+from chainlit.session import WebsocketSession, ws_sessions_id
 from chainlit.user_session import user_sessions
 
 
@@ -24,3 +30,13 @@ def chainlit_session_counts() -> dict[str, int]:
         "chainlit_user_sessions": len(user_sessions),
         "chainlit_chat_contexts": len(chat_contexts),
     }
+
+
+async def tell_uploader(scope: MutableMapping[str, Any], text: str) -> None:
+    """Show `text` in the chat of the session an HTTP upload came from (`?session_id=`)."""
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    session_id = (query.get("session_id") or [""])[0]
+    session = WebsocketSession.get_by_id(session_id) if session_id else None
+    if session is not None:
+        init_ws_context(session)
+        await ErrorMessage(content=f"Upload refused. {text}").send()

@@ -105,7 +105,7 @@ class Settings:
     max_files_per_message: int = _setting(5, "MAX_FILES_PER_MESSAGE", "Files read from one message.", 1)
     max_document_pages: int = _setting(500, "MAX_DOCUMENT_PAGES", "PDF pages read at most.", 1)
     max_document_chars: int = _setting(
-        2_000_000, "MAX_DOCUMENT_CHARS", "Characters of text kept from one document.", 1
+        1_000_000, "MAX_DOCUMENT_CHARS", "Characters of text kept from one document.", 1
     )
     max_document_tokens: int = _setting(
         200_000, "MAX_DOCUMENT_TOKENS", "Documents longer than this are cut (and the user told).", 1
@@ -117,6 +117,9 @@ class Settings:
         8, "SUMMARY_CONCURRENCY", "Chunk summaries in flight at once per document (map step).", 1
     )
     summary_max_tokens: int = _setting(400, "SUMMARY_MAX_TOKENS", "Length budget of a summary.", 16)
+    summary_chunk_tokens: int = _setting(
+        2048, "SUMMARY_CHUNK_TOKENS", "Chunk size of the map step (smaller = more parallel).", 64
+    )
     summary_cache_entries: int = _setting(256, "SUMMARY_CACHE_ENTRIES", "Summaries cached at most.", 1)
     summary_cache_bytes: int = _setting(
         8 * 1024 * 1024, "SUMMARY_CACHE_BYTES", "Total size of cached summaries.", 1

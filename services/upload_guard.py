@@ -21,6 +21,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 DEFAULT_UPLOAD_PATH = "/project/file"  # Chainlit's upload route
+EMPTY_UPLOAD_DETAIL = "The file is empty; please upload a file with some text in it."
 
 
 class UploadTooLargeError(Exception):
@@ -45,12 +46,19 @@ class UploadSizeGuard:
     streamed body is cut off at the first chunk past the limit.
     """
 
-    def __init__(self, app: ASGIApp, max_upload_bytes: int, path: str = DEFAULT_UPLOAD_PATH) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_upload_bytes: int,
+        path: str = DEFAULT_UPLOAD_PATH,
+        on_reject: Callable[[Scope, str], Awaitable[None]] | None = None,
+    ) -> None:
         if max_upload_bytes < 1:
             raise ValueError("max_upload_bytes must be at least 1")
         self.app = app
         self.max_upload_bytes = max_upload_bytes
         self.path = path
+        self.on_reject = on_reject  # e.g. tell the uploader's chat session
 
     def _guards(self, scope: Scope) -> bool:
         if scope["type"] != "http" or scope.get("method") != "POST":
@@ -66,6 +74,7 @@ class UploadSizeGuard:
         if declared is not None and declared > self.max_upload_bytes:
             logger.info("upload refused: Content-Length %d > %d bytes", declared, self.max_upload_bytes)
             await self._reject(send)
+            await self._notify(scope)
             return
         await self._guarded_call(scope, receive, send)
 
@@ -103,6 +112,14 @@ class UploadSizeGuard:
 
         try:
             await self.app(scope, counting_receive, tracking_send)
+        except ValueError as error:
+            # Chainlit 2.12 answers an empty file with a 500 ("Either path or content
+            # must be provided to persist a file"): say what happened instead.
+            if too_large or response_started or "must be provided to persist" not in str(error):
+                raise
+            await self._reject(send, status=400, detail=EMPTY_UPLOAD_DETAIL)
+            await self._notify(scope, EMPTY_UPLOAD_DETAIL)
+            return
         except Exception:
             if not too_large:
                 raise
@@ -113,13 +130,22 @@ class UploadSizeGuard:
             await self._reject(send)
         if too_large:
             logger.info("upload refused: streamed body passed %d bytes", self.max_upload_bytes)
+            await self._notify(scope)
 
-    async def _reject(self, send: Send) -> None:
-        body = json.dumps({"detail": too_large_detail(self.max_upload_bytes)}).encode()
+    async def _notify(self, scope: Scope, detail: str | None = None) -> None:
+        if self.on_reject is None:
+            return
+        try:
+            await self.on_reject(scope, detail or too_large_detail(self.max_upload_bytes))
+        except Exception:  # telling the user is best effort; the 413 already went out
+            logger.exception("upload refusal notice failed")
+
+    async def _reject(self, send: Send, status: int = 413, detail: str | None = None) -> None:
+        body = json.dumps({"detail": detail or too_large_detail(self.max_upload_bytes)}).encode()
         await send(
             {
                 "type": "http.response.start",
-                "status": 413,
+                "status": status,
                 "headers": [
                     (b"content-type", b"application/json"),
                     (b"content-length", str(len(body)).encode()),
@@ -139,6 +165,13 @@ def _content_length(scope: Scope) -> int | None:
         return None
 
 
-def install_upload_guard(fastapi_app: Any, max_upload_bytes: int, path: str = DEFAULT_UPLOAD_PATH) -> None:
+def install_upload_guard(
+    fastapi_app: Any,
+    max_upload_bytes: int,
+    path: str = DEFAULT_UPLOAD_PATH,
+    on_reject: Callable[[Scope, str], Awaitable[None]] | None = None,
+) -> None:
     """Put UploadSizeGuard in front of `fastapi_app` (call at import time, before it starts)."""
-    fastapi_app.add_middleware(UploadSizeGuard, max_upload_bytes=max_upload_bytes, path=path)
+    fastapi_app.add_middleware(
+        UploadSizeGuard, max_upload_bytes=max_upload_bytes, path=path, on_reject=on_reject
+    )

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import httpx
 import socketio
 
 SOCKET_PATH = "/ws/socket.io"
@@ -123,8 +124,17 @@ class ChatClient:
         await self.sio.emit("client_message", payload)
         return reply
 
-    async def ask(self, text: str, timeout: float = 120) -> Reply:
-        reply = await self.send(text)
+    async def upload(self, name: str, data: bytes, mime: str = "application/octet-stream") -> str:
+        """Upload a file as the page does; return its id for `send(..., file_ids=[...])`."""
+        async with httpx.AsyncClient(base_url=self.base_url, timeout=60) as http:
+            response = await http.post(
+                "/project/file", params={"session_id": self.session_id}, files={"file": (name, data, mime)}
+            )
+        response.raise_for_status()
+        return response.json()["id"]
+
+    async def ask(self, text: str, timeout: float = 120, file_ids: list[str] | None = None) -> Reply:
+        reply = await self.send(text, file_ids)
         await asyncio.wait_for(reply.done.wait(), timeout)
         return reply
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -36,7 +38,19 @@ class AppServer:
         self.process: subprocess.Popen | None = None
         self.engine_processes: list[psutil.Process] = []
 
+    def _private_app_root(self) -> str:
+        """A folder of links to the app's config, so this server gets its own `.files`.
+
+        Chainlit deletes `<app root>/.files` (every session's uploads) when it shuts
+        down, so servers sharing a folder would delete each other's uploads.
+        """
+        root = Path(tempfile.mkdtemp(prefix="chainlit-root-"))
+        for name in (".chainlit", "chainlit.md"):
+            (root / name).symlink_to(ROOT / name)
+        return str(root)
+
     def start(self, timeout: float = 300) -> AppServer:
+        self.env.setdefault("CHAINLIT_APP_ROOT", self._private_app_root())
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("wb")
         chainlit = str(Path(sys.executable).with_name("chainlit"))
@@ -94,4 +108,5 @@ class AppServer:
         _, alive = psutil.wait_procs(self.engine_processes, timeout=10)
         for leftover in alive:
             leftover.kill()
+        shutil.rmtree(self.env["CHAINLIT_APP_ROOT"], ignore_errors=True)
         return alive

@@ -28,6 +28,9 @@ class WordEngine:
     def encode_chat(self, messages: list[Message]) -> list[int]:
         return [0] * sum(len(m["content"].split()) + 1 for m in messages)
 
+    def count_tokens(self, text: str) -> int:
+        return len(text.split())
+
     async def generate(self, messages, sampling: SamplingSettings, request_id: str) -> AsyncIterator[str]:
         try:
             for _ in range(sampling.max_new_tokens):
