@@ -10,6 +10,7 @@ import pytest
 from playwright.sync_api import Page, sync_playwright
 
 from tests.conftest import ARTIFACTS
+from tests.doc_builders import long_document
 from tests.server import AppServer
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -57,3 +58,21 @@ def test_browser_chat_streams_an_answer(default_server: AppServer, page: Page) -
     screenshots = ARTIFACTS / "screenshots"
     screenshots.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(screenshots / "chat.png"), full_page=True)
+
+
+def test_browser_upload_gets_a_summary(default_server: AppServer, page: Page, tmp_path: Path) -> None:
+    document = tmp_path / "solar-report.txt"
+    document.write_text(long_document(600, seed=11))
+    page.goto(default_server.base_url)
+    page.locator("#chat-input").wait_for(timeout=30_000)
+    page.locator("#upload-button-input").set_input_files(str(document))
+    page.get_by_text("solar-report.txt").first.wait_for(timeout=30_000)
+    page.locator("#chat-input").fill("Summarize this document in three sentences.")
+    page.locator("#chat-submit").click()
+    page.locator(ANSWER).first.wait_for(timeout=120_000)
+    page.locator("#chat-submit").wait_for(timeout=180_000)
+    summary = page.locator(ANSWER).last.inner_text()
+    assert len(summary.split()) >= 10, summary
+    screenshots = ARTIFACTS / "screenshots"
+    screenshots.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(screenshots / "summary.png"), full_page=True)
