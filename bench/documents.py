@@ -16,7 +16,6 @@ same code the app runs), in one process, side by side:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import tempfile
@@ -27,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.signals import run_until_signalled  # noqa: E402
 from services.config import Settings  # noqa: E402
 from services.engine import ChatEngine, engine_lifespan  # noqa: E402
 from services.sessions import ChatSession, SessionStore  # noqa: E402
@@ -142,7 +142,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller documents (a smoke run)")
     parser.add_argument("--json", type=Path, help="also write the raw numbers here")
     args = parser.parse_args()
-    results = asyncio.run(run(args.quick))
+    results = run_until_signalled(run(args.quick))
     print(report(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))

@@ -26,6 +26,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.signals import run_until_signalled  # noqa: E402
 from services.config import Settings  # noqa: E402
 from services.engine import ChatEngine, SamplingSettings, StreamStats, engine_lifespan  # noqa: E402
 
@@ -139,7 +140,7 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
-    print(report(asyncio.run(run(args.quick))))
+    print(report(run_until_signalled(run(args.quick))))
 
 
 if __name__ == "__main__":

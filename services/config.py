@@ -49,7 +49,11 @@ class Settings:
     max_model_len: int = _setting(8192, "MAX_MODEL_LEN", "Context window in tokens (prompt + answer).", 16)
     max_num_seqs: int = _setting(64, "MAX_NUM_SEQS", "Sequences batched together at most.", 1)
     max_num_batched_tokens: int = _setting(
-        8192, "MAX_NUM_BATCHED_TOKENS", "Tokens per engine step (chunked-prefill budget).", 16
+        2048,
+        "MAX_NUM_BATCHED_TOKENS",
+        "Tokens per engine step: long prompts are prefilled in pieces this size, so other "
+        "streams keep flowing while a document is read (prefill runs ~500 tokens/s on 2 cores).",
+        16,
     )
     enable_prefix_caching: bool = _setting(
         True, "ENABLE_PREFIX_CACHING", "Reuse KV of shared prompt prefixes (history, documents)."
