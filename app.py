@@ -17,13 +17,13 @@ from chainlit.server import app as http_app
 from services.chainlit_state import forget_chat_context, tell_uploader
 from services.config import Settings
 from services.engine import report_failure
-from services.metrics import install_routes
+from services.metrics import install_routes, render_stats_report
 from services.runtime import Runtime
 from services.sessions import ChatSession
 from services.upload_guard import install_upload_guard
 
 runtime = Runtime()
-install_routes(http_app, runtime.status)
+install_routes(http_app, runtime)
 install_upload_guard(http_app, Settings.from_env().max_upload_bytes, on_reject=tell_uploader)
 
 
@@ -61,6 +61,9 @@ async def update_settings(values: dict) -> None:
 
 @cl.on_message
 async def answer(message: cl.Message) -> None:
+    if message.content.strip() == "/stats":  # operators' view; admins only when auth is on
+        await show_stats()
+        return
     sessions = runtime.sessions
     session = sessions.open(cl.context.session.id)
     if len(message.content) > runtime.settings.max_message_chars:
@@ -70,6 +73,17 @@ async def answer(message: cl.Message) -> None:
         ).send()
         return
     reply = cl.Message(content="")
+    try:
+        await run_turn(session, message, reply)
+    finally:
+        # Also after a cancellation: a late reply.update() re-adds the session to
+        # Chainlit's chat_contexts after on_chat_end has already cleared it.
+        forget_chat_context(session.session_id)
+
+
+async def run_turn(session: ChatSession, message: cl.Message, reply: cl.Message) -> None:
+    """Answer one message (or file) into `reply`, streaming; failures end up in the reply."""
+    sessions = runtime.sessions
     async with sessions.turn(session) as request_id:
         try:
             files = [(e.path, e.name) for e in message.elements if getattr(e, "path", None)]
@@ -94,7 +108,16 @@ async def answer(message: cl.Message) -> None:
         except Exception as error:  # one error shape for every failure of a turn
             reply.content += ("\n\n" if reply.content else "") + f"⚠️ {report_failure(error, request_id)}"
         await reply.send()
-    forget_chat_context(session.session_id)
+
+
+async def show_stats() -> None:
+    user = cl.user_session.get("user")
+    if user is not None and (user.metadata or {}).get("role") != "admin":
+        await cl.ErrorMessage("The /stats command is for administrators.").send()
+        return
+    text, png = await render_stats_report(runtime)
+    plot = [cl.Image(name="stats.png", content=png, mime="image/png", display="inline")] if png else []
+    await cl.Message(content=text, elements=plot).send()
 
 
 async def read_documents(session: ChatSession, files: list[tuple[str, str]]) -> bool:

@@ -44,7 +44,9 @@ class Settings:
         "", "MODEL", "Model folder or id vLLM loads; empty = bundled SmolLM2-135M-Instruct."
     )
     dtype: str = _setting(
-        "bfloat16", "DTYPE", "Weights/activations dtype (auto, bfloat16, float16, float32)."
+        "auto",
+        "DTYPE",
+        "Weights/activations dtype; auto = bfloat16 on GPUs and bf16-capable CPUs, else float32.",
     )
     max_model_len: int = _setting(8192, "MAX_MODEL_LEN", "Context window in tokens (prompt + answer).", 16)
     max_num_seqs: int = _setting(64, "MAX_NUM_SEQS", "Sequences batched together at most.", 1)

@@ -1,55 +1,97 @@
-"""The service's long-lived parts and their one lifecycle: settings, engine, sessions.
+"""The service's long-lived parts and their one lifecycle: settings, engine, sessions, maintenance.
 
 Chainlit's startup hook calls `start`, its shutdown hook calls `stop`; an
 atexit hook covers interpreter exits that skip the shutdown hook, so the
-engine's processes never outlive the app.
+engine's processes never outlive the app. Everything `start` creates is
+undone by `stop`, in reverse order: maintenance tasks, metric listeners,
+sessions, engine.
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import logging
 import time
 from typing import Any
 
+import psutil
+from prometheus_client import CollectorRegistry
+
 from services.chainlit_state import chainlit_session_counts
 from services.config import Settings
 from services.engine import ChatEngine, engine_lifespan
+from services.maintenance import Maintenance
+from services.metrics import RequestMetrics, ServiceCollector
 from services.sessions import SessionStore
 
 logger = logging.getLogger(__name__)
 
+# An engine that produced output this recently is answering: /healthz skips its ping.
+HEALTH_RECENT_OUTPUT_SECONDS = 30.0
+# A one-token ping slower than this counts as "not answering" (503).
+HEALTH_PING_TIMEOUT_SECONDS = 15.0
+
 
 class Runtime:
-    """Owns the engine and the session store for the life of the process."""
+    """Owns the engine, the session store, maintenance and metrics for the life of the process."""
 
     def __init__(self) -> None:
         self._stack = contextlib.AsyncExitStack()
         self.settings: Settings | None = None
         self.engine: ChatEngine | None = None
         self.sessions: SessionStore | None = None
+        self.maintenance: Maintenance | None = None
+        self.requests: RequestMetrics | None = None
+        self.engine_processes: list[psutil.Process] = []
+        self.registry = CollectorRegistry()
+        self.registry.register(ServiceCollector(self))
         self.started_at = time.time()
+        self._ping: asyncio.Task | None = None
+        self.render_lock = asyncio.Lock()  # one /stats plot process at a time
 
     @property
     def ready(self) -> bool:
         return self.sessions is not None
 
+    @property
+    def uptime_seconds(self) -> float:
+        return time.time() - self.started_at
+
     async def start(self, settings: Settings | None = None) -> None:
-        """Read settings, start the engine, create the session store."""
+        """Read settings, start the engine, create the session store, start maintenance."""
         self.settings = settings or Settings.from_env()
         logger.info("settings differing from defaults: %s", self.settings.non_default() or "none")
         self.engine = await self._stack.enter_async_context(engine_lifespan(self.settings))
         atexit.register(self._shutdown_at_exit)
+        # vLLM runs EngineCore and its workers as children of this process.
+        self.engine_processes = [p for p in psutil.Process().children(recursive=True) if _is_engine(p)]
+        self.requests = RequestMetrics(self.settings.latency_samples_kept)
+        self.registry.register(self.requests)
+        self._stack.callback(self.registry.unregister, self.requests)
+        self._stack.callback(self.engine.on_finish(self.requests.record))
         self.sessions = SessionStore(self.engine, self.settings)
+        self.maintenance = Maintenance(self.settings, self.sessions, self.engine)
+        self.maintenance.start()
+        self._stack.push_async_callback(self.maintenance.stop)
 
     async def stop(self) -> None:
-        """Cancel every turn, drop every session, shut the engine down."""
+        """Stop maintenance, cancel every turn, drop every session, shut the engine down."""
+        if self.maintenance is not None:
+            await self.maintenance.stop()
+        if self._ping is not None:
+            self._ping.cancel()
+            await asyncio.gather(self._ping, return_exceptions=True)
+            self._ping = None
         if self.sessions is not None:
             self.sessions.close_all()
         self.sessions = None
         await self._stack.aclose()
         self.engine = None
+        self.maintenance = None
+        self.requests = None
+        self.engine_processes = []
         atexit.unregister(self._shutdown_at_exit)
 
     def _shutdown_at_exit(self) -> None:
@@ -61,7 +103,7 @@ class Runtime:
         if not self.ready:
             return {"ready": False}
         assert self.engine is not None and self.sessions is not None
-        return {
+        status = {
             "ready": True,
             "engine_alive": self.engine.alive,
             "engine_unfinished_requests": self.engine.unfinished_requests(),
@@ -69,5 +111,61 @@ class Runtime:
             "turns_in_flight": self.sessions.turns_in_flight(),
             "sessions_dropped_total": dict(self.sessions.dropped_total),
             **chainlit_session_counts(),
-            "uptime_seconds": round(time.time() - self.started_at, 1),
+            "uptime_seconds": round(self.uptime_seconds, 1),
         }
+        if self.maintenance is not None:
+            memory = self.maintenance.memory
+            status.update(
+                {
+                    "maintenance_rounds": self.maintenance.rounds,
+                    "memory_growth_mb_per_hour": memory.slope_mb_per_hour,
+                    "memory_leak_alarm": memory.alarm,
+                    "event_loop_lag_max_seconds": round(self.maintenance.loop_lag.max_seconds, 4),
+                }
+            )
+        return status
+
+    async def health(self) -> tuple[bool, dict[str, Any]]:
+        """(healthy, detail): the engine is alive, its processes run, and it answers.
+
+        "Answers" means it produced output in the last HEALTH_RECENT_OUTPUT_SECONDS,
+        or a one-token ping succeeds now (concurrent checks share one ping).
+        """
+        if not self.ready or self.engine is None:
+            return False, {"ready": False}
+        engine = self.engine
+        processes = {p.pid: _running(p) for p in self.engine_processes}
+        detail: dict[str, Any] = {
+            "ready": True,
+            "engine_alive": engine.alive,
+            "engine_processes": [{"pid": pid, "running": running} for pid, running in processes.items()],
+            "engine_unfinished_requests": engine.unfinished_requests(),
+        }
+        if not engine.alive or not all(processes.values()):
+            return False, {**detail, "error": "the engine process is not running"}
+        try:
+            await engine.check_health()
+        except Exception as error:
+            return False, {**detail, "error": f"engine check failed: {type(error).__name__}"}
+        age = None if engine.last_output_at is None else time.monotonic() - engine.last_output_at
+        if age is not None and age <= HEALTH_RECENT_OUTPUT_SECONDS:
+            return True, {**detail, "last_output_seconds_ago": round(age, 2)}
+        if self._ping is None or self._ping.done():
+            self._ping = asyncio.create_task(engine.ping(HEALTH_PING_TIMEOUT_SECONDS), name="healthz-ping")
+        try:
+            seconds = await asyncio.shield(self._ping)
+        except Exception as error:
+            return False, {**detail, "error": f"engine did not answer a ping: {type(error).__name__}"}
+        return True, {**detail, "ping_seconds": round(seconds, 3)}
+
+
+def _is_engine(process: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return process.name().startswith("VLLM::")
+    return False
+
+
+def _running(process: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    return False

@@ -39,7 +39,9 @@ def server_env(**values: object) -> dict[str, str]:
     return {key: str(value) for key, value in values.items()}
 
 
-@pytest.fixture(scope="session")
+# Servers are per test module: only one engine runs at a time (vLLM binds each
+# CPU worker to the same core, so two engines at once slow each other down).
+@pytest.fixture(scope="module")
 def tiny_server(tiny_model_dir: Path) -> Iterator[AppServer]:
     """A real `chainlit run` serving the tiny model (shared by the server tests)."""
     env = server_env(
@@ -53,7 +55,7 @@ def tiny_server(tiny_model_dir: Path) -> Iterator[AppServer]:
     assert not leftovers, f"engine processes outlived the server: {leftovers}"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def default_server(default_model_dir: Path) -> Iterator[AppServer]:
     """A real `chainlit run` on the default model, as `scripts/run.sh` starts it."""
     server = AppServer({"MODEL": ""}, ARTIFACTS / "logs" / "default-server.log").start()

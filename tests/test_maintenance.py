@@ -1,0 +1,274 @@
+"""Maintenance, memory sampling and the leak alarm: the maths alone, then on a real server.
+
+The server tests share one dedicated server with a 5 s session TTL and 1 s
+maintenance rounds; its last test kills the engine, so it must stay last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from services.config import Settings
+from services.maintenance import (
+    MB,
+    LoopLagMonitor,
+    MemoryMonitor,
+    MemorySample,
+    ProcessMemory,
+    SampleRing,
+    malloc_trim,
+    process_tree_memory,
+    theil_sen_slope,
+)
+from tests.chat_client import ChatClient
+from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
+from tests.server import AppServer
+
+SHORT_TTL_SECONDS = 5
+LONG_ANSWER_TOKENS = 3000
+
+
+# --- the maths, no engine ---------------------------------------------------------
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def fake_sample(at: float, anon_mb: float) -> MemorySample:
+    process = ProcessMemory(pid=1, role="app", rss=int(anon_mb * MB), vms=0, uss=None,
+                            anon=int(anon_mb * MB), swap=0)  # fmt: skip
+    return MemorySample(at=at, processes=(process,))
+
+
+def leak_settings(**changes) -> Settings:
+    base = {"leak_warmup_seconds": 300.0, "leak_window_seconds": 3600.0, "leak_alarm_mb_per_hour": 10.0,
+            "memory_samples_kept": 1000}  # fmt: skip
+    return Settings.from_env({}).replace(**{**base, **changes})
+
+
+def feed(monitor: MemoryMonitor, clock: FakeClock, seconds: float, step: float, mb_at) -> None:
+    """Record a sample every `step` seconds for `seconds`, memory given by `mb_at(t since start)`."""
+    start = clock.now
+    for t in np.arange(0, seconds, step):
+        clock.now = start + t
+        monitor.record(fake_sample(clock.now, mb_at(clock.now - monitor.started_at)))
+
+
+def test_theil_sen_ignores_spikes() -> None:
+    times = np.arange(100.0)
+    values = 2.0 * times + 5
+    values[[10, 40, 41, 77]] += [500, -300, 800, 1000]
+    assert theil_sen_slope(times, values) == pytest.approx(2.0)
+
+
+def test_ring_keeps_the_newest_rows_in_memory_allocated_once() -> None:
+    ring = SampleRing(10, ["a", "b"])
+    size = ring.nbytes
+    for i in range(25):
+        ring.append(float(i), {"a": i, "b": None})
+    assert len(ring) == 10
+    assert ring.times().tolist() == [float(i) for i in range(15, 25)]
+    assert ring.column("a").tolist() == [float(i) for i in range(15, 25)]
+    assert np.isnan(ring.column("b")).all()
+    assert ring.nbytes == size
+
+
+def test_leak_alarm_fires_on_steady_growth_after_warm_up(caplog: pytest.LogCaptureFixture) -> None:
+    clock = FakeClock()
+    monitor = MemoryMonitor(leak_settings(), clock=clock)
+    rng = np.random.default_rng(0)
+
+    def memory(t: float) -> float:  # a warm-up jump, then 30 MB/hour with noise
+        return 1000 + min(t, 300) + max(0.0, t - 300) * 30 / 3600 + rng.normal(0, 2)
+
+    with caplog.at_level(logging.WARNING, logger="services.maintenance"):
+        feed(monitor, clock, seconds=300 + 1700, step=10, mb_at=memory)
+        assert monitor.slope_mb_per_hour is None, "no verdict before half a window of data"
+        assert not monitor.alarm
+        feed(monitor, clock, seconds=500, step=10, mb_at=memory)
+    assert monitor.slope_mb_per_hour == pytest.approx(30, rel=0.15)
+    assert monitor.alarm
+    warnings = [r for r in caplog.records if "memory leak alarm" in r.message]
+    assert len(warnings) == 1, "warned once, not at every sample"
+
+
+def test_flat_memory_with_spikes_raises_no_alarm(caplog: pytest.LogCaptureFixture) -> None:
+    clock = FakeClock()
+    monitor = MemoryMonitor(leak_settings(), clock=clock)
+    rng = np.random.default_rng(1)
+
+    def memory(t: float) -> float:  # warm-up growth, then flat with noise and bursts of load
+        burst = 300 if 2400 <= t < 2500 or 5000 <= t < 5100 else 0
+        return 1000 + min(t, 300) + burst + rng.normal(0, 3)
+
+    with caplog.at_level(logging.WARNING, logger="services.maintenance"):
+        feed(monitor, clock, seconds=2 * 3600, step=10, mb_at=memory)
+    assert monitor.slope_mb_per_hour is not None
+    assert abs(monitor.slope_mb_per_hour) < 3
+    assert not monitor.alarm
+    assert not [r for r in caplog.records if "memory leak alarm" in r.message]
+
+
+def test_alarm_clears_when_growth_stops() -> None:
+    clock = FakeClock()
+    monitor = MemoryMonitor(leak_settings(leak_warmup_seconds=0.0, leak_window_seconds=600.0), clock=clock)
+    feed(monitor, clock, seconds=600, step=5, mb_at=lambda t: 1000 + t * 100 / 3600)
+    assert monitor.alarm
+    feed(monitor, clock, seconds=900, step=5, mb_at=lambda t: 1017)
+    assert not monitor.alarm
+    assert monitor.slope_mb_per_hour == pytest.approx(0, abs=0.5)
+
+
+def test_memory_ring_tracks_each_process_in_its_own_slot() -> None:
+    clock = FakeClock()
+    monitor = MemoryMonitor(leak_settings(memory_samples_kept=20), clock=clock)
+    for i in range(30):
+        processes = tuple(ProcessMemory(n, f"proc{n}", (n + 1) * MB, 0, None, None, None) for n in range(12))
+        monitor.record(MemorySample(at=clock.now + i, processes=processes))
+    series = monitor.process_series("rss")
+    assert len(series) == 8, "a bounded number of slots; the rest share 'other'"
+    assert series["proc0"][-1] == MB
+    assert series["other"][-1] == sum((n + 1) * MB for n in range(7, 12))
+    assert len(monitor.ring) == 20
+
+
+def test_process_tree_memory_covers_child_processes() -> None:
+    code = "import time; block = bytearray(64 * 1024 * 1024); time.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            tree = {p.pid: p for p in process_tree_memory()}
+            if child.pid in tree and (tree[child.pid].anon or 0) > 60 * MB:
+                break
+            assert time.monotonic() < deadline, f"child memory not seen: {tree.get(child.pid)}"
+            time.sleep(0.1)
+    finally:
+        child.kill()
+        child.wait()
+    app = next(iter(tree.values()))
+    assert app.role == "app" and app.pid == psutil.Process().pid
+    assert app.uss and app.anon and app.swap is not None, "USS, RssAnon and VmSwap on Linux"
+    assert tree[child.pid].anon_swap > 60 * MB
+
+
+def test_malloc_trim_runs_on_glibc() -> None:
+    assert malloc_trim() in (True, False)
+
+
+@pytest.mark.asyncio
+async def test_loop_lag_monitor_sees_a_blocking_call() -> None:
+    monitor = LoopLagMonitor(probe_seconds=0.05, kept=100)
+    task = asyncio.create_task(monitor.run())
+    try:
+        await asyncio.sleep(0.2)
+        assert monitor.max_seconds < 0.1
+        time.sleep(0.4)  # the blocking call under test
+        await asyncio.sleep(0.2)
+        assert monitor.max_seconds >= 0.3
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+# --- a real server with short-lived sessions -------------------------------------
+@pytest.fixture(scope="module")
+def short_ttl_server(tiny_model_dir: Path) -> Iterator[AppServer]:
+    """Sessions idle for 5 s expire at the next 1 s maintenance round."""
+    env = server_env(
+        MODEL=tiny_model_dir, MAX_MODEL_LEN=TINY_MAX_MODEL_LEN, MAX_NUM_BATCHED_TOKENS=4096,
+        MAX_NEW_TOKENS=48, SESSION_TTL_SECONDS=SHORT_TTL_SECONDS, MAINTENANCE_INTERVAL_SECONDS=1,
+        MEMORY_SAMPLE_SECONDS=600,  # the sampler counts sessions, which expires them too
+    )  # fmt: skip
+    server = AppServer(env, ARTIFACTS / "logs" / "short-ttl-server.log").start()
+    yield server
+    server.stop()  # kills what the engine-kill test left behind
+
+
+def scrape(server: AppServer) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(server.base_url + "/metrics", timeout=5) as response:
+        text = response.read().decode()
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return values
+
+
+def healthz(server: AppServer) -> tuple[int, dict]:
+    try:
+        return 200, server.get_json("/healthz", timeout=30)
+    except urllib.error.HTTPError as error:
+        import json
+
+        return error.code, json.loads(error.read())
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_maintenance_expires_an_idle_session_and_aborts_its_request(
+    short_ttl_server: AppServer,
+) -> None:
+    server = short_ttl_server
+    expected = "maintenance: expired 1 idle session(s) (1 running request(s) aborted)"
+    client = ChatClient(server.base_url)
+    await client.connect()
+    try:
+        await client.update_settings(max_new_tokens=LONG_ANSWER_TOKENS, temperature=1.0)
+        reply = await client.send("Tell me everything you know.")
+        await client.wait_first_token(reply)
+        # A running turn does not refresh its session. Nothing else may touch the store
+        # now (counting sessions, as /status does, also expires them: cachetools), so
+        # only the maintenance round can drop it, within TTL + one interval.
+        deadline = time.monotonic() + SHORT_TTL_SECONDS + 10
+        while expected not in server.log_path.read_text(errors="replace"):
+            assert time.monotonic() < deadline, "no maintenance round expired the session"
+            await asyncio.sleep(0.2)
+        status = await server.poll(
+            lambda s: s["sessions"] == s["engine_unfinished_requests"] == s["turns_in_flight"] == 0, timeout=5
+        )
+        assert status["sessions_dropped_total"]["expired"] == 1
+        assert len(reply.streamed) < LONG_ANSWER_TOKENS, "the answer was cut short"
+    finally:
+        await client.close()
+    metrics = await asyncio.to_thread(scrape, server)
+    assert metrics["chat_maintenance_expired_sessions_total"] == 1
+    assert metrics["chat_maintenance_aborted_requests_total"] == 1
+    assert metrics["chat_requests_finished_total{finished_reason=abort}"] == 1
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_healthz_turns_503_when_the_engine_core_is_killed(short_ttl_server: AppServer) -> None:
+    server = short_ttl_server
+    code, detail = await asyncio.to_thread(healthz, server)
+    assert code == 200, detail
+    assert detail["engine_alive"] and all(p["running"] for p in detail["engine_processes"])
+    engine_core = next(p for p in server.engine_processes if p.name() == "VLLM::EngineCore")
+    engine_core.kill()
+    deadline = time.monotonic() + 30
+    while code == 200:
+        assert time.monotonic() < deadline, f"/healthz still 200 after killing EngineCore: {detail}"
+        await asyncio.sleep(0.2)
+        code, detail = await asyncio.to_thread(healthz, server)
+    assert code == 503
+    assert "error" in detail
+    assert (await server.astatus())["engine_alive"] is False, "/status still answers, telling why"
