@@ -1,0 +1,77 @@
+"""A one-minute soak on the tiny model: Locust over socket.io, then nothing may be left behind."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.soak import SoakOptions, parse_duration, run_soak, theil_sen_slope
+from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+SOAK_OUT = ARTIFACTS / "soak-ci"
+USERS = 10
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def soak(tiny_model_dir: Path) -> dict[str, Any]:
+    """Run the soak once for every test in this module; its report lands in artifacts/soak-ci."""
+    shutil.rmtree(SOAK_OUT, ignore_errors=True)
+    options = SoakOptions(
+        duration_s=60, users=USERS, spawn_rate=5, vanish_fraction=0.2, max_new_tokens=48,
+        model=str(tiny_model_dir), max_model_len=TINY_MAX_MODEL_LEN, session_ttl_s=20,
+        sample_interval_s=2, warmup_s=20, drain_timeout_s=30, out=SOAK_OUT,
+        extra_env={"MAX_NUM_BATCHED_TOKENS": str(TINY_MAX_MODEL_LEN)},
+    )  # fmt: skip
+    return run_soak(options)
+
+
+def test_slope_ignores_a_one_off_step_and_outliers() -> None:
+    hours = [i / 60 for i in range(120)]  # two hours, one sample a minute
+    flat = [1000.0 + (50 if i > 90 else 0) + (300 if i % 17 == 0 else 0) for i in range(120)]
+    assert abs(theil_sen_slope(hours, flat)) < 1.0, "a GC step and spikes are not a trend"
+    growing = [1000.0 + 70 * h for h in hours]
+    assert theil_sen_slope(hours, growing) == pytest.approx(70.0)
+    assert parse_duration("1h30m") == 5400 and parse_duration("45s") == 45 and parse_duration("600") == 600
+
+
+def test_every_request_succeeds_and_the_load_really_ran(soak: dict[str, Any]) -> None:
+    assert soak["requests"]["failed"] == 0, soak["requests"]["top_errors"]
+    assert soak["turns_completed"] >= 2 * USERS, "each user finished several turns"
+    assert soak["turns_vanished"] >= 1, "some users vanished mid-stream"
+    assert soak["ttft_s"]["p50"] is not None and soak["end_to_end_s"]["p99"] is not None
+
+
+def test_nothing_is_held_after_the_clients_left(soak: dict[str, Any]) -> None:
+    after = soak["after_clients_left"]
+    assert after["idle"], after
+    assert after["engine_unfinished_requests"] == 0
+    assert after["sessions"] == 0
+    assert after["turns_in_flight"] == 0
+    assert after["sessions_dropped_total"]["closed"] >= soak["turns_vanished"]
+    assert soak["engine_processes_left_after_stop"] == 0
+
+
+def test_report_files_are_written(soak: dict[str, Any]) -> None:
+    summary = json.loads((SOAK_OUT / "summary.json").read_text())
+    assert summary["requests"] == soak["requests"]
+    with (SOAK_OUT / "samples.csv").open(newline="") as file:
+        samples = list(csv.DictReader(file))
+    assert len(samples) >= 20, "a memory sample every 2 s for a minute"
+    assert all(float(row["total_rss_mb"]) > 0 for row in samples)
+    assert {row["phase"] for row in samples} >= {"load", "idle"}
+    assert soak["memory"]["rss_mb_per_hour"] is not None
+    assert (SOAK_OUT / "soak.png").read_bytes().startswith(PNG_MAGIC)
+    with (SOAK_OUT / "requests.csv").open(newline="") as file:
+        assert sum(1 for _ in csv.DictReader(file)) == soak["requests"]["ok"] + soak["requests"]["failed"]
+
+
+def test_chainlit_keeps_no_chat_context_of_vanished_sessions(soak: dict[str, Any]) -> None:
+    assert soak["after_clients_left"]["chainlit_chat_contexts"] == 0
