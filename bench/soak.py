@@ -97,21 +97,15 @@ def latency_summary(seconds: list[float]) -> dict[str, float | int | None]:
 
 
 def theil_sen_slope(xs: list[float], ys: list[float], max_points: int = SLOPE_MAX_POINTS) -> float | None:
-    """Median of pairwise slopes (robust to GC steps and outliers); None with < 3 points."""
+    """The app's own leak-alarm slope (services.maintenance) on lists; None with < 3 points."""
     import numpy as np
+
+    from services.maintenance import theil_sen_slope as slope
 
     if len(xs) < 3:
         return None
-    x, y = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
-    if len(x) > max_points:  # an even subsample keeps the pair count bounded
-        keep = np.linspace(0, len(x) - 1, max_points).round().astype(int)
-        x, y = x[keep], y[keep]
-    i, j = np.triu_indices(len(x), k=1)
-    dx = x[j] - x[i]
-    valid = dx > 0
-    if not valid.any():
-        return None
-    return float(np.median((y[j] - y[i])[valid] / dx[valid]))
+    value = slope(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float), max_points)
+    return None if math.isnan(value) else value
 
 
 def parse_duration(text: str) -> float:
