@@ -32,14 +32,14 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import socketio
 from locust import User, between, events, task
 
-SOCKET_PATH = "/ws/socket.io"
+from tests.chat_client import SOCKET_PATH, user_message_payload
+
 PROMPTS_FILE = Path(__file__).resolve().parent / "bench" / "data" / "prompts.json"
 ERROR_MARK = "⚠️"  # app.py prefixes every failed turn's message with it
 REQUESTS_CSV_HEADER = (
@@ -299,16 +299,7 @@ class SyncChat:
     def send(self, text: str, stop_after_pieces: int = 0) -> Turn:
         turn = Turn(sent_at=time.monotonic(), stop_after_pieces=stop_after_pieces)
         self.turn = turn
-        message = {
-            "id": str(uuid.uuid4()),
-            "type": "user_message",
-            "output": text,
-            "createdAt": datetime.now(UTC).isoformat(),
-            "name": "User",
-            "threadId": "",
-            "metadata": {},
-        }
-        self.sio.emit("client_message", {"message": message, "fileReferences": []})
+        self.sio.emit("client_message", user_message_payload(text))
         return turn
 
     def close(self) -> None:

@@ -22,6 +22,22 @@ import socketio
 SOCKET_PATH = "/ws/socket.io"
 
 
+def user_message_payload(text: str, file_ids: list[str] | None = None) -> dict[str, Any]:
+    """The `client_message` payload the page sends for a user message (Chainlit 2.12)."""
+    return {
+        "message": {
+            "id": str(uuid.uuid4()),
+            "type": "user_message",
+            "output": text,
+            "createdAt": datetime.now(UTC).isoformat(),
+            "name": "User",
+            "threadId": "",
+            "metadata": {},
+        },
+        "fileReferences": [{"id": file_id} for file_id in file_ids or []],
+    }
+
+
 @dataclass
 class Reply:
     """One assistant message as the client saw it."""
@@ -109,19 +125,7 @@ class ChatClient:
         """Send a user message; the returned Reply fills in as the answer streams."""
         reply = Reply(sent_at=time.monotonic())
         self._reply = reply
-        payload = {
-            "message": {
-                "id": str(uuid.uuid4()),
-                "type": "user_message",
-                "output": text,
-                "createdAt": datetime.now(UTC).isoformat(),
-                "name": "User",
-                "threadId": "",
-                "metadata": {},
-            },
-            "fileReferences": [{"id": file_id} for file_id in file_ids or []],
-        }
-        await self.sio.emit("client_message", payload)
+        await self.sio.emit("client_message", user_message_payload(text, file_ids))
         return reply
 
     async def upload(self, name: str, data: bytes, mime: str = "application/octet-stream") -> str:
