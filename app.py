@@ -15,7 +15,6 @@ from chainlit.input_widget import Slider, TextInput
 from chainlit.server import app as http_app
 
 from services.chainlit_state import forget_chat_context, tell_uploader
-from services.config import Settings
 from services.engine import report_failure
 from services.metrics import install_routes, render_stats_report
 from services.runtime import Runtime
@@ -24,7 +23,7 @@ from services.upload_guard import install_upload_guard
 
 runtime = Runtime()
 install_routes(http_app, runtime)
-install_upload_guard(http_app, Settings.from_env().max_upload_bytes, on_reject=tell_uploader)
+install_upload_guard(http_app, runtime.settings.max_upload_bytes, on_reject=tell_uploader)
 
 
 @cl.on_app_startup

@@ -37,9 +37,9 @@ HEALTH_PING_TIMEOUT_SECONDS = 15.0
 class Runtime:
     """Owns the engine, the session store, maintenance and metrics for the life of the process."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: Settings | None = None) -> None:
         self._stack = contextlib.AsyncExitStack()
-        self.settings: Settings | None = None
+        self.settings: Settings = settings or Settings.from_env()  # read once, validated here
         self.engine: ChatEngine | None = None
         self.sessions: SessionStore | None = None
         self.maintenance: Maintenance | None = None
@@ -60,8 +60,8 @@ class Runtime:
         return time.time() - self.started_at
 
     async def start(self, settings: Settings | None = None) -> None:
-        """Read settings, start the engine, create the session store, start maintenance."""
-        self.settings = settings or Settings.from_env()
+        """Start the engine, create the session store, start maintenance (`settings` overrides)."""
+        self.settings = settings or self.settings
         logger.info("settings differing from defaults: %s", self.settings.non_default() or "none")
         self.engine = await self._stack.enter_async_context(engine_lifespan(self.settings))
         atexit.register(self._shutdown_at_exit)
