@@ -23,7 +23,12 @@ from services.upload_guard import install_upload_guard
 
 runtime = Runtime()
 install_routes(http_app, runtime)
-install_upload_guard(http_app, runtime.settings.max_upload_bytes, on_reject=tell_uploader)
+install_upload_guard(
+    http_app,
+    runtime.settings.max_upload_bytes,
+    linger_seconds=runtime.settings.upload_linger_seconds,
+    on_reject=tell_uploader,
+)
 
 
 @cl.on_app_startup

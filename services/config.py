@@ -108,6 +108,13 @@ class Settings:
     max_upload_bytes: int = _setting(
         20 * 1024 * 1024, "MAX_UPLOAD_BYTES", "Largest upload accepted (checked before it is read).", 1
     )
+    upload_linger_seconds: float = _setting(
+        5.0,
+        "UPLOAD_LINGER_SECONDS",
+        "After refusing an upload, how long its unread rest is read and discarded, so the "
+        "client sees the refusal instead of a connection reset.",
+        0,
+    )
     max_files_per_message: int = _setting(5, "MAX_FILES_PER_MESSAGE", "Files read from one message.", 1)
     max_document_pages: int = _setting(500, "MAX_DOCUMENT_PAGES", "PDF pages read at most.", 1)
     max_document_chars: int = _setting(

@@ -7,6 +7,8 @@ Content-Length header when there is one, and by counting streamed body bytes.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -21,6 +23,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 DEFAULT_UPLOAD_PATH = "/project/file"  # Chainlit's upload route
+DEFAULT_LINGER_SECONDS = 5.0
 EMPTY_UPLOAD_DETAIL = "The file is empty; please upload a file with some text in it."
 
 
@@ -43,7 +46,10 @@ class UploadSizeGuard:
     """Answers 413 to POSTs on `path` whose body exceeds `max_upload_bytes`; all else passes.
 
     The body is never buffered: a large Content-Length is refused unread, and a
-    streamed body is cut off at the first chunk past the limit.
+    streamed body is cut off at the first chunk past the limit. Before the 413 goes
+    out, the rest of the body is read and thrown away for up to `linger_seconds`
+    (a "lingering close"): a client still sending when the server closes gets a
+    connection reset instead of the 413, and browsers then show a network error.
     """
 
     def __init__(
@@ -52,11 +58,13 @@ class UploadSizeGuard:
         max_upload_bytes: int,
         path: str = DEFAULT_UPLOAD_PATH,
         on_reject: Callable[[Scope, str], Awaitable[None]] | None = None,
+        linger_seconds: float = DEFAULT_LINGER_SECONDS,
     ) -> None:
         if max_upload_bytes < 1:
             raise ValueError("max_upload_bytes must be at least 1")
         self.app = app
         self.max_upload_bytes = max_upload_bytes
+        self.linger_seconds = linger_seconds
         self.path = path
         self.on_reject = on_reject  # e.g. tell the uploader's chat session
 
@@ -73,6 +81,7 @@ class UploadSizeGuard:
         declared = _content_length(scope)
         if declared is not None and declared > self.max_upload_bytes:
             logger.info("upload refused: Content-Length %d > %d bytes", declared, self.max_upload_bytes)
+            await self._discard_body(receive)
             await self._reject(send)
             await self._notify(scope)
             return
@@ -106,6 +115,7 @@ class UploadSizeGuard:
                     # The app turned our error into a response of its own (FastAPI says
                     # 400 "error parsing the body"): answer 413 instead.
                     replaced = True
+                    await self._discard_body(receive)
                     await self._reject(send)
                     return
             await send(message)
@@ -127,6 +137,7 @@ class UploadSizeGuard:
                 if not replaced:
                     logger.warning("upload passed the limit after the response started; dropped")
                 return
+            await self._discard_body(receive)
             await self._reject(send)
         if too_large:
             logger.info("upload refused: streamed body passed %d bytes", self.max_upload_bytes)
@@ -139,6 +150,17 @@ class UploadSizeGuard:
             await self.on_reject(scope, detail or too_large_detail(self.max_upload_bytes))
         except Exception:  # telling the user is best effort; the 413 already went out
             logger.exception("upload refusal notice failed")
+
+    async def _discard_body(self, receive: Receive) -> None:
+        """Read and drop what is left of the request body, for at most `linger_seconds`."""
+        if self.linger_seconds <= 0:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.linger_seconds):
+                while True:
+                    message = await receive()
+                    if message["type"] != "http.request" or not message.get("more_body", False):
+                        return
 
     async def _reject(self, send: Send, status: int = 413, detail: str | None = None) -> None:
         body = json.dumps({"detail": detail or too_large_detail(self.max_upload_bytes)}).encode()
@@ -170,8 +192,13 @@ def install_upload_guard(
     max_upload_bytes: int,
     path: str = DEFAULT_UPLOAD_PATH,
     on_reject: Callable[[Scope, str], Awaitable[None]] | None = None,
+    linger_seconds: float = DEFAULT_LINGER_SECONDS,
 ) -> None:
     """Put UploadSizeGuard in front of `fastapi_app` (call at import time, before it starts)."""
     fastapi_app.add_middleware(
-        UploadSizeGuard, max_upload_bytes=max_upload_bytes, path=path, on_reject=on_reject
+        UploadSizeGuard,
+        max_upload_bytes=max_upload_bytes,
+        path=path,
+        on_reject=on_reject,
+        linger_seconds=linger_seconds,
     )

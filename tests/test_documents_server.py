@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
+import time
 
 import httpx
 import psutil
@@ -128,20 +128,28 @@ async def test_invalid_utf8_is_replaced_and_said(tiny_server: AppServer) -> None
         assert any("not valid UTF-8" in text for text in notices), notices
 
 
-def post_chunked_upload(port: int, session_id: str, body_bytes: int) -> bytes:
-    """Stream a multipart upload with no Content-Length (chunked), as far as the server lets us;
-    return the start of the server's response."""
+def post_raw_upload(port: int, session_id: str, body_bytes: int, chunked: bool) -> bytes:
+    """Send a whole multipart upload of `body_bytes`, declared by Content-Length or chunked,
+    then read the start of the server's response, as a browser does."""
+    part = b'--b\r\nContent-Disposition: form-data; name="file"; filename="big.txt"\r\n\r\n'
+    tail = b"\r\n--b--\r\n"
+    length = len(part) + body_bytes + len(tail)
+    framing = "Transfer-Encoding: chunked" if chunked else f"Content-Length: {length}"
     head = (
         f"POST /project/file?session_id={session_id} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-        "Content-Type: multipart/form-data; boundary=b\r\nTransfer-Encoding: chunked\r\n\r\n"
+        f"Content-Type: multipart/form-data; boundary=b\r\n{framing}\r\n\r\n"
     ).encode()
-    part = b'--b\r\nContent-Disposition: form-data; name="file"; filename="big.txt"\r\n\r\n'
     chunk = b"x" * 2**20
+
+    def frame(data: bytes) -> bytes:
+        return f"{len(data):x}\r\n".encode() + data + b"\r\n" if chunked else data
+
     with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
-        conn.sendall(head + f"{len(part):x}\r\n".encode() + part + b"\r\n")
-        with contextlib.suppress(OSError):  # the server may close the connection mid-upload
-            for _ in range(body_bytes // len(chunk)):
-                conn.sendall(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+        conn.sendall(head + frame(part))
+        for _ in range(body_bytes // len(chunk)):
+            conn.sendall(frame(chunk))
+        conn.sendall(frame(tail) + (b"0\r\n\r\n" if chunked else b""))
+        time.sleep(0.2)  # a slow reader: a server that closed without reading would reset us
         return conn.recv(4096)
 
 
@@ -156,10 +164,11 @@ async def test_oversized_upload_is_refused_before_it_is_read(tiny_server: AppSer
             )  # fmt: skip
         assert declared.status_code == 413
         assert "File too large" in declared.json()["detail"]
-        streamed = await asyncio.to_thread(
-            post_chunked_upload, tiny_server.port, client.session_id, 200 * 2**20
-        )
-        assert streamed.startswith(b"HTTP/1.1 413"), streamed[:100]
+        for chunked in (False, True):
+            answer = await asyncio.to_thread(
+                post_raw_upload, tiny_server.port, client.session_id, 200 * 2**20, chunked
+            )
+            assert answer.startswith(b"HTTP/1.1 413"), answer[:100]
         grown_mb = (server.memory_info().rss - rss_before) / 2**20
         assert grown_mb < 50, f"the server read the oversized body: RSS grew {grown_mb:.0f} MB"
         await asyncio.sleep(0.3)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -39,8 +41,8 @@ class Recorder:
             ]
         )
 
-    def guarded(self, max_upload_bytes: int) -> Any:
-        guard = UploadSizeGuard(self.app, max_upload_bytes=max_upload_bytes)
+    def guarded(self, max_upload_bytes: int, linger_seconds: float = 5.0) -> Any:
+        guard = UploadSizeGuard(self.app, max_upload_bytes=max_upload_bytes, linger_seconds=linger_seconds)
 
         async def outer(scope: Any, receive: Any, send: Any) -> None:
             async def counted_receive() -> Any:
@@ -73,7 +75,7 @@ class ChunkStream:
 @pytest.mark.asyncio
 async def test_content_length_over_limit_is_refused_without_reading_the_body() -> None:
     recorder = Recorder()
-    async with client_for(recorder.guarded(MIB)) as client:
+    async with client_for(recorder.guarded(MIB, linger_seconds=0)) as client:
         response = await client.post(UPLOAD, content=b"x" * (MIB + 1))
     assert response.status_code == 413
     assert response.json() == {"detail": "File too large: limit is 1 MB."}
@@ -86,13 +88,48 @@ async def test_content_length_over_limit_is_refused_without_reading_the_body() -
 async def test_streamed_body_over_limit_is_cut_off_with_413() -> None:
     recorder = Recorder()
     body = ChunkStream(count=100, size=1024)  # 100 KiB in 1 KiB chunks
-    async with client_for(recorder.guarded(10 * 1024)) as client:
+    async with client_for(recorder.guarded(10 * 1024, linger_seconds=0)) as client:
         response = await client.post(UPLOAD, content=body)
     assert "content-length" not in recorder.headers
     assert recorder.headers["transfer-encoding"] == "chunked"
     assert response.status_code == 413
     assert response.json() == {"detail": "File too large: limit is 10 KB."}
     assert body.pulled <= 12, f"the guard kept reading: {body.pulled} chunks pulled"
+
+
+@pytest.mark.asyncio
+async def test_refusal_discards_the_rest_of_the_body_so_the_client_reads_the_413() -> None:
+    # A server that closes while the client still sends makes the client see a reset, not the
+    # 413. The guard reads the rest and throws it away; the app never sees it.
+    recorder = Recorder()
+    declared = ChunkStream(count=100, size=1024)
+    streamed = ChunkStream(count=100, size=1024)
+    async with client_for(recorder.guarded(10 * 1024)) as client:
+        by_header = await client.post(UPLOAD, content=declared, headers={"content-length": str(100 * 1024)})
+        by_count = await client.post(UPLOAD, content=streamed)
+    assert (by_header.status_code, by_count.status_code) == (413, 413)
+    assert (declared.pulled, streamed.pulled) == (100, 100)
+    assert recorder.handler_calls == 1, "only the streamed one reached the app, cut at the limit"
+
+
+@pytest.mark.asyncio
+async def test_discarding_the_rest_stops_after_linger_seconds() -> None:
+    async def endless_receive() -> dict[str, Any]:
+        await asyncio.sleep(0.01)
+        return {"type": "http.request", "body": b"x" * 600, "more_body": True}
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    headers = [(b"content-length", b"999999999")]
+    scope = {"type": "http", "method": "POST", "path": UPLOAD, "headers": headers}
+    guard = UploadSizeGuard(lambda *args: None, max_upload_bytes=1000, linger_seconds=0.3)  # type: ignore[arg-type]
+    started = time.monotonic()
+    await guard(scope, endless_receive, send)
+    assert 0.3 <= time.monotonic() - started < 3
+    assert sent[0]["status"] == 413
 
 
 @pytest.mark.asyncio
@@ -224,7 +261,7 @@ async def test_after_the_limit_the_app_reads_a_disconnect_not_more_body() -> Non
         sent.append(message)
 
     scope = {"type": "http", "method": "POST", "path": UPLOAD, "headers": []}
-    await UploadSizeGuard(stubborn_app, max_upload_bytes=1000)(scope, receive, send)
+    await UploadSizeGuard(stubborn_app, max_upload_bytes=1000, linger_seconds=0)(scope, receive, send)
     assert seen == ["UploadTooLargeError", "http.disconnect"]
     assert len(chunks) == 3, "no chunk was read past the one that crossed the limit"
     assert [message["type"] for message in sent] == ["http.response.start", "http.response.body"]
