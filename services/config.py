@@ -78,6 +78,15 @@ class Settings:
     cpu_kvcache_space_gib: int = _setting(
         1, "VLLM_CPU_KVCACHE_SPACE", "KV-cache size in GiB on CPU (vLLM's own variable).", 1
     )
+    engine_mmap_threshold_bytes: int = _setting(
+        128 * 1024,
+        "ENGINE_MMAP_THRESHOLD_BYTES",
+        "glibc MALLOC_MMAP_THRESHOLD_ of the vLLM processes: blocks this size and up are "
+        "mmapped and returned to the OS when freed. glibc's own threshold drifts up to 32 MB, "
+        "after which tensors of varying length pile up in a heap that never shrinks. "
+        "0 = glibc's drifting default.",
+        0,
+    )
 
     # --- chat ----------------------------------------------------------------
     system_prompt: str = _setting(

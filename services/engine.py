@@ -378,6 +378,9 @@ def prepare_process_env(settings: Settings, rpc_dir: str) -> None:
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "auto")
     # ZMQ socket files go to a private folder we remove on shutdown.
     os.environ["VLLM_RPC_BASE_PATH"] = rpc_dir
+    # vLLM spawns its processes, so their glibc reads this at start (the app's own is unaffected).
+    if settings.engine_mmap_threshold_bytes:
+        os.environ["MALLOC_MMAP_THRESHOLD_"] = str(settings.engine_mmap_threshold_bytes)
 
 
 @contextlib.asynccontextmanager

@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from services.engine import ChatEngine, SamplingSettings, StreamStats, TokenBudgetError, engine_lifespan
+from services.config import Settings
+from services.engine import (
+    ChatEngine,
+    SamplingSettings,
+    StreamStats,
+    TokenBudgetError,
+    engine_lifespan,
+    engine_processes,
+)
 from tests.conftest import tiny_settings
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -127,3 +135,13 @@ async def test_answer_budget_is_capped_by_context(engine: ChatEngine, finished: 
     prompt_tokens = len(engine.encode_chat(QUESTION))
     await collect(engine, "capped", SamplingSettings(1.0, 1.0, max_new_tokens=100_000))
     assert finished[-1].output_tokens <= engine.max_model_len - prompt_tokens
+
+
+async def test_engine_processes_start_with_a_pinned_mmap_threshold(engine: ChatEngine) -> None:
+    # Without it glibc's threshold drifts up and the worker's heap grows under varying lengths.
+    expected = f"MALLOC_MMAP_THRESHOLD_={Settings().engine_mmap_threshold_bytes}".encode()
+    processes = engine_processes()
+    assert len(processes) >= 2, "EngineCore and a worker"
+    for process in processes:
+        environ = Path(f"/proc/{process.pid}/environ").read_bytes().split(b"\0")
+        assert expected in environ, process.name()
