@@ -362,8 +362,11 @@ def summarize(
 
     load = [s for s in samples if s["phase"] == "load" and s["t_s"] >= options.warmup]
     t0 = samples[0]["t_s"] if samples else 0.0
-    rss_slope = theil_sen_slope([s["t_s"] for s in load], [s["total_rss_mb"] for s in load])
-    pss_slope = theil_sen_slope([s["t_s"] for s in load], [s["total_pss_mb"] for s in load])
+
+    def mb_per_hour(column: str) -> float | None:
+        slope = theil_sen_slope([s["t_s"] for s in load], [s[column] for s in load])
+        return None if slope is None else round(slope * 3600, 2)
+
     first, last = (samples[0], samples[-1]) if samples else ({}, {})
     options_dict = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(options).items()}
     return {
@@ -398,8 +401,9 @@ def summarize(
             "warmup_s": options.warmup,
             "slope_samples": len(load),
             "slope_window_s": round(load[-1]["t_s"] - load[0]["t_s"], 1) if load else 0,
-            "rss_mb_per_hour": None if rss_slope is None else round(rss_slope * 3600, 2),
-            "pss_mb_per_hour": None if pss_slope is None else round(pss_slope * 3600, 2),
+            "rss_mb_per_hour": mb_per_hour("total_rss_mb"),
+            "pss_mb_per_hour": mb_per_hour("total_pss_mb"),
+            "per_process_rss_mb_per_hour": {k: mb_per_hour(f"rss_mb_{k}") for k in PROCESS_LABELS},
             "samples": len(samples),
             "first_sample_t_s": t0,
         },
