@@ -45,8 +45,9 @@ def too_large_detail(max_upload_bytes: int) -> str:
 class UploadSizeGuard:
     """Answers 413 to POSTs on `path` whose body exceeds `max_upload_bytes`; all else passes.
 
-    The body is never buffered: a large Content-Length is refused unread, and a
-    streamed body is cut off at the first chunk past the limit. Before the 413 goes
+    The body is never buffered: a large Content-Length is refused before the app
+    reads any of it, and a streamed body is cut off at the first chunk past the
+    limit. Before the 413 goes
     out, the rest of the body is read and thrown away for up to `linger_seconds`
     (a "lingering close"): a client still sending when the server closes gets a
     connection reset instead of the 413, and browsers then show a network error.
