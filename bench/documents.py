@@ -1,7 +1,7 @@
 """Document benchmark on the default model: summary latency, concurrent vs sequential map, prefix cache.
 
-    .venv/bin/python bench/documents.py            # ~10 min on 2 cores
-    .venv/bin/python bench/documents.py --quick    # smaller documents, ~3 min
+    .venv/bin/python bench/documents.py            # ~24 min on 2 AVX2 cores in float32
+    .venv/bin/python bench/documents.py --quick    # smaller documents, ~13 min
 
 Everything runs through the real session layer and engine (in-process, the
 same code the app runs), in one process, side by side:
