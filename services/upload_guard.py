@@ -47,10 +47,10 @@ class UploadSizeGuard:
 
     The body is never buffered: a large Content-Length is refused before the app
     reads any of it, and a streamed body is cut off at the first chunk past the
-    limit. Before the 413 goes
-    out, the rest of the body is read and thrown away for up to `linger_seconds`
-    (a "lingering close"): a client still sending when the server closes gets a
-    connection reset instead of the 413, and browsers then show a network error.
+    limit. Before the 413 goes out, the rest of the body is read and thrown away
+    for up to `linger_seconds` (a "lingering close"): a client still sending when
+    the server closes gets a connection reset instead of the 413, and browsers then
+    show a network error.
     """
 
     def __init__(
@@ -82,8 +82,7 @@ class UploadSizeGuard:
         declared = _content_length(scope)
         if declared is not None and declared > self.max_upload_bytes:
             logger.info("upload refused: Content-Length %d > %d bytes", declared, self.max_upload_bytes)
-            await self._discard_body(receive)
-            await self._reject(send)
+            await self._refuse_too_large(receive, send)
             await self._notify(scope)
             return
         await self._guarded_call(scope, receive, send)
@@ -116,8 +115,7 @@ class UploadSizeGuard:
                     # The app turned our error into a response of its own (FastAPI says
                     # 400 "error parsing the body"): answer 413 instead.
                     replaced = True
-                    await self._discard_body(receive)
-                    await self._reject(send)
+                    await self._refuse_too_large(receive, send)
                     return
             await send(message)
 
@@ -138,8 +136,7 @@ class UploadSizeGuard:
                 if not replaced:
                     logger.warning("upload passed the limit after the response started; dropped")
                 return
-            await self._discard_body(receive)
-            await self._reject(send)
+            await self._refuse_too_large(receive, send)
         if too_large:
             logger.info("upload refused: streamed body passed %d bytes", self.max_upload_bytes)
             await self._notify(scope)
@@ -152,16 +149,16 @@ class UploadSizeGuard:
         except Exception:  # telling the user is best effort; the 413 already went out
             logger.exception("upload refusal notice failed")
 
-    async def _discard_body(self, receive: Receive) -> None:
-        """Read and drop what is left of the request body, for at most `linger_seconds`."""
-        if self.linger_seconds <= 0:
-            return
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self.linger_seconds):
-                while True:
-                    message = await receive()
-                    if message["type"] != "http.request" or not message.get("more_body", False):
-                        return
+    async def _refuse_too_large(self, receive: Receive, send: Send) -> None:
+        """Drop what is left of the body (for at most `linger_seconds`), then answer 413."""
+        if self.linger_seconds > 0:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.linger_seconds):
+                    while True:
+                        message = await receive()
+                        if message["type"] != "http.request" or not message.get("more_body", False):
+                            break
+        await self._reject(send)
 
     async def _reject(self, send: Send, status: int = 413, detail: str | None = None) -> None:
         body = json.dumps({"detail": detail or too_large_detail(self.max_upload_bytes)}).encode()

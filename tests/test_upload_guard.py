@@ -15,7 +15,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from services.upload_guard import UploadSizeGuard, install_upload_guard, too_large_detail
+from services.upload_guard import (
+    DEFAULT_LINGER_SECONDS,
+    UploadSizeGuard,
+    install_upload_guard,
+    too_large_detail,
+)
 
 MIB = 1024 * 1024
 UPLOAD = "/project/file"
@@ -41,7 +46,7 @@ class Recorder:
             ]
         )
 
-    def guarded(self, max_upload_bytes: int, linger_seconds: float = 5.0) -> Any:
+    def guarded(self, max_upload_bytes: int, linger_seconds: float = DEFAULT_LINGER_SECONDS) -> Any:
         guard = UploadSizeGuard(self.app, max_upload_bytes=max_upload_bytes, linger_seconds=linger_seconds)
 
         async def outer(scope: Any, receive: Any, send: Any) -> None:
