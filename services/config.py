@@ -181,6 +181,15 @@ class Settings:
     status_route: bool = _setting(
         True, "STATUS_ROUTE", "Serve GET /status (JSON: sessions, in-flight requests)."
     )
+    health_recent_output_seconds: float = _setting(
+        30.0,
+        "HEALTH_RECENT_OUTPUT_SECONDS",
+        "/healthz counts an engine that produced output this recently as answering, without a ping.",
+        0,
+    )
+    health_ping_timeout_seconds: float = _setting(
+        15.0, "HEALTH_PING_TIMEOUT_SECONDS", "/healthz answers 503 when a one-token ping takes longer.", 0.1
+    )
 
     @property
     def model_path(self) -> str:

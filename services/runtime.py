@@ -28,11 +28,6 @@ from services.sessions import SessionStore
 
 logger = logging.getLogger(__name__)
 
-# An engine that produced output this recently is answering: /healthz skips its ping.
-HEALTH_RECENT_OUTPUT_SECONDS = 30.0
-# A one-token ping slower than this counts as "not answering" (503).
-HEALTH_PING_TIMEOUT_SECONDS = 15.0
-
 
 class Runtime:
     """Owns the engine, the session store, maintenance and metrics for the life of the process."""
@@ -148,10 +143,11 @@ class Runtime:
         except Exception as error:
             return False, {**detail, "error": f"engine check failed: {type(error).__name__}"}
         age = None if engine.last_output_at is None else time.monotonic() - engine.last_output_at
-        if age is not None and age <= HEALTH_RECENT_OUTPUT_SECONDS:
+        if age is not None and age <= self.settings.health_recent_output_seconds:
             return True, {**detail, "last_output_seconds_ago": round(age, 2)}
         if self._ping is None or self._ping.done():
-            self._ping = asyncio.create_task(engine.ping(HEALTH_PING_TIMEOUT_SECONDS), name="healthz-ping")
+            timeout = self.settings.health_ping_timeout_seconds
+            self._ping = asyncio.create_task(engine.ping(timeout), name="healthz-ping")
         try:
             seconds = await asyncio.shield(self._ping)
         except Exception as error:

@@ -361,6 +361,22 @@ async def test_health_ping_answers_without_counting_as_a_chat_request(
     await wait_until_idle(engine)
 
 
+async def test_health_counts_recent_output_as_answering_within_the_setting(
+    runtime: Runtime, engine: ChatEngine
+) -> None:
+    engine.last_output_at = time.monotonic() - 0.5
+    healthy, detail = await runtime.health()
+    assert healthy and "last_output_seconds_ago" in detail, detail  # within 30 s: no ping
+    default = runtime.settings
+    runtime.settings = default.replace(health_recent_output_seconds=0.1)
+    try:
+        healthy, detail = await runtime.health()
+    finally:
+        runtime.settings = default
+    assert healthy and detail["ping_seconds"] > 0, detail  # older than the setting: ask the engine
+    await wait_until_idle(engine)
+
+
 # --- what operators see after all that ------------------------------------------------------
 async def test_stats_report_has_the_numbers_and_a_plot(runtime: Runtime) -> None:
     text, png = await render_stats_report(runtime)
