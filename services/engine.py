@@ -381,6 +381,8 @@ def prepare_process_env(settings: Settings, rpc_dir: str) -> None:
     # vLLM spawns its processes, so their glibc reads this at start (the app's own is unaffected).
     if settings.engine_mmap_threshold_bytes:
         os.environ["MALLOC_MMAP_THRESHOLD_"] = str(settings.engine_mmap_threshold_bytes)
+    # Read by the oneDNN inside vLLM's CPU kernels when its cache is first used (in the worker).
+    os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = str(settings.engine_onednn_cache_capacity)
 
 
 @contextlib.asynccontextmanager

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from bench.shapes import distinct_size_prompts, sweep, worker_rss_mb
 from services.config import Settings
 from services.engine import (
     ChatEngine,
@@ -138,9 +139,23 @@ async def test_answer_budget_is_capped_by_context(engine: ChatEngine, finished: 
     assert finished[-1].output_tokens <= engine.max_model_len - prompt_tokens
 
 
-async def test_engine_processes_start_with_a_pinned_mmap_threshold(engine: ChatEngine) -> None:
-    # Without it glibc's threshold drifts up and the worker's heap grows under varying lengths.
-    # vLLM spawns its processes from this environment; their own /proc/<pid>/environ cannot be
-    # read back (setproctitle overwrites it with the VLLM:: title).
+async def test_engine_processes_start_with_bounded_allocators(engine: ChatEngine) -> None:
+    # Without these, glibc's threshold drifts up (the worker's heap grows under varying lengths)
+    # and oneDNN keeps 1024 compiled primitives. vLLM spawns its processes from this environment;
+    # their own /proc/<pid>/environ cannot be read back (setproctitle overwrites it).
     assert len(engine_processes()) >= 2, "EngineCore and a worker"
     assert os.environ["MALLOC_MMAP_THRESHOLD_"] == str(Settings().engine_mmap_threshold_bytes)
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(Settings().engine_onednn_cache_capacity)
+
+
+async def test_new_batch_sizes_do_not_grow_the_worker(engine: ChatEngine) -> None:
+    # Every prefill below has a batch size the worker has not seen, and each compiles oneDNN
+    # primitives. With oneDNN's default cache (ENGINE_ONEDNN_CACHE_CAPACITY=1024) the worker grew
+    # 184 MB over these 160 sizes; with the capped cache it stays where the warm-up left it.
+    prompts = distinct_size_prompts(engine, 200, first_words=600)
+    await sweep(engine, prompts[:40], "sizes-warm")
+    before = worker_rss_mb()
+    await sweep(engine, prompts[40:], "sizes")
+    growth = worker_rss_mb() - before
+    assert growth < 30, f"the worker grew {growth:.0f} MB over 160 new batch sizes"
+    assert engine.unfinished_requests() == 0
