@@ -1,6 +1,6 @@
 """vLLM worker memory against new batch sizes: oneDNN's primitive cache capped vs its default.
 
-    .venv/bin/python bench/shapes.py                # default model, 300 sizes per arm, ~8 min
+    .venv/bin/python bench/shapes.py                # default model, 300 sizes per arm, ~18 min here
     .venv/bin/python bench/shapes.py --sizes 80     # quick
 
 On CPU, vLLM multiplies matrices with oneDNN, which compiles a kernel
