@@ -16,6 +16,11 @@ Both paths run the same prompts in the same order at each concurrency, after
 two unmeasured warm-up requests. Output tokens are counted by re-tokenizing the
 final text with the model's tokenizer in both paths. tokens/s = all output
 tokens / wall time of the phase; the ratio is app / engine (1.0 = no overhead).
+
+Each phase also records where the CPU went: busy share of each core and CPU
+seconds per second of each process (this benchmark, the app server, vLLM's
+EngineCore and worker). vLLM binds its worker to core 0, so everything else
+shares core 1: this shows whether core 1 is saturated on one path.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -58,6 +65,37 @@ class Sample:
 Ask = Callable[[str], Awaitable[Sample]]
 
 
+def cpu_seconds() -> dict[str, float]:
+    """Busy seconds of each core, and CPU seconds of this process and of each process under it, by role."""
+    seconds: dict[str, float] = {}
+    for index, core in enumerate(psutil.cpu_times(percpu=True)):
+        seconds[f"core {index} busy"] = sum(core) - core.idle - getattr(core, "iowait", 0.0)
+    me = psutil.Process()
+    for process in [me, *me.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            name = process.name()
+            if process is me:
+                role = "benchmark"
+            elif name.startswith("VLLM::"):
+                role = name.removeprefix("VLLM::")
+            elif any("chainlit" in part for part in process.cmdline()[:3]):
+                role = "app server"
+            else:
+                role = "other"
+            times = process.cpu_times()
+            seconds[role] = seconds.get(role, 0.0) + times.user + times.system
+    return seconds
+
+
+async def measured_phase(ask: Ask, prompts: list[str], concurrency: int) -> tuple[list[Sample], float, dict]:
+    """run_phase, plus the CPU share (CPU seconds per wall second) of each core and process."""
+    before = cpu_seconds()
+    samples, wall_s = await run_phase(ask, prompts, concurrency)
+    after = cpu_seconds()
+    shares = {key: round((after[key] - before.get(key, 0.0)) / wall_s, 2) for key in after}
+    return samples, wall_s, shares
+
+
 async def run_phase(ask: Ask, prompts: list[str], concurrency: int) -> tuple[list[Sample], float]:
     """Send every prompt with `concurrency` workers; samples in prompt order and the wall time."""
     samples: list[Sample | None] = [None] * len(prompts)
@@ -78,7 +116,7 @@ async def run_phase(ask: Ask, prompts: list[str], concurrency: int) -> tuple[lis
 # --- the two paths -------------------------------------------------------------------
 async def app_path(
     server: AppServer, prompts: list[str], concurrencies: list[int], timeout_s: float
-) -> dict[int, tuple[list[Sample], float]]:
+) -> dict[int, tuple[list[Sample], float, dict]]:
     async def ask(prompt: str) -> Sample:
         client = ChatClient(server.base_url)
         await client.connect()
@@ -92,12 +130,12 @@ async def app_path(
 
     for prompt in prompts[:WARM_UP_REQUESTS]:
         await ask(prompt)
-    return {c: await run_phase(ask, prompts, c) for c in concurrencies}
+    return {c: await measured_phase(ask, prompts, c) for c in concurrencies}
 
 
 async def engine_path(
     settings: Settings, prompts: list[str], concurrencies: list[int], max_new_tokens: int
-) -> dict[int, tuple[list[Sample], float]]:
+) -> dict[int, tuple[list[Sample], float, dict]]:
     sampling = SamplingSettings(temperature=0.0, top_p=settings.top_p, max_new_tokens=max_new_tokens)
     counter = iter(range(1_000_000))
 
@@ -123,11 +161,13 @@ async def engine_path(
 
         for prompt in prompts[:WARM_UP_REQUESTS]:
             await ask(prompt)
-        return {c: await run_phase(ask, prompts, c) for c in concurrencies}
+        return {c: await measured_phase(ask, prompts, c) for c in concurrencies}
 
 
 # --- report --------------------------------------------------------------------------
-def phase_stats(samples: list[Sample], wall_s: float, count_tokens: Callable[[str], int]) -> dict[str, Any]:
+def phase_stats(
+    samples: list[Sample], wall_s: float, cpu_share: dict[str, float], count_tokens: Callable[[str], int]
+) -> dict[str, Any]:
     tokens = [count_tokens(s.text) for s in samples]
     rates = [t / s.total_s for t, s in zip(tokens, samples, strict=True) if s.total_s > 0]
     ttfts = [s.ttft_s for s in samples]
@@ -140,6 +180,7 @@ def phase_stats(samples: list[Sample], wall_s: float, count_tokens: Callable[[st
         "ttft_p50_ms": round((percentile(ttfts, 50) or 0.0) * 1000, 1),
         "ttft_p95_ms": round((percentile(ttfts, 95) or 0.0) * 1000, 1),
         "total_p50_s": round(percentile([s.total_s for s in samples], 50) or 0.0, 3),
+        "cpu_share": cpu_share,
     }
 
 
@@ -172,6 +213,14 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             f"| {row['concurrency']} | {c['tokens_per_s_ratio']:.3f}x | {c['ttft_p50_added_ms']:+.1f} | "
             f"{c['identical_answers']}/{row['app']['requests']} | {'met' if c['target_met'] else 'NOT met'} |"
         )
+    roles = sorted({role for row in rows for path in ("engine", "app") for role in row[path]["cpu_share"]})
+    lines += ["", "CPU seconds per wall second (1.00 = one core busy all the time):", ""]
+    lines += ["| Concurrency | Path | " + " | ".join(roles) + " |", "|---:|---|" + "---:|" * len(roles)]
+    for row in rows:
+        for path in ("engine", "app"):
+            share = row[path]["cpu_share"]
+            cells = " | ".join(f"{share[r]:.2f}" if r in share else "-" for r in roles)
+            lines.append(f"| {row['concurrency']} | {path} | {cells} |")
     return "\n".join(lines)
 
 
