@@ -41,6 +41,21 @@ def reap_children(grace_s: float = 10.0) -> list[str]:
     return killed
 
 
+def process_label(process: psutil.Process, app_pid: int | None) -> str:
+    """The role of a process in the server's tree: app, engine_core, worker or other."""
+    if process.pid == app_pid:
+        return "app"
+    try:
+        text = process.name() + " " + " ".join(process.cmdline()[:3])
+    except psutil.Error:
+        return "other"
+    if "EngineCore" in text:
+        return "engine_core"
+    if "Worker" in text or "worker" in text:
+        return "worker"
+    return "other"
+
+
 def machine_info() -> dict[str, Any]:
     """What the numbers depend on: CPU, its bf16 support, and how busy the machine was."""
     flags: set[str] = set()

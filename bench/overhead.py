@@ -43,7 +43,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import PROMPTS_FILE, machine_info, percentile, reap_children  # noqa: E402
+from bench.common import PROMPTS_FILE, machine_info, percentile, process_label, reap_children  # noqa: E402
 from bench.signals import run_until_signalled  # noqa: E402
 from services.config import Settings  # noqa: E402
 from services.engine import SamplingSettings, engine_lifespan  # noqa: E402
@@ -65,7 +65,7 @@ class Sample:
 Ask = Callable[[str], Awaitable[Sample]]
 
 
-def cpu_seconds() -> dict[str, float]:
+def cpu_seconds(app_pid: int | None) -> dict[str, float]:
     """Busy seconds of each core, and CPU seconds of this process and of each process under it, by role."""
     seconds: dict[str, float] = {}
     for index, core in enumerate(psutil.cpu_times(percpu=True)):
@@ -73,25 +73,19 @@ def cpu_seconds() -> dict[str, float]:
     me = psutil.Process()
     for process in [me, *me.children(recursive=True)]:
         with contextlib.suppress(psutil.Error):
-            name = process.name()
-            if process is me:
-                role = "benchmark"
-            elif name.startswith("VLLM::"):
-                role = name.removeprefix("VLLM::")
-            elif any("chainlit" in part for part in process.cmdline()[:3]):
-                role = "app server"
-            else:
-                role = "other"
+            role = "benchmark" if process is me else process_label(process, app_pid)
             times = process.cpu_times()
             seconds[role] = seconds.get(role, 0.0) + times.user + times.system
     return seconds
 
 
-async def measured_phase(ask: Ask, prompts: list[str], concurrency: int) -> tuple[list[Sample], float, dict]:
+async def measured_phase(
+    ask: Ask, prompts: list[str], concurrency: int, app_pid: int | None = None
+) -> tuple[list[Sample], float, dict]:
     """run_phase, plus the CPU share (CPU seconds per wall second) of each core and process."""
-    before = cpu_seconds()
+    before = cpu_seconds(app_pid)
     samples, wall_s = await run_phase(ask, prompts, concurrency)
-    after = cpu_seconds()
+    after = cpu_seconds(app_pid)
     shares = {key: round((after[key] - before.get(key, 0.0)) / wall_s, 2) for key in after}
     return samples, wall_s, shares
 
@@ -130,7 +124,8 @@ async def app_path(
 
     for prompt in prompts[:WARM_UP_REQUESTS]:
         await ask(prompt)
-    return {c: await measured_phase(ask, prompts, c) for c in concurrencies}
+    app_pid = server.process.pid if server.process else None
+    return {c: await measured_phase(ask, prompts, c, app_pid) for c in concurrencies}
 
 
 async def engine_path(

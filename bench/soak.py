@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 import psutil  # noqa: E402
 
-from bench.common import machine_info, percentile  # noqa: E402
+from bench.common import machine_info, percentile, process_label  # noqa: E402
 from tests.server import AppServer  # noqa: E402
 
 MB = 1024 * 1024
@@ -120,20 +120,6 @@ def parse_duration(text: str) -> float:
 
 
 # --- memory sampling ------------------------------------------------------------------
-def process_label(process: psutil.Process, app_pid: int) -> str:
-    if process.pid == app_pid:
-        return "app"
-    try:
-        text = process.name() + " " + " ".join(process.cmdline()[:3])
-    except psutil.Error:
-        return "other"
-    if "EngineCore" in text:
-        return "engine_core"
-    if "Worker" in text or "worker" in text:
-        return "worker"
-    return "other"
-
-
 class MemorySampler:
     """Samples the server's process tree (RSS and PSS per process) and /status into a CSV."""
 
