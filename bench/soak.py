@@ -51,6 +51,7 @@ STATUS_FIELDS = (
 )  # fmt: skip
 PROCESS_LABELS = ("app", "engine_core", "worker", "other")
 SLOPE_MAX_POINTS = 400  # Theil-Sen on at most this many samples (~80k pairs)
+SLOPE_WINDOWS = 4  # the post-warm-up period is also fitted in this many consecutive windows
 
 
 @dataclass
@@ -133,7 +134,9 @@ class MemorySampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="memory-sampler", daemon=True)
         self._columns = ["t_s", "unix_time", "phase", "total_rss_mb", "total_pss_mb", "processes"]
-        self._columns += [f"rss_mb_{label}" for label in PROCESS_LABELS] + list(STATUS_FIELDS)
+        self._columns += [f"rss_mb_{label}" for label in PROCESS_LABELS]
+        self._columns += [f"anon_mb_{label}" for label in PROCESS_LABELS] + ["exec_maps_worker"]
+        self._columns += list(STATUS_FIELDS)
 
     def start(self) -> MemorySampler:
         with self.path.open("w", newline="") as file:
@@ -160,6 +163,8 @@ class MemorySampler:
         }
         row["phase"] = self.phase
         by_label = dict.fromkeys(PROCESS_LABELS, 0.0)
+        anon_by_label = dict.fromkeys(PROCESS_LABELS, 0.0)
+        exec_maps = 0
         total_rss = total_pss = 0.0
         count = 0
         try:
@@ -173,12 +178,18 @@ class MemorySampler:
             except psutil.Error:
                 continue
             rss = info.rss / MB
-            by_label[process_label(process, app_pid)] += rss
+            label = process_label(process, app_pid)
+            by_label[label] += rss
+            anon_by_label[label] += anon_mb(process.pid)
+            if label == "worker":
+                exec_maps += executable_mappings(process.pid)
             total_rss += rss
             total_pss += getattr(info, "pss", info.rss) / MB
             count += 1
         row.update(total_rss_mb=round(total_rss, 1), total_pss_mb=round(total_pss, 1), processes=count)
         row.update({f"rss_mb_{label}": round(value, 1) for label, value in by_label.items()})
+        row.update({f"anon_mb_{label}": round(value, 1) for label, value in anon_by_label.items()})
+        row["exec_maps_worker"] = exec_maps
         try:
             status = self.server.status()
         except Exception:
@@ -188,6 +199,27 @@ class MemorySampler:
         with self.path.open("a", newline="") as file:
             csv.writer(file).writerow([row[column] for column in self._columns])
         return row
+
+
+def anon_mb(pid: int) -> float:
+    """RssAnon of `pid` in MB (heap, arenas, anonymous mmaps), 0 when unreadable."""
+    try:
+        with open(f"/proc/{pid}/status") as file:
+            for line in file:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def executable_mappings(pid: int) -> int:
+    """Executable mappings of `pid`: JIT-compiled kernels (oneDNN primitives) show up here."""
+    try:
+        with open(f"/proc/{pid}/maps") as file:
+            return sum(1 for line in file if line.split(maxsplit=2)[1][2] == "x")
+    except (OSError, IndexError):
+        return 0
 
 
 # --- the run --------------------------------------------------------------------------
@@ -349,9 +381,15 @@ def summarize(
     load = [s for s in samples if s["phase"] == "load" and s["t_s"] >= options.warmup]
     t0 = samples[0]["t_s"] if samples else 0.0
 
-    def mb_per_hour(column: str) -> float | None:
-        slope = theil_sen_slope([s["t_s"] for s in load], [s[column] for s in load])
+    def mb_per_hour(column: str, rows: list[dict[str, Any]] = load) -> float | None:
+        slope = theil_sen_slope([s["t_s"] for s in rows], [s[column] for s in rows])
         return None if slope is None else round(slope * 3600, 2)
+
+    load_began = next((s["t_s"] for s in samples if s["phase"] == "load"), t0)
+    windows = []
+    for rows in split_evenly(load, SLOPE_WINDOWS):
+        span = [round((rows[i]["t_s"] - load_began) / 60, 1) for i in (0, -1)]
+        windows.append({"minutes": span, "rss_mb_per_hour": mb_per_hour("total_rss_mb", rows)})
 
     first, last = (samples[0], samples[-1]) if samples else ({}, {})
     options_dict = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(options).items()}
@@ -390,11 +428,22 @@ def summarize(
             "rss_mb_per_hour": mb_per_hour("total_rss_mb"),
             "pss_mb_per_hour": mb_per_hour("total_pss_mb"),
             "per_process_rss_mb_per_hour": {k: mb_per_hour(f"rss_mb_{k}") for k in PROCESS_LABELS},
+            "per_process_anon_mb_per_hour": {k: mb_per_hour(f"anon_mb_{k}") for k in PROCESS_LABELS},
+            "rss_mb_per_hour_by_window": windows,
+            "worker_exec_maps_start_end": [first.get("exec_maps_worker"), last.get("exec_maps_worker")],
             "samples": len(samples),
             "first_sample_t_s": t0,
         },
         "after_clients_left": after,
     }
+
+
+def split_evenly(rows: list[dict[str, Any]], parts: int) -> list[list[dict[str, Any]]]:
+    """`rows` in `parts` consecutive slices of (nearly) equal length; none unless each fits a slope."""
+    if len(rows) < 3 * parts:
+        return []
+    size = len(rows) / parts
+    return [rows[round(i * size) : round((i + 1) * size)] for i in range(parts)]
 
 
 def plot(out: Path, samples: list[dict[str, Any]], warmup_s: float, summary: dict[str, Any]) -> Path:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bench.soak import SoakOptions, parse_duration, run_soak, theil_sen_slope
+from bench.soak import SoakOptions, parse_duration, run_soak, split_evenly, theil_sen_slope
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -31,6 +31,14 @@ def soak(tiny_model_dir: Path) -> dict[str, Any]:
         extra_env={"MAX_NUM_BATCHED_TOKENS": str(TINY_MAX_MODEL_LEN)},
     )  # fmt: skip
     return run_soak(options)
+
+
+def test_windows_split_the_samples_in_order_without_losing_any() -> None:
+    rows = [{"t_s": float(i)} for i in range(14)]
+    windows = split_evenly(rows, 4)
+    assert sorted(len(w) for w in windows) == [3, 3, 4, 4]
+    assert [row for w in windows for row in w] == rows
+    assert split_evenly(rows[:11], 4) == [], "a slope needs three samples in every window"
 
 
 def test_slope_ignores_a_one_off_step_and_outliers() -> None:
@@ -68,6 +76,9 @@ def test_report_files_are_written(soak: dict[str, Any]) -> None:
     assert all(float(row["total_rss_mb"]) > 0 for row in samples)
     assert {row["phase"] for row in samples} >= {"load", "idle"}
     assert soak["memory"]["rss_mb_per_hour"] is not None
+    assert all(float(row["anon_mb_worker"]) > 0 for row in samples), "the worker's heap is attributed"
+    assert all(int(row["exec_maps_worker"]) > 0 for row in samples), "its code mappings are counted"
+    assert len(soak["memory"]["rss_mb_per_hour_by_window"]) == 4
     assert (SOAK_OUT / "soak.png").read_bytes().startswith(PNG_MAGIC)
     with (SOAK_OUT / "requests.csv").open(newline="") as file:
         assert sum(1 for _ in csv.DictReader(file)) == soak["requests"]["ok"] + soak["requests"]["failed"]
