@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from services.config import Settings
+from services.reaper import OrphanGuard
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -389,7 +390,7 @@ def prepare_process_env(settings: Settings, rpc_dir: str) -> None:
 async def engine_lifespan(settings: Settings) -> AsyncIterator[ChatEngine]:
     """Create the engine, yield it, and shut it down on every exit path."""
     rpc_dir = tempfile.mkdtemp(prefix="vllm-chat-rpc-")
-    llm = None
+    llm = guard = None
     try:
         prepare_process_env(settings, rpc_dir)
         if not settings.model:
@@ -400,6 +401,7 @@ async def engine_lifespan(settings: Settings) -> AsyncIterator[ChatEngine]:
 
         started = time.monotonic()
         llm = AsyncLLM.from_engine_args(engine_args(settings))
+        guard = OrphanGuard(engine_processes())
         engine = ChatEngine(llm, llm.model_config.max_model_len)
         await engine.warm_up()
         logger.info("engine ready in %.1f s (model %s)", time.monotonic() - started, settings.model_path)
@@ -409,6 +411,8 @@ async def engine_lifespan(settings: Settings) -> AsyncIterator[ChatEngine]:
         if llm is not None:
             llm.shutdown()
         _reap(children)
+        if guard is not None:
+            guard.close()
         shutil.rmtree(rpc_dir, ignore_errors=True)
 
 
