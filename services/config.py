@@ -96,6 +96,30 @@ class Settings:
         "vLLM keeps its own 32 sizes per layer shape in front of it. 1024 = oneDNN's default.",
         0,
     )
+    # --- remote engine: vLLM servers instead of the in-process engine -----------
+    engine_urls: str = _setting(
+        "",
+        "ENGINE_URLS",
+        "Comma-separated base URLs of `vllm serve` servers (e.g. http://10.0.0.5:8000); empty = the "
+        "in-process engine. All must serve one model; MODEL then names its tokenizer (a folder or a "
+        "cached id). Each request goes to the healthy server with the fewest of ours in flight.",
+    )
+    engine_connect_timeout_seconds: float = _setting(
+        10.0, "ENGINE_CONNECT_TIMEOUT_SECONDS", "Seconds to open a connection to a vLLM server.", 0.1
+    )
+    engine_max_connections: int = _setting(
+        256,
+        "ENGINE_MAX_CONNECTIONS",
+        "Open streams to the vLLM servers at most (one per request in flight); more requests wait.",
+        1,
+    )
+    engine_stream_timeout_seconds: float = _setting(
+        600.0,
+        "ENGINE_STREAM_TIMEOUT_SECONDS",
+        "Seconds a vLLM server's stream may stay silent (a long prompt queued behind others) before "
+        "the turn fails.",
+        1,
+    )
 
     # --- chat ----------------------------------------------------------------
     system_prompt: str = _setting(
@@ -201,6 +225,11 @@ class Settings:
     )
 
     @property
+    def engine_url_list(self) -> list[str]:
+        """ENGINE_URLS as a list (empty: the in-process engine)."""
+        return [url.strip() for url in self.engine_urls.split(",") if url.strip()]
+
+    @property
     def model_path(self) -> str:
         """What vLLM loads: MODEL, or the prepared default model's folder."""
         return self.model or str(Path(self.cache_dir) / "models" / DEFAULT_MODEL_NAME)
@@ -233,6 +262,9 @@ class Settings:
             )
         if self.top_p > 1:
             raise SettingsError(f"TOP_P={self.top_p} must be at most 1")
+        for url in self.engine_url_list:
+            if not url.startswith(("http://", "https://")):
+                raise SettingsError(f"ENGINE_URLS entry {url!r} is not an http:// or https:// URL")
 
     def non_default(self) -> dict[str, Any]:
         """Settings that differ from the defaults, secrets redacted (for the start-up log)."""

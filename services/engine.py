@@ -388,7 +388,43 @@ def prepare_process_env(settings: Settings, rpc_dir: str) -> None:
 
 @contextlib.asynccontextmanager
 async def engine_lifespan(settings: Settings) -> AsyncIterator[ChatEngine]:
-    """Create the engine, yield it, and shut it down on every exit path."""
+    """Create the engine (in-process, or vLLM servers when ENGINE_URLS is set), yield it, close it."""
+    lifespan = remote_engine_lifespan if settings.engine_url_list else local_engine_lifespan
+    async with lifespan(settings) as engine:
+        yield engine
+
+
+@contextlib.asynccontextmanager
+async def remote_engine_lifespan(settings: Settings) -> AsyncIterator[ChatEngine]:
+    """Chat through the vLLM servers of ENGINE_URLS; nothing to start here but a connection pool."""
+    from services.remote import RemoteLLM
+
+    if not settings.model:
+        from services.model_prep import ensure_default_model
+
+        await asyncio.to_thread(ensure_default_model, settings)
+    from vllm.tokenizers import get_tokenizer
+
+    tokenizer = await asyncio.to_thread(get_tokenizer, settings.model_path)
+    remote = RemoteLLM(
+        settings.engine_url_list,
+        tokenizer,
+        connect_timeout=settings.engine_connect_timeout_seconds,
+        idle_timeout=settings.engine_stream_timeout_seconds,
+        max_connections=settings.engine_max_connections,
+    )
+    try:
+        await remote.connect()
+        engine = ChatEngine(remote, remote.max_model_len)  # type: ignore[arg-type]
+        await engine.warm_up()
+        yield engine
+    finally:
+        await remote.aclose()
+
+
+@contextlib.asynccontextmanager
+async def local_engine_lifespan(settings: Settings) -> AsyncIterator[ChatEngine]:
+    """Start vLLM's AsyncLLM in this process tree, yield it, and shut it down on every exit path."""
     rpc_dir = tempfile.mkdtemp(prefix="vllm-chat-rpc-")
     llm = guard = None
     try:

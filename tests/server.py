@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,13 @@ class AppServer:
 
     def status(self) -> dict[str, Any]:
         return self.get_json("/status")
+
+    def healthz(self) -> tuple[int, dict[str, Any]]:
+        """(HTTP status, detail) of GET /healthz, which answers 503 with a JSON detail."""
+        try:
+            return 200, self.get_json("/healthz", timeout=30)
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read())
 
     def wait_for(self, predicate, timeout: float, interval: float = 0.05) -> dict[str, Any]:
         """Poll /status until `predicate(status)` holds; return that status."""

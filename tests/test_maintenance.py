@@ -12,7 +12,6 @@ import logging
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -215,15 +214,6 @@ def scrape(server: AppServer) -> dict[str, float]:
     return values
 
 
-def healthz(server: AppServer) -> tuple[int, dict]:
-    try:
-        return 200, server.get_json("/healthz", timeout=30)
-    except urllib.error.HTTPError as error:
-        import json
-
-        return error.code, json.loads(error.read())
-
-
 @pytest.mark.asyncio(loop_scope="module")
 async def test_maintenance_expires_an_idle_session_and_aborts_its_request(
     short_ttl_server: AppServer,
@@ -259,7 +249,7 @@ async def test_maintenance_expires_an_idle_session_and_aborts_its_request(
 @pytest.mark.asyncio(loop_scope="module")
 async def test_healthz_turns_503_when_the_engine_core_is_killed(short_ttl_server: AppServer) -> None:
     server = short_ttl_server
-    code, detail = await asyncio.to_thread(healthz, server)
+    code, detail = await asyncio.to_thread(server.healthz)
     assert code == 200, detail
     assert detail["engine_alive"] and all(p["running"] for p in detail["engine_processes"])
     engine_core = next(p for p in server.engine_processes if p.name() == "VLLM::EngineCore")
@@ -268,7 +258,7 @@ async def test_healthz_turns_503_when_the_engine_core_is_killed(short_ttl_server
     while code == 200:
         assert time.monotonic() < deadline, f"/healthz still 200 after killing EngineCore: {detail}"
         await asyncio.sleep(0.2)
-        code, detail = await asyncio.to_thread(healthz, server)
+        code, detail = await asyncio.to_thread(server.healthz)
     assert code == 503
     assert "error" in detail
     assert (await server.astatus())["engine_alive"] is False, "/status still answers, telling why"
