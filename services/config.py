@@ -211,8 +211,11 @@ class Settings:
 
     # --- files and processes -------------------------------------------------
     cache_dir: str = _setting(_default_cache_dir(), "CACHE_DIR", "Where the prepared default model is kept.")
-    status_route: bool = _setting(
-        True, "STATUS_ROUTE", "Serve GET /status (JSON: sessions, in-flight requests)."
+    ops_token: str = _setting(
+        "",
+        "OPS_TOKEN",
+        "When set, GET /status, /metrics and /stats need `Authorization: Bearer <token>`; /healthz "
+        "stays open for load balancers. Empty = open (fine on a private network only).",
     )
     health_recent_output_seconds: float = _setting(
         30.0,

@@ -11,6 +11,7 @@ lag, the leak slope and maintenance.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import math
 import os
@@ -21,7 +22,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI, Header, HTTPException
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -458,7 +459,16 @@ def _duration(seconds: float) -> str:
 
 # --- routes -------------------------------------------------------------------------
 def install_routes(app: FastAPI, runtime: Runtime) -> None:
-    """Add GET /status, /metrics, /healthz and /stats in front of Chainlit's catch-all page route."""
+    """Add GET /status, /metrics, /healthz and /stats in front of Chainlit's catch-all page route.
+
+    With OPS_TOKEN set, all but /healthz answer 401 without `Authorization: Bearer <token>`.
+    """
+
+    def operators_only(authorization: str = Header(default="")) -> None:
+        expected = runtime.settings.ops_token
+        if expected and not hmac.compare_digest(authorization.encode(), f"Bearer {expected}".encode()):
+            challenge = {"WWW-Authenticate": "Bearer"}
+            raise HTTPException(401, "needs Authorization: Bearer <OPS_TOKEN>", challenge)
 
     async def status_route() -> JSONResponse:
         return JSONResponse(runtime.status())
@@ -474,13 +484,14 @@ def install_routes(app: FastAPI, runtime: Runtime) -> None:
         return JSONResponse(stats_summary(runtime))
 
     before = len(app.router.routes)
-    for path, endpoint in (
-        ("/status", status_route),
-        ("/metrics", metrics_route),
-        ("/healthz", healthz_route),
-        ("/stats", stats_route),
+    guarded = [Depends(operators_only)]
+    for path, endpoint, dependencies in (
+        ("/status", status_route, guarded),
+        ("/metrics", metrics_route, guarded),
+        ("/healthz", healthz_route, []),
+        ("/stats", stats_route, guarded),
     ):
-        app.add_api_route(path, endpoint, methods=["GET"], include_in_schema=False)
+        app.add_api_route(path, endpoint, methods=["GET"], include_in_schema=False, dependencies=dependencies)
     _move_to_front(app, app.router.routes[before:])
 
 

@@ -16,6 +16,7 @@ from tests.tiny_model import build_tiny_model
 ARTIFACTS = ROOT / "artifacts"
 TINY_MAX_MODEL_LEN = 4096
 TINY_MAX_UPLOAD_BYTES = 2_000_000
+TINY_OPS_TOKEN = "tiny-ops-token"  # the shared server's ops routes are guarded, as in production
 
 
 @pytest.fixture(scope="session")
@@ -47,7 +48,7 @@ def tiny_server(tiny_model_dir: Path) -> Iterator[AppServer]:
     env = server_env(
         MODEL=tiny_model_dir, MAX_MODEL_LEN=TINY_MAX_MODEL_LEN, MAX_NUM_BATCHED_TOKENS=4096,
         MAX_NEW_TOKENS=48, MAX_SESSIONS=100, SUMMARY_MAX_TOKENS=24, SUMMARY_CHUNK_TOKENS=1024,
-        MAX_UPLOAD_BYTES=TINY_MAX_UPLOAD_BYTES,
+        MAX_UPLOAD_BYTES=TINY_MAX_UPLOAD_BYTES, OPS_TOKEN=TINY_OPS_TOKEN,
     )  # fmt: skip
     server = AppServer(env, ARTIFACTS / "logs" / "tiny-server.log").start()
     yield server

@@ -71,8 +71,15 @@ class AppServer:
         self.stop()
         raise TimeoutError(f"server not ready in {timeout} s; see {self.log_path}")
 
+    def open(self, path: str, timeout: float = 5) -> Any:
+        """GET `path` (a response to use in `with`), with the OPS_TOKEN when the server has one."""
+        request = urllib.request.Request(self.base_url + path)
+        if token := self.env.get("OPS_TOKEN"):
+            request.add_header("Authorization", f"Bearer {token}")
+        return urllib.request.urlopen(request, timeout=timeout)
+
     def get_json(self, path: str, timeout: float = 5) -> Any:
-        with urllib.request.urlopen(self.base_url + path, timeout=timeout) as response:
+        with self.open(path, timeout) as response:
             return json.loads(response.read())
 
     def status(self) -> dict[str, Any]:

@@ -12,7 +12,6 @@ import logging
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -204,7 +203,7 @@ def short_ttl_server(tiny_model_dir: Path) -> Iterator[AppServer]:
 def scrape(server: AppServer) -> dict[str, float]:
     from prometheus_client.parser import text_string_to_metric_families
 
-    with urllib.request.urlopen(server.base_url + "/metrics", timeout=5) as response:
+    with server.open("/metrics", 5) as response:
         text = response.read().decode()
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(text):

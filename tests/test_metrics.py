@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import urllib.error
 import urllib.request
 from collections import Counter
 
@@ -11,6 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.chat_client import ChatClient
+from tests.conftest import TINY_OPS_TOKEN
 from tests.server import ROOT, AppServer
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -26,7 +28,7 @@ CHAT_HISTOGRAMS = (
 
 def scrape(server: AppServer) -> tuple[str, dict[str, list]]:
     """The /metrics text and its samples by name: [(labels, value), ...]."""
-    with urllib.request.urlopen(server.base_url + "/metrics", timeout=10) as response:
+    with server.open("/metrics", 10) as response:
         assert response.headers["Content-Type"].startswith("text/plain"), "not Chainlit's page"
         text = response.read().decode()
     samples: dict[str, list] = {}
@@ -112,6 +114,18 @@ async def test_healthz_is_200_with_detail_while_the_engine_answers(tiny_server: 
     assert detail["ready"] and detail["engine_alive"]
     assert len(detail["engine_processes"]) >= 2 and all(p["running"] for p in detail["engine_processes"])
     assert "last_output_seconds_ago" in detail or "ping_seconds" in detail
+
+
+async def test_ops_routes_need_the_token_and_healthz_does_not(tiny_server: AppServer) -> None:
+    for path in ("/status", "/metrics", "/stats"):
+        for header in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TINY_OPS_TOKEN}):
+            request = urllib.request.Request(tiny_server.base_url + path, headers=header)
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                await asyncio.to_thread(urllib.request.urlopen, request, timeout=10)
+            assert refused.value.code == 401, (path, header)
+    request = urllib.request.Request(tiny_server.base_url + "/healthz")  # load balancers have no token
+    with await asyncio.to_thread(urllib.request.urlopen, request, timeout=30) as response:
+        assert response.status == 200
 
 
 async def test_stats_summarises_latency_memory_and_uptime(tiny_server: AppServer) -> None:
