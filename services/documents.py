@@ -34,6 +34,8 @@ HTML_EXTENSIONS = (".html", ".htm", ".xhtml")
 MARKDOWN_EXTENSIONS = (".md", ".markdown", ".mdown", ".mkd")
 PDF_MAGIC_WINDOW_BYTES = 1024  # the PDF spec tolerates junk before "%PDF-"; readers look this far
 SNIFF_WINDOW_BYTES = 64 * 1024  # how much of a text file is inspected for binary content
+MIN_LEGACY_COHERENCE = 0.1  # charset-normalizer's language fit; junk bytes score ~0
+COMMON_ENCODINGS = ("cp1252", "cp1251", "cp1250", "latin_1", "koi8_r", "cp1253", "cp1254", "cp1256", "cp1257")
 MAX_CONTROL_CHAR_SHARE = 0.1  # more replacement/control characters than this = not text
 MAX_DOCX_MEMBERS = 5000  # real .docx files hold tens of parts
 MAX_DOCX_COMPRESSION_RATIO = 100  # deflated XML is ~5-20x; zeros compress ~1000x
@@ -96,6 +98,7 @@ DOCX_PROTECTED = (
 LEGACY_OFFICE = "This is an old-format Office file (.doc, .xls, .ppt); please save it as .docx or PDF first."
 HTML_CORRUPT = "This HTML file could not be read; please upload it as plain text or PDF."
 NOTE_REPLACED_BYTES = "Some bytes were not valid UTF-8 and were replaced with �."
+NOTE_LEGACY_ENCODING = "The file is not UTF-8; it was read as {encoding}."
 
 
 def _docx_too_big(max_bytes: int) -> str:
@@ -178,8 +181,12 @@ def _looks_binary(data: bytes) -> bool:
     if b"\x00" in sample:
         return True
     text = sample.decode("utf-8", errors="replace")
-    odd = sum(1 for char in text if char == "\ufffd" or (ord(char) < 32 and char not in "\t\n\r\f\v\x1b"))
-    return odd > MAX_CONTROL_CHAR_SHARE * max(len(text), 1)
+    limit = MAX_CONTROL_CHAR_SHARE * max(len(text), 1)
+    controls = sum(1 for char in text if ord(char) < 32 and char not in "\t\n\r\f\v\x1b")
+    if controls + text.count("\ufffd") <= limit:
+        return False
+    # Not UTF-8, but maybe text in an 8-bit encoding (cp1251, cp1252...): every letter is a high byte.
+    return controls > limit or _legacy_encoding(sample) is None
 
 
 def _has_utf16_bom(data: bytes) -> bool:
@@ -251,12 +258,33 @@ def _normalise(text: str) -> str:
 
 
 def _decode_text(data: bytes, notes: list[str]) -> str:
+    """UTF-16 (by BOM) or UTF-8; a file with no UTF-8 beyond ASCII is read in its detected 8-bit encoding."""
     encoding = "utf-16" if _has_utf16_bom(data) else "utf-8-sig"  # utf-8-sig strips a BOM
     try:
         return data.decode(encoding)
     except UnicodeDecodeError:
-        notes.append(NOTE_REPLACED_BYTES)
-        return data.decode(encoding, errors="replace")
+        text = data.decode(encoding, errors="replace")
+    if encoding != "utf-16" and not any(ord(c) > 127 and c != "\ufffd" for c in text):
+        legacy = _legacy_encoding(data)  # e.g. cp1251 from an old Windows machine
+        if legacy is not None:
+            notes.append(NOTE_LEGACY_ENCODING.format(encoding=legacy))
+            return data.decode(legacy, errors="replace")
+    notes.append(NOTE_REPLACED_BYTES)  # UTF-8 with a few broken bytes
+    return text
+
+
+def _legacy_encoding(data: bytes) -> str | None:
+    """The 8-bit encoding charset-normalizer finds for `data`, if the result reads as a language."""
+    import charset_normalizer
+
+    matches = charset_normalizer.from_bytes(data[:SNIFF_WINDOW_BYTES])
+    best = matches.best()
+    if best is None or best.coherence < MIN_LEGACY_COHERENCE:
+        return None
+    # Encodings that fit equally well (cp1250 and cp1252 read most French alike): the commonest wins.
+    tied = [m.encoding for m in matches if (m.chaos, m.coherence) == (best.chaos, best.coherence)]
+    rank = {encoding: i for i, encoding in enumerate(COMMON_ENCODINGS)}
+    return min(tied, key=lambda encoding: rank.get(encoding, len(rank)))
 
 
 def _pdf_text(data: bytes, max_pages: int, max_chars: int, notes: list[str]) -> str:

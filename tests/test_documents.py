@@ -121,6 +121,21 @@ def test_invalid_utf8_is_replaced_with_a_note() -> None:
     assert document.notes == (documents.NOTE_REPLACED_BYTES,)
 
 
+@pytest.mark.parametrize(
+    ("text", "encoding"),
+    [
+        ("Отчёт о продажах за третий квартал. Выручка выросла на двенадцать процентов, "
+         "а расходы на логистику снизились благодаря новому складу в Казани.", "cp1251"),
+        ("Le café était très agréable, à côté de la fenêtre ; nous avons mangé des crêpes "
+         "et parlé des résultats du trimestre.", "cp1252"),
+    ],
+)  # fmt: skip
+def test_a_legacy_8bit_file_is_read_in_its_encoding(text: str, encoding: str) -> None:
+    document = extract(text.encode(encoding), "old-report.txt")
+    assert document.text == text
+    assert document.notes == (documents.NOTE_LEGACY_ENCODING.format(encoding=encoding),)
+
+
 def test_long_text_is_cut_to_max_chars_with_a_note() -> None:
     text = build.long_document(5000, seed=1)
     document = extract(text.encode(), "long.txt", max_chars=1000)
