@@ -273,7 +273,7 @@ class SessionStore:
         """Read uploaded files (path, name) into the session's document; delete the files.
 
         Unreadable files are reported, not fatal. A new upload replaces the
-        session's previous document.
+        session's previous document, and the user is told.
         """
         s = self.settings
         readable: list[Document] = []
@@ -299,6 +299,8 @@ class SessionStore:
         text, tokens, cut_note = await asyncio.to_thread(self._bounded_by_tokens, text)
         if cut_note:
             notes.append(cut_note)
+        if session.document is not None:
+            notes.append(f"«{session.document.name}» is put aside: questions now go to «{name}».")
         session.document = SessionDocument(name=name, text=text, tokens=tokens)
         return AttachResult(session.document, tuple(errors), tuple(notes))
 

@@ -28,6 +28,10 @@ def step_outputs(client: ChatClient, name: str) -> list[str]:
     return [m.get("output", "") for m in client.messages.values() if m.get("name") == name]
 
 
+def notice_texts(client: ChatClient) -> list[str]:
+    return [m["output"] for m in client.messages.values() if m.get("name") == "notice"]
+
+
 def error_texts(client: ChatClient) -> list[str]:
     return [m.get("output", "") for m in client.messages.values() if m.get("isError")]
 
@@ -45,6 +49,10 @@ async def test_short_document_is_summarized_in_one_pass(tiny_server: AppServer) 
         assert any("tokens" in out for out in step_outputs(client, "Reading the document"))
         follow_up = await client.ask("What is the main point?")
         assert follow_up.final and "⚠️" not in follow_up.final
+        second = await upload_and_ask(client, "minutes.md", SHORT_TEXT.encode(), "text/markdown")
+        assert second.final
+        replaced = "«notes.txt» is put aside: questions now go to «minutes.md»"
+        assert any(replaced in text for text in notice_texts(client)), notice_texts(client)
     await tiny_server.poll(idle, timeout=2)
 
 
@@ -124,8 +132,7 @@ async def test_invalid_utf8_is_replaced_and_said(tiny_server: AppServer) -> None
     async with connected(tiny_server) as (client,):
         reply = await upload_and_ask(client, "odd.txt", build.invalid_utf8_text(), "text/plain")
         assert reply.final
-        notices = [m["output"] for m in client.messages.values() if m.get("name") == "notice"]
-        assert any("not valid UTF-8" in text for text in notices), notices
+        assert any("not valid UTF-8" in text for text in notice_texts(client)), notice_texts(client)
 
 
 def post_raw_upload(port: int, session_id: str, body_bytes: int, chunked: bool) -> bytes:
