@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 import psutil  # noqa: E402
 
 from bench.common import machine_info, percentile, process_label  # noqa: E402
+from services.maintenance import proc_status_bytes  # noqa: E402
 from tests.server import AppServer  # noqa: E402
 
 MB = 1024 * 1024
@@ -203,14 +204,7 @@ class MemorySampler:
 
 def anon_mb(pid: int) -> float:
     """RssAnon of `pid` in MB (heap, arenas, anonymous mmaps), 0 when unreadable."""
-    try:
-        with open(f"/proc/{pid}/status") as file:
-            for line in file:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
+    return proc_status_bytes(pid, ("RssAnon",)).get("RssAnon", 0) / MB
 
 
 def executable_mappings(pid: int) -> int:

@@ -386,6 +386,14 @@ def prepare_process_env(settings: Settings, rpc_dir: str) -> None:
     os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = str(settings.engine_onednn_cache_capacity)
 
 
+async def prepare_default_model(settings: Settings) -> None:
+    """Turn the bundled GGUF into a model folder once, when MODEL is not set."""
+    if not settings.model:
+        from services.model_prep import ensure_default_model
+
+        await asyncio.to_thread(ensure_default_model, settings)
+
+
 @contextlib.asynccontextmanager
 async def engine_lifespan(settings: Settings) -> AsyncIterator[ChatEngine]:
     """Create the engine (in-process, or vLLM servers when ENGINE_URLS is set), yield it, close it."""
@@ -397,13 +405,11 @@ async def engine_lifespan(settings: Settings) -> AsyncIterator[ChatEngine]:
 @contextlib.asynccontextmanager
 async def remote_engine_lifespan(settings: Settings) -> AsyncIterator[ChatEngine]:
     """Chat through the vLLM servers of ENGINE_URLS; nothing to start here but a connection pool."""
+    from vllm.tokenizers import get_tokenizer
+
     from services.remote import RemoteLLM
 
-    if not settings.model:
-        from services.model_prep import ensure_default_model
-
-        await asyncio.to_thread(ensure_default_model, settings)
-    from vllm.tokenizers import get_tokenizer
+    await prepare_default_model(settings)
 
     tokenizer = await asyncio.to_thread(get_tokenizer, settings.model_path)
     remote = RemoteLLM(
@@ -429,10 +435,7 @@ async def local_engine_lifespan(settings: Settings) -> AsyncIterator[ChatEngine]
     llm = guard = None
     try:
         prepare_process_env(settings, rpc_dir)
-        if not settings.model:
-            from services.model_prep import ensure_default_model
-
-            await asyncio.to_thread(ensure_default_model, settings)
+        await prepare_default_model(settings)
         from vllm.v1.engine.async_llm import AsyncLLM
 
         started = time.monotonic()

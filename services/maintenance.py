@@ -164,7 +164,7 @@ class MemorySample:
         }
 
 
-def _status_bytes(pid: int, keys: Iterable[str]) -> dict[str, int]:
+def proc_status_bytes(pid: int, keys: Iterable[str]) -> dict[str, int]:
     """Fields of /proc/<pid>/status given in kB (Linux), as bytes."""
     wanted, found = set(keys), {}
     with contextlib.suppress(OSError), open(f"/proc/{pid}/status", encoding="ascii") as status:
@@ -210,7 +210,7 @@ def process_tree_memory(root: psutil.Process | None = None) -> tuple[ProcessMemo
         seen[role] = seen.get(role, 0) + 1
         if seen[role] > 1:
             role = f"{role}#{seen[role]}"
-        status = _status_bytes(process.pid, ("RssAnon", "VmSwap"))
+        status = proc_status_bytes(process.pid, ("RssAnon", "VmSwap"))
         swap = status.get("VmSwap", getattr(info, "swap", None))
         found.append(ProcessMemory(process.pid, role, info.rss, info.vms, uss, status.get("RssAnon"), swap))
     return tuple(found)
