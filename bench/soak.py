@@ -474,7 +474,9 @@ def plot(out: Path, samples: list[dict[str, Any]], warmup_s: float, summary: dic
         mem_ax.plot(xs, line, "--", color="crimson", label=f"total, Theil-Sen slope {slope:+.2f} MB/h")
     mem_ax.set_ylabel("RSS change (MB)")
     mem_ax.set_title("Memory of the server process tree and latency under load")
-    mem_ax.legend(fontsize=7, ncol=2, loc="best")
+    low, high = mem_ax.get_ylim()
+    mem_ax.set_ylim(low, high + 0.35 * (high - low))  # room for the legend above the lines
+    mem_ax.legend(fontsize=7, ncol=2, loc="upper left")
 
     requests = read_requests(out / "requests.csv")
     for prefix, color in (("total", "tab:blue"), ("ttft", "tab:orange")):
