@@ -151,6 +151,13 @@ class ChatClient:
                 raise TimeoutError("no token streamed")
             await asyncio.sleep(0.01)
 
+    async def start_long_answer(self, max_new_tokens: int = 3000) -> Reply:
+        """Ask for a long sampled answer and return once its first token has streamed."""
+        await self.update_settings(max_new_tokens=max_new_tokens, temperature=1.0)
+        reply = await self.send("Tell me everything you know.")
+        await self.wait_first_token(reply)
+        return reply
+
     async def stop(self) -> None:
         await self.sio.emit("stop")
 

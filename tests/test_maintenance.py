@@ -222,9 +222,7 @@ async def test_maintenance_expires_an_idle_session_and_aborts_its_request(
     client = ChatClient(server.base_url)
     await client.connect()
     try:
-        await client.update_settings(max_new_tokens=LONG_ANSWER_TOKENS, temperature=1.0)
-        reply = await client.send("Tell me everything you know.")
-        await client.wait_first_token(reply)
+        reply = await client.start_long_answer(LONG_ANSWER_TOKENS)
         # A running turn does not refresh its session. Nothing else may touch the store
         # now (counting sessions, as /status does, also expires them: cachetools), so
         # only the maintenance round can drop it, within TTL + one interval.

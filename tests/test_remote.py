@@ -172,9 +172,7 @@ async def test_stop_aborts_the_request_on_the_vllm_server(
     client = ChatClient(remote_app.base_url)
     await client.connect()
     try:
-        await client.update_settings(max_new_tokens=LONG_ANSWER_TOKENS, temperature=1.0)
-        reply = await client.send("Tell me everything you know.")
-        await client.wait_first_token(reply)
+        reply = await client.start_long_answer(LONG_ANSWER_TOKENS)
         assert vllm_server.requests_held() == 1, "the answer is generated on the server"
         await client.stop()
         await remote_app.poll(lambda s: s["engine_unfinished_requests"] == 0 and s["turns_in_flight"] == 0, 5)
@@ -197,9 +195,7 @@ async def test_a_server_lost_mid_answer_gives_a_clear_message_and_the_app_stays_
     client = ChatClient(remote_app.base_url)
     await client.connect()
     try:
-        await client.update_settings(max_new_tokens=LONG_ANSWER_TOKENS, temperature=1.0)
-        reply = await client.send("Tell me everything you know.")
-        await client.wait_first_token(reply)
+        reply = await client.start_long_answer(LONG_ANSWER_TOKENS)
         vllm_server.stop(signal.SIGKILL)  # last test of the module: the server is gone for good
         await asyncio.wait_for(reply.done.wait(), 30)
         assert reply.final is not None and NOT_AVAILABLE in reply.final, reply.final

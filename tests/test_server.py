@@ -32,9 +32,7 @@ async def connected(server: AppServer, count: int = 1):
 
 
 async def start_long_answer(client: ChatClient, server: AppServer):
-    await client.update_settings(max_new_tokens=LONG_ANSWER_TOKENS, temperature=1.0)
-    reply = await client.send("Tell me everything you know.")
-    await client.wait_first_token(reply)
+    reply = await client.start_long_answer(LONG_ANSWER_TOKENS)
     status = await server.astatus()
     assert status["engine_unfinished_requests"] == 1, status
     return reply
