@@ -76,6 +76,8 @@ class VllmServer:
             "--dtype", "float32", "--enable-prefix-caching", "--enforce-eager",
         ]  # fmt: skip
         self.env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1"}
+        # An in-process engine of an earlier test pointed this at a folder it has since removed.
+        self.env.pop("VLLM_RPC_BASE_PATH", None)
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
 
