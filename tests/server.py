@@ -28,6 +28,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class PortTakenError(RuntimeError):
+    """Another process bound the server's port before Chainlit did."""
+
+
 class AppServer:
     """`chainlit run app.py` as a child process, with its own env and log file."""
 
@@ -50,7 +54,23 @@ class AppServer:
             (root / name).symlink_to(ROOT / name)
         return str(root)
 
-    def start(self, timeout: float = 300) -> AppServer:
+    def start(self, timeout: float = 300, attempts: int = 3) -> AppServer:
+        """Start and wait for /status to say ready; on a lost port race, again on a new port.
+
+        Chainlit binds its port only after the startup hook has started the engine
+        (~30 s), and vLLM picks free ports of its own meanwhile: rarely the same one.
+        """
+        for attempt in range(attempts):
+            try:
+                return self._start_once(timeout)
+            except PortTakenError:
+                if attempt == attempts - 1:
+                    raise
+                self.port = free_port()
+                self.base_url = f"http://127.0.0.1:{self.port}"
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout: float) -> AppServer:
         self.env.setdefault("CHAINLIT_APP_ROOT", self._private_app_root())
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("wb")
@@ -60,6 +80,8 @@ class AppServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                if "address already in use" in self.log_path.read_text(errors="replace"):
+                    raise PortTakenError(f"port {self.port} was taken; see {self.log_path}")
                 raise RuntimeError(f"server exited with {self.process.returncode}; see {self.log_path}")
             try:
                 if self.status().get("ready"):
