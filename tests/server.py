@@ -28,6 +28,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_tree(
+    process: subprocess.Popen, children: list[psutil.Process], sig: int, timeout: float = 60
+) -> list[psutil.Process]:
+    """Signal `process` and wait (kill it after `timeout`); kill the `children` still alive 10 s
+    later and return them (a clean stop leaves none)."""
+    process.send_signal(sig)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    _, alive = psutil.wait_procs(children, timeout=10)
+    for leftover in alive:
+        leftover.kill()
+    return alive
+
+
 class PortTakenError(RuntimeError):
     """Another process bound the server's port before Chainlit did."""
 
@@ -136,14 +153,6 @@ class AppServer:
         """Signal the server and wait; return engine processes still alive (should be none)."""
         if self.process is None or self.process.poll() is not None:
             return []
-        self.process.send_signal(sig)
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        _, alive = psutil.wait_procs(self.engine_processes, timeout=10)
-        for leftover in alive:
-            leftover.kill()
+        alive = stop_tree(self.process, self.engine_processes, sig, timeout)
         shutil.rmtree(self.env["CHAINLIT_APP_ROOT"], ignore_errors=True)
         return alive

@@ -20,7 +20,7 @@ from services.config import Settings, SettingsError
 from services.remote import RemoteEngineError, Server, chunk_output, parse_event, pick_server
 from tests.chat_client import ChatClient
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
-from tests.server import AppServer, free_port
+from tests.server import AppServer, free_port, stop_tree
 
 LONG_ANSWER_TOKENS = 3000
 NOT_AVAILABLE = "The model is not available right now"
@@ -118,15 +118,7 @@ class VllmServer:
             for process in tree:
                 with contextlib.suppress(psutil.Error):
                     process.kill()
-        self.process.send_signal(sig)
-        try:
-            self.process.wait(60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        _, alive = psutil.wait_procs(tree, timeout=10)
-        for leftover in alive:
-            leftover.kill()
+        stop_tree(self.process, tree, sig)
 
 
 @pytest.fixture(scope="module")
