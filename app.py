@@ -8,6 +8,7 @@ Chainlit's events to it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 
 import chainlit as cl
@@ -103,8 +104,11 @@ async def run_turn(session: ChatSession, message: cl.Message, reply: cl.Message)
                         f"the model's {runtime.engine.max_model_len:,}-token context."
                     )
                 stream = sessions.reply(session, prompt, request_id)
-            async for delta in stream:
-                await reply.stream_token(delta)
+            # Closed here, not by the garbage collector: a Stop that lands while a
+            # token is being sent must still end the engine request at once.
+            async with contextlib.aclosing(stream):
+                async for delta in stream:
+                    await reply.stream_token(delta)
         except asyncio.CancelledError:
             if reply.content:
                 await asyncio.shield(reply.update())
