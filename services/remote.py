@@ -187,8 +187,12 @@ class RemoteLLM:
                     await response.aread()
                     detail = response.text[:300]
                     raise RemoteEngineError(f"vLLM server answered {response.status_code}: {detail}")
+                # Held here until the response is closed: dropping httpx's nested line
+                # iterators first lets the garbage collector half-close the connection,
+                # after which aclose() does nothing and the server keeps generating.
+                lines = response.aiter_lines()
                 try:
-                    async for line in response.aiter_lines():
+                    async for line in lines:
                         event = parse_event(line)
                         if event is not None:
                             yield chunk_output(event)
