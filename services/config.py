@@ -103,7 +103,8 @@ class Settings:
         "Comma-separated base URLs of `vllm serve` servers (e.g. http://10.0.0.5:8000); empty = the "
         "in-process engine. All must serve one model; MODEL then names its tokenizer (a folder or a "
         "cached id), and the context window and engine options are the servers' own. Each request "
-        "goes to the healthy server with the fewest of ours in flight.",
+        "goes to the healthy server with the fewest of ours in flight; a server that refuses the "
+        "connection is skipped.",
     )
     engine_connect_timeout_seconds: float = _setting(
         10.0, "ENGINE_CONNECT_TIMEOUT_SECONDS", "Seconds to open a connection to a vLLM server.", 0.1

@@ -5,7 +5,8 @@ servers (`vllm serve`, with tensor/pipeline parallelism and multi-node) and set
 ENGINE_URLS. `RemoteLLM` then stands where the in-process `AsyncLLM` stood:
 `ChatEngine` keeps the chat template, token budgets, streaming and aborts, and
 sends token ids to `/v1/completions`. Each request goes to the healthy server
-with the fewest of our requests in flight. Closing a stream closes its HTTP
+with the fewest of our requests in flight; when a server refuses the
+connection, the next one gets the request. Closing a stream closes its HTTP
 response, and vLLM aborts a request whose client went away, so no KV cache
 outlives its reader on the server either.
 """
@@ -100,13 +101,13 @@ def chunk_output(event: dict[str, Any]) -> Output:
     return Output([completion], finished=finish_reason is not None)
 
 
-def pick_server(servers: list[Server]) -> Server:
-    """The server with the fewest of our requests in flight, healthy ones first (first on ties).
+def servers_to_try(servers: list[Server]) -> list[Server]:
+    """Every server, best first: healthy before failing, then fewest of our requests in flight.
 
-    When every server failed lately, one is still tried: a failure is per
-    request, and a server that came back is found by trying it.
+    Failing servers are still tried, last: a failure is per request, and a
+    server that came back is found by trying it.
     """
-    return min(servers, key=lambda s: (not s.healthy, len(s.in_flight)))
+    return sorted(servers, key=lambda s: (not s.healthy, len(s.in_flight)))
 
 
 def unreachable(server: Server, what: str, error: Exception) -> ServerUnreachableError:
@@ -168,19 +169,9 @@ class RemoteLLM:
         return self._tokenizer
 
     async def generate(self, prompt: dict[str, Any], params: Any, request_id: str) -> AsyncIterator[Output]:
-        """Stream one request's deltas from the least busy healthy server."""
-        server = pick_server(self.servers)
-        body = completion_body(server.model, list(prompt["prompt_token_ids"]), params)
-        server.in_flight.add(request_id)
+        """Stream one request's deltas from the least busy healthy server that takes it."""
+        server, response = await self._open_stream(list(prompt["prompt_token_ids"]), params, request_id)
         try:
-            request = self._client.build_request(
-                "POST", f"{server.url}/v1/completions", json=body, headers={"X-Request-Id": request_id}
-            )
-            try:
-                response = await self._client.send(request, stream=True)
-            except httpx.TransportError as error:
-                raise unreachable(server, "is unreachable", error) from error
-            server.healthy = True
             self._responses[request_id] = response
             try:
                 if response.status_code != 200:
@@ -203,6 +194,40 @@ class RemoteLLM:
                 await response.aclose()  # closing mid-stream makes the server abort the request
         finally:
             server.in_flight.discard(request_id)
+
+    async def _open_stream(
+        self, prompt_ids: list[int], params: Any, request_id: str
+    ) -> tuple[Server, httpx.Response]:
+        """Send the request to the best server that takes the connection; it counts as in flight there.
+
+        A refused connection means the request reached nobody, so the next
+        server is tried. Any later failure is raised: the request may be
+        running on that server, and sending it twice would double the work.
+        """
+        refused: ServerUnreachableError | None = None
+        for server in servers_to_try(self.servers):
+            body = completion_body(server.model, prompt_ids, params)
+            headers = {"X-Request-Id": request_id}
+            request = self._client.build_request(
+                "POST", f"{server.url}/v1/completions", json=body, headers=headers
+            )
+            server.in_flight.add(request_id)
+            try:
+                response = await self._client.send(request, stream=True)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as error:
+                server.in_flight.discard(request_id)
+                refused = unreachable(server, "refused the connection", error)
+                continue
+            except httpx.TransportError as error:
+                server.in_flight.discard(request_id)
+                raise unreachable(server, "is unreachable", error) from error
+            except BaseException:
+                server.in_flight.discard(request_id)
+                raise
+            server.healthy = True
+            return server, response
+        assert refused is not None, "ENGINE_URLS lists at least one server"
+        raise refused
 
     async def abort(self, request_id: str) -> None:
         """Close the request's stream; the server aborts it when its client goes away."""

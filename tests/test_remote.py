@@ -19,7 +19,15 @@ import psutil
 import pytest
 
 from services.config import Settings, SettingsError
-from services.remote import RemoteEngineError, RemoteLLM, Server, chunk_output, parse_event, pick_server
+from services.remote import (
+    RemoteEngineError,
+    RemoteLLM,
+    Server,
+    ServerUnreachableError,
+    chunk_output,
+    parse_event,
+    servers_to_try,
+)
 from tests.chat_client import ChatClient
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
 from tests.server import AppServer, free_port, stop_tree
@@ -49,11 +57,11 @@ def test_requests_go_to_the_least_busy_server_healthy_ones_first() -> None:
     a.in_flight.update({"1", "2"})
     b.in_flight.add("3")
     c.in_flight.update({"4", "5", "6"})
-    assert pick_server([a, b, c]) is b
+    assert servers_to_try([a, b, c]) == [b, a, c]
     b.healthy = False
-    assert pick_server([a, b, c]) is a, "a server that failed is tried after the healthy ones"
+    assert servers_to_try([a, b, c]) == [a, c, b], "a server that failed is tried after the healthy ones"
     a.healthy = c.healthy = False
-    assert pick_server([a, b, c]) is b, "with all failing, one is still tried"
+    assert servers_to_try([a, b, c])[0] is b, "with all failing, all are still tried"
 
 
 @contextlib.contextmanager
@@ -68,50 +76,98 @@ def no_asyncgen_hooks() -> Iterator[None]:
         sys.set_asyncgen_hooks(*saved)
 
 
-@pytest.mark.asyncio(loop_scope="function")
-async def test_closing_a_stream_mid_answer_closes_its_connection() -> None:
-    """Closing must reach the socket, so the server sees its client leave and aborts."""
-    left: asyncio.Queue[None] = asyncio.Queue()
-    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-    event = b'data: {"choices": [{"text": "x", "token_ids": [7], "finish_reason": null}]}\n\n'
+class EndlessAnswers:
+    """A loopback HTTP server whose every /v1/completions stream goes on until its client leaves."""
 
-    async def endless_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    EVENT = b'data: {"choices": [{"text": "x", "token_ids": [7], "finish_reason": null}]}\n\n'
+
+    def __init__(self) -> None:
+        self.left: asyncio.Queue[None] = asyncio.Queue()  # one item per client that went away
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> EndlessAnswers:
+        self.server = await asyncio.start_server(self._answer, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
-        writer.write(head)
+        writer.write(self.HEAD)
         try:
             while True:
-                writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+                writer.write(b"%x\r\n%s\r\n" % (len(self.EVENT), self.EVENT))
                 await writer.drain()
                 await asyncio.sleep(0.002)
         except ConnectionError:
-            left.put_nowait(None)
+            self.left.put_nowait(None)
 
-    async def client_left() -> bool:
+    async def client_left(self, timeout: float = 2) -> bool:
         try:
-            await asyncio.wait_for(left.get(), 2)
+            await asyncio.wait_for(self.left.get(), timeout)
             return True
         except TimeoutError:
             return False
 
-    server = await asyncio.start_server(endless_answer, "127.0.0.1", 0)
-    llm = RemoteLLM([f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"], None, 2, 2, 4)
-    llm.servers[0].model = "tiny"
+
+def remote_llm(*urls: str) -> RemoteLLM:
+    llm = RemoteLLM(list(urls), tokenizer=None, connect_timeout=2, idle_timeout=2, max_connections=4)
+    for server in llm.servers:
+        server.model = "tiny"
+    return llm
+
+
+async def first_token_then_stop(llm: RemoteLLM, request_id: str) -> None:
     params = types.SimpleNamespace(max_tokens=3000, temperature=1.0, top_p=1.0)
+    stream = llm.generate({"prompt_token_ids": [1, 2]}, params, request_id)
+    async with contextlib.aclosing(stream):
+        async for _ in stream:
+            break  # the user pressed Stop after the first token
+
+
+@pytest.mark.asyncio(loop_scope="function")
+async def test_closing_a_stream_mid_answer_closes_its_connection() -> None:
+    """Closing must reach the socket, so the server sees its client leave and aborts."""
     stops_seen = []
-    try:
-        with no_asyncgen_hooks():
-            for round_ in range(4):
-                stream = llm.generate({"prompt_token_ids": [1, 2]}, params, f"r{round_}")
-                async with contextlib.aclosing(stream):
-                    async for _ in stream:
-                        break  # the user pressed Stop after the first token
-                stops_seen.append(await client_left())
-            gc.collect()  # abandoned generators are finalized here, not during pytest's report
-    finally:
-        await llm.aclose()
-        server.close()
+    async with EndlessAnswers() as answers:
+        llm = remote_llm(answers.url)
+        try:
+            with no_asyncgen_hooks():
+                for round_ in range(4):
+                    await first_token_then_stop(llm, f"r{round_}")
+                    stops_seen.append(await answers.client_left())
+                gc.collect()  # abandoned generators are finalized here, not during pytest's report
+        finally:
+            await llm.aclose()
     assert stops_seen == [True] * 4, "the server saw its client leave after every Stop"
     assert llm.get_num_unfinished_requests() == 0
+
+
+@pytest.mark.asyncio(loop_scope="function")
+async def test_a_server_that_refuses_the_connection_is_skipped() -> None:
+    down = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    async with EndlessAnswers() as answers:
+        llm = remote_llm(down, answers.url)
+        try:
+            await first_token_then_stop(llm, "first")  # tried `down` first (a tie), then the other
+            assert [s.healthy for s in llm.servers] == [False, True]
+            await first_token_then_stop(llm, "second")
+            assert llm.get_num_unfinished_requests() == 0
+            answers.server.close()
+            await answers.server.wait_closed()
+            with pytest.raises(ServerUnreachableError, match="refused the connection"):
+                await first_token_then_stop(llm, "third")
+            assert llm.get_num_unfinished_requests() == 0
+        finally:
+            await llm.aclose()
 
 
 def test_engine_urls_are_parsed_and_checked() -> None:
