@@ -214,15 +214,13 @@ class RemoteLLM:
             server.in_flight.add(request_id)
             try:
                 response = await self._client.send(request, stream=True)
-            except (httpx.ConnectError, httpx.ConnectTimeout) as error:
+            except BaseException as error:
                 server.in_flight.discard(request_id)
-                refused = unreachable(server, "refused the connection", error)
-                continue
-            except httpx.TransportError as error:
-                server.in_flight.discard(request_id)
-                raise unreachable(server, "is unreachable", error) from error
-            except BaseException:
-                server.in_flight.discard(request_id)
+                if isinstance(error, httpx.ConnectError | httpx.ConnectTimeout):
+                    refused = unreachable(server, "refused the connection", error)
+                    continue
+                if isinstance(error, httpx.TransportError):
+                    raise unreachable(server, "is unreachable", error) from error
                 raise
             server.healthy = True
             return server, response
