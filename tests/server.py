@@ -77,15 +77,13 @@ class AppServer:
         Chainlit binds its port only after the startup hook has started the engine
         (~30 s), and vLLM picks free ports of its own meanwhile: rarely the same one.
         """
-        for attempt in range(attempts):
+        for _ in range(attempts - 1):
             try:
                 return self._start_once(timeout)
             except PortTakenError:
-                if attempt == attempts - 1:
-                    raise
                 self.port = free_port()
                 self.base_url = f"http://127.0.0.1:{self.port}"
-        raise AssertionError("unreachable")
+        return self._start_once(timeout)
 
     def _start_once(self, timeout: float) -> AppServer:
         self.env.setdefault("CHAINLIT_APP_ROOT", self._private_app_root())
