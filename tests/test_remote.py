@@ -91,8 +91,13 @@ class EndlessAnswers:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Stop listening: new connections are refused."""
         assert self.server is not None
         self.server.close()
+        await self.server.wait_closed()
 
     @property
     def url(self) -> str:
@@ -126,7 +131,7 @@ def remote_llm(*urls: str) -> RemoteLLM:
 
 
 async def first_token_then_stop(llm: RemoteLLM, request_id: str) -> None:
-    params = types.SimpleNamespace(max_tokens=3000, temperature=1.0, top_p=1.0)
+    params = types.SimpleNamespace(max_tokens=LONG_ANSWER_TOKENS, temperature=1.0, top_p=1.0)
     stream = llm.generate({"prompt_token_ids": [1, 2]}, params, request_id)
     async with contextlib.aclosing(stream):
         async for _ in stream:
@@ -141,13 +146,13 @@ async def test_closing_a_stream_mid_answer_closes_its_connection() -> None:
         llm = remote_llm(answers.url)
         try:
             with no_asyncgen_hooks():
-                for round_ in range(4):
+                for round_ in range(STOP_ROUNDS):
                     await first_token_then_stop(llm, f"r{round_}")
                     stops_seen.append(await answers.client_left())
                 gc.collect()  # abandoned generators are finalized here, not during pytest's report
         finally:
             await llm.aclose()
-    assert stops_seen == [True] * 4, "the server saw its client leave after every Stop"
+    assert stops_seen == [True] * STOP_ROUNDS, "the server saw its client leave after every Stop"
     assert llm.get_num_unfinished_requests() == 0
 
 
@@ -161,8 +166,7 @@ async def test_a_server_that_refuses_the_connection_is_skipped() -> None:
             assert [s.healthy for s in llm.servers] == [False, True]
             await first_token_then_stop(llm, "second")
             assert llm.get_num_unfinished_requests() == 0
-            answers.server.close()
-            await answers.server.wait_closed()
+            await answers.close()
             with pytest.raises(ServerUnreachableError, match="refused the connection"):
                 await first_token_then_stop(llm, "third")
             assert llm.get_num_unfinished_requests() == 0
