@@ -25,7 +25,7 @@ ENV CACHE_DIR=/home/chat/.cache/vllm-chat \
     HOST=0.0.0.0 \
     PYTHONUNBUFFERED=1
 # Bake the default model into the image so the container starts offline.
-RUN python -m services.model_prep
+RUN python -m services.engine.model_prep
 
 EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=5s --start-period=180s \

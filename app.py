@@ -15,12 +15,12 @@ import chainlit as cl
 from chainlit.input_widget import Slider, TextInput
 from chainlit.server import app as http_app
 
-from services.chainlit_state import forget_chat_context, tell_uploader
-from services.engine import report_failure
-from services.metrics import install_routes, render_stats_report
+from services.chat.session import ChatSession
+from services.engine.errors import report_failure
 from services.runtime import Runtime
-from services.sessions import ChatSession
-from services.upload_guard import install_upload_guard
+from services.web.chainlit_state import forget_chat_context, tell_uploader
+from services.web.routes import install_routes
+from services.web.upload_guard import install_upload_guard
 
 runtime = Runtime()
 install_routes(http_app, runtime)
@@ -88,22 +88,22 @@ async def answer(message: cl.Message) -> None:
 
 async def run_turn(session: ChatSession, message: cl.Message, reply: cl.Message) -> None:
     """Answer one message (or file) into `reply`, streaming; failures end up in the reply."""
-    sessions = runtime.sessions
-    async with sessions.turn(session) as request_id:
+    chat = runtime.chat
+    async with runtime.sessions.turn(session) as request_id:
         try:
             files = [(e.path, e.name) for e in message.elements if getattr(e, "path", None)]
             if files and not await read_documents(session, files):
                 return
             if files:  # a file with a message: the message is the request about the file
-                stream = sessions.summarize(session, message.content, request_id, progress())
+                stream = chat.summarize(session, message.content, request_id, progress())
             else:
-                prompt = sessions.build_prompt(session, message.content)
+                prompt = chat.build_prompt(session, message.content)
                 if prompt.dropped_messages:
                     await notice(
                         f"{prompt.dropped_messages} older message(s) were left out to fit "
                         f"the model's {runtime.engine.max_model_len:,}-token context."
                     )
-                stream = sessions.reply(session, prompt, request_id)
+                stream = chat.reply(session, prompt, request_id)
             # Closed here, not by the garbage collector: a Stop that lands while a
             # token is being sent must still end the engine request at once.
             async with contextlib.aclosing(stream):
@@ -123,7 +123,7 @@ async def show_stats() -> None:
     if user is not None and (user.metadata or {}).get("role") != "admin":
         await cl.ErrorMessage("The /stats command is for administrators.").send()
         return
-    text, png = await render_stats_report(runtime)
+    text, png = await runtime.report.render()
     plot = [cl.Image(name="stats.png", content=png, mime="image/png", display="inline")] if png else []
     await cl.Message(content=text, elements=plot).send()
 
@@ -131,7 +131,7 @@ async def show_stats() -> None:
 async def read_documents(session: ChatSession, files: list[tuple[str, str]]) -> bool:
     """Attach uploaded files to the session, telling the user what happened; False if none was readable."""
     async with cl.Step(name="Reading the document", type="tool") as step:
-        result = await runtime.sessions.attach_files(session, files)
+        result = await runtime.chat.attach_files(session, files)
         if result.document is not None:
             step.output = f"«{result.document.name}»: {result.document.tokens:,} tokens."
     for error in result.errors:

@@ -38,7 +38,7 @@ from typing import Any
 import socketio
 from locust import User, between, events, task
 
-from tests.chat_client import SOCKET_PATH, user_message_payload
+from harness.chat_client import SOCKET_PATH, user_message_payload
 
 PROMPTS_FILE = Path(__file__).resolve().parent / "bench" / "data" / "prompts.json"
 ERROR_MARK = "⚠️"  # app.py prefixes every failed turn's message with it

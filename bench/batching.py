@@ -41,10 +41,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import PROMPTS_FILE, machine_info, percentile, reap_children  # noqa: E402
-from bench.signals import run_until_signalled  # noqa: E402
-from services.config import Settings  # noqa: E402
-from services.engine import ChatEngine, SamplingSettings, StreamStats, engine_lifespan  # noqa: E402
+from bench.common import PROMPTS_FILE, machine_info, percentile, reap_children
+from bench.signals import run_until_signalled
+from services.config import Settings
+from services.engine.chat_engine import ChatEngine, SamplingSettings, StreamStats
+from services.engine.lifespan import engine_lifespan
 
 WORKLOADS = ("short", "long", "mix")
 MIX_LONG_SHARE = 0.3
@@ -390,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     machine_before = machine_info()
     print(f"[batching] machine: {machine_before}; dtype {settings.dtype}", flush=True)
     if not settings.model:
-        from services.model_prep import ensure_default_model
+        from services.engine.model_prep import ensure_default_model
 
         ensure_default_model(settings)
     names = [name for name in args.workloads.split(",") if name]

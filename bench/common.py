@@ -11,6 +11,8 @@ from typing import Any
 
 import psutil
 
+from services.engine.processes import process_role, reap
+
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS_FILE = ROOT / "bench" / "data" / "prompts.json"
 
@@ -27,33 +29,19 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def reap_children(grace_s: float = 10.0) -> list[str]:
-    """Wait for our child processes to exit, kill those that do not; return them as 'pid name'.
-
-    When vLLM's EngineCore dies (e.g. a step exceeds its execute timeout), its
-    worker is re-parented to init and keeps computing; nothing else stops it.
-    """
-    _, alive = psutil.wait_procs(psutil.Process().children(recursive=True), timeout=grace_s)
-    killed = []
-    for child in alive:
-        with contextlib.suppress(psutil.Error):
-            killed.append(f"{child.pid} {' '.join(child.cmdline()[:3])[:80]}")
-            child.kill()
-    return killed
+    """Stop what is left under this process (a dead EngineCore leaves its worker running); return them."""
+    left = reap(psutil.Process().children(recursive=True), grace_s)
+    return [f"{process.pid} {process_role(process)}" for process in left]
 
 
 def process_label(process: psutil.Process, app_pid: int | None) -> str:
     """The role of a process in the server's tree: app, engine_core, worker or other."""
     if process.pid == app_pid:
         return "app"
-    try:
-        text = process.name() + " " + " ".join(process.cmdline()[:3])
-    except psutil.Error:
-        return "other"
-    if "EngineCore" in text:
+    role = process_role(process)
+    if role.startswith("EngineCore"):
         return "engine_core"
-    if "Worker" in text or "worker" in text:
-        return "worker"
-    return "other"
+    return "worker" if role.startswith("Worker") else "other"
 
 
 def machine_info() -> dict[str, Any]:

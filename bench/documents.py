@@ -26,11 +26,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.signals import run_until_signalled  # noqa: E402
-from services.config import Settings  # noqa: E402
-from services.engine import ChatEngine, engine_lifespan  # noqa: E402
-from services.sessions import ChatSession, SessionStore  # noqa: E402
-from tests.doc_builders import long_document  # noqa: E402
+from bench.signals import run_until_signalled
+from harness.documents import long_document
+from services.chat.service import ChatService
+from services.chat.session import ChatSession
+from services.chat.store import SessionStore
+from services.config import Settings
+from services.engine.chat_engine import ChatEngine
+from services.engine.lifespan import engine_lifespan
 
 TARGET_MAP_RATIO = 0.5  # concurrent map-reduce time / sequential, at most
 TARGET_FOLLOW_UP_RATIO = 0.2  # follow-up TTFT / first request TTFT, at most
@@ -52,18 +55,18 @@ async def timed(stream) -> Timing:
     return Timing(first or 0.0, time.monotonic() - started)
 
 
-async def attach(store: SessionStore, session: ChatSession, name: str, text: str) -> None:
+async def attach(chat: ChatService, session: ChatSession, name: str, text: str) -> None:
     folder = Path(tempfile.mkdtemp(prefix="bench-doc-"))
     path = folder / name
     path.write_text(text)
-    result = await store.attach_files(session, [(str(path), name)])
+    result = await chat.attach_files(session, [(str(path), name)])
     folder.rmdir()
     assert result.document is not None, result.errors
 
 
-async def summarize(store: SessionStore, session_id: str, text: str, label: str) -> Timing:
+async def summarize(store: SessionStore, chat: ChatService, session_id: str, text: str, label: str) -> Timing:
     session = store.open(session_id)
-    await attach(store, session, f"{label}.txt", text)
+    await attach(chat, session, f"{label}.txt", text)
     parts = 0
 
     async def progress(done: int, total: int) -> None:
@@ -71,16 +74,16 @@ async def summarize(store: SessionStore, session_id: str, text: str, label: str)
         parts = total
 
     async with store.turn(session) as request_id:
-        timing = await timed(store.summarize(session, "", request_id, progress))
+        timing = await timed(chat.summarize(session, "", request_id, progress))
     timing.parts = max(parts, 1)
     return timing
 
 
-async def follow_up(store: SessionStore, session_id: str, question: str) -> Timing:
+async def follow_up(store: SessionStore, chat: ChatService, session_id: str, question: str) -> Timing:
     session = store.open(session_id)
     async with store.turn(session) as request_id:
-        prompt = store.build_prompt(session, question)
-        return await timed(store.reply(session, prompt, request_id))
+        prompt = chat.build_prompt(session, question)
+        return await timed(chat.reply(session, prompt, request_id))
 
 
 async def run(quick: bool) -> dict:
@@ -90,19 +93,21 @@ async def run(quick: bool) -> dict:
     async with engine_lifespan(settings) as engine:
         engine: ChatEngine
         results: dict = {"model": settings.model_path, "max_model_len": engine.max_model_len}
-        store = SessionStore(engine, settings)
+        store, chat = SessionStore(settings), ChatService(engine, settings)
 
         doc = long_document(words, seed=101)
-        first = await summarize(store, "doc-1", doc, "report")
+        first = await summarize(store, chat, "doc-1", doc, "report")
         results["summary_4k"] = {"words": words, "tokens": engine.count_tokens(doc), **first.__dict__}
-        again = await follow_up(store, "doc-1", "Which numbers does the report mention?")
+        again = await follow_up(store, chat, "doc-1", "Which numbers does the report mention?")
         results["follow_up"] = {**again.__dict__, "ttft_ratio": again.ttft_seconds / first.ttft_seconds}
 
         target_tokens = context_multiple * engine.max_model_len
         big_words = int(target_tokens / (engine.count_tokens(doc) / words))
-        concurrent = await summarize(store, "big-1", long_document(big_words, seed=202), "big-a")
-        sequential_store = SessionStore(engine, settings.replace(summary_concurrency=1))
-        sequential = await summarize(sequential_store, "big-2", long_document(big_words, seed=303), "big-b")
+        concurrent = await summarize(store, chat, "big-1", long_document(big_words, seed=202), "big-a")
+        sequential_chat = ChatService(engine, settings.replace(summary_concurrency=1))
+        sequential = await summarize(
+            store, sequential_chat, "big-2", long_document(big_words, seed=303), "big-b"
+        )
         results["map_reduce"] = {
             "words": big_words,
             "tokens": target_tokens,

@@ -26,9 +26,10 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.signals import run_until_signalled  # noqa: E402
-from services.config import Settings  # noqa: E402
-from services.engine import ChatEngine, SamplingSettings, StreamStats, engine_lifespan  # noqa: E402
+from bench.signals import run_until_signalled
+from services.config import Settings
+from services.engine.chat_engine import ChatEngine, SamplingSettings, StreamStats
+from services.engine.lifespan import engine_lifespan
 
 PROMPT = [{"role": "user", "content": "Write a long, detailed story about a lighthouse keeper."}]
 GREEDY_LONG = SamplingSettings(temperature=0.0, top_p=1.0, max_new_tokens=256)

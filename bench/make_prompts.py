@@ -13,7 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.doc_builders import long_document  # noqa: E402
+from harness.documents import long_document
 
 OUT = ROOT / "bench" / "data" / "prompts.json"
 

@@ -43,12 +43,13 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import PROMPTS_FILE, machine_info, percentile, process_label, reap_children  # noqa: E402
-from bench.signals import run_until_signalled  # noqa: E402
-from services.config import Settings  # noqa: E402
-from services.engine import SamplingSettings, engine_lifespan  # noqa: E402
-from tests.chat_client import ChatClient  # noqa: E402
-from tests.server import AppServer  # noqa: E402
+from bench.common import PROMPTS_FILE, machine_info, percentile, process_label, reap_children
+from bench.signals import run_until_signalled
+from harness.chat_client import ChatClient
+from harness.server import AppServer
+from services.config import Settings
+from services.engine.chat_engine import SamplingSettings
+from services.engine.lifespan import engine_lifespan
 
 TARGET_TOKENS_RATIO = 0.95  # app tokens/s / engine tokens/s, at least
 TARGET_TTFT_ADDED_MS = 15.0  # app TTFT P50 - engine TTFT P50, at most
@@ -254,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     machine_before = machine_info()
     print(f"[overhead] machine: {machine_before}; dtype {settings.dtype}", flush=True)
     if not settings.model:
-        from services.model_prep import ensure_default_model
+        from services.engine.model_prep import ensure_default_model
 
         ensure_default_model(settings)
     out = args.out or ROOT / "bench" / "out" / f"overhead-{datetime.now():%Y%m%d-%H%M%S}"

@@ -30,11 +30,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import machine_info  # noqa: E402
-from bench.signals import run_until_signalled  # noqa: E402
-from services.config import Settings  # noqa: E402
-from services.engine import ChatEngine, SamplingSettings, engine_lifespan  # noqa: E402
-from services.maintenance import process_tree_memory  # noqa: E402
+from bench.common import machine_info
+from bench.signals import run_until_signalled
+from services.config import Settings
+from services.engine.chat_engine import ChatEngine, SamplingSettings
+from services.engine.lifespan import engine_lifespan
+from services.observability.memory import process_tree_memory
 
 ONEDNN_DEFAULT_CAPACITY = 1024
 PREFILL_ONLY = SamplingSettings(temperature=0.0, top_p=1.0, max_new_tokens=1)

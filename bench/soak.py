@@ -38,11 +38,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import psutil  # noqa: E402
+import psutil
 
-from bench.common import machine_info, percentile, process_label  # noqa: E402
-from services.maintenance import proc_status_bytes  # noqa: E402
-from tests.server import AppServer  # noqa: E402
+from bench.common import machine_info, percentile, process_label
+from harness.server import AppServer
+from services.observability.memory import proc_status_bytes
 
 MB = 1024 * 1024
 TINY_MAX_MODEL_LEN = 4096  # the tiny model's context (as in tests/conftest.py)
@@ -102,7 +102,7 @@ def theil_sen_slope(xs: list[float], ys: list[float], max_points: int = SLOPE_MA
     """The app's own leak-alarm slope (services.maintenance) on lists; None with < 3 points."""
     import numpy as np
 
-    from services.maintenance import theil_sen_slope as slope
+    from services.observability.series import theil_sen_slope as slope
 
     if len(xs) < 3:
         return None
@@ -224,9 +224,9 @@ def prepare_model(options: SoakOptions) -> dict[str, str]:
         if options.max_model_len:
             env["MAX_MODEL_LEN"] = str(options.max_model_len)
         return env
+    from harness.tiny_model import build_tiny_model
     from services.config import Settings
-    from services.model_prep import ensure_default_model
-    from tests.tiny_model import build_tiny_model
+    from services.engine.model_prep import ensure_default_model
 
     settings = Settings.from_env({})
     default_dir = ensure_default_model(settings)

@@ -1,4 +1,4 @@
-"""The service's long-lived parts and their one lifecycle: settings, engine, sessions, maintenance.
+"""The service's long-lived parts and their one lifecycle: settings, engine, sessions, chat, maintenance.
 
 Chainlit's startup hook calls `start`, its shutdown hook calls `stop`; an
 atexit hook covers interpreter exits that skip the shutdown hook, so the
@@ -19,12 +19,15 @@ from typing import Any
 import psutil
 from prometheus_client import CollectorRegistry
 
-from services.chainlit_state import chainlit_session_counts
+from services.chat.service import ChatService
+from services.chat.store import SessionStore
 from services.config import Settings
-from services.engine import ChatEngine, engine_lifespan
-from services.maintenance import Maintenance
-from services.metrics import RequestMetrics, ServiceCollector
-from services.sessions import SessionStore
+from services.engine.chat_engine import ChatEngine
+from services.engine.lifespan import engine_lifespan
+from services.engine.processes import engine_processes, is_running
+from services.observability.maintenance import Maintenance
+from services.observability.metrics import RequestMetrics, ServiceCollector
+from services.observability.report import StatsReport
 
 logger = logging.getLogger(__name__)
 
@@ -37,14 +40,15 @@ class Runtime:
         self.settings: Settings = settings or Settings.from_env()  # read once, validated here
         self.engine: ChatEngine | None = None
         self.sessions: SessionStore | None = None
+        self.chat: ChatService | None = None
         self.maintenance: Maintenance | None = None
         self.requests: RequestMetrics | None = None
         self.engine_processes: list[psutil.Process] = []
         self.registry = CollectorRegistry()
         self.registry.register(ServiceCollector(self))
         self.started_at = time.time()
+        self.report = StatsReport(self)
         self._ping: asyncio.Task | None = None
-        self.render_lock = asyncio.Lock()  # one /stats plot process at a time
 
     @property
     def ready(self) -> bool:
@@ -61,12 +65,13 @@ class Runtime:
         self.engine = await self._stack.enter_async_context(engine_lifespan(self.settings))
         atexit.register(self._shutdown_at_exit)
         # vLLM runs EngineCore and its workers as children of this process.
-        self.engine_processes = [p for p in psutil.Process().children(recursive=True) if _is_engine(p)]
+        self.engine_processes = engine_processes()
         self.requests = RequestMetrics(self.settings.latency_samples_kept)
         self.registry.register(self.requests)
         self._stack.callback(self.registry.unregister, self.requests)
         self._stack.callback(self.engine.on_finish(self.requests.record))
-        self.sessions = SessionStore(self.engine, self.settings)
+        self.sessions = SessionStore(self.settings)
+        self.chat = ChatService(self.engine, self.settings)
         self.maintenance = Maintenance(self.settings, self.sessions, self.engine)
         self.maintenance.start()
         self._stack.push_async_callback(self.maintenance.stop)
@@ -81,7 +86,7 @@ class Runtime:
             self._ping = None
         if self.sessions is not None:
             self.sessions.close_all()
-        self.sessions = None
+        self.sessions = self.chat = None
         await self._stack.aclose()
         self.engine = None
         self.maintenance = None
@@ -97,7 +102,8 @@ class Runtime:
         """Counts that show whether anything is held that should not be."""
         if not self.ready:
             return {"ready": False}
-        assert self.engine is not None and self.sessions is not None
+        assert self.engine is not None and self.sessions is not None and self.chat is not None
+        summaries = self.chat.summarizer.cache
         status = {
             "ready": True,
             "engine_alive": self.engine.alive,
@@ -105,7 +111,7 @@ class Runtime:
             "sessions": len(self.sessions),
             "turns_in_flight": self.sessions.turns_in_flight(),
             "sessions_dropped_total": dict(self.sessions.dropped_total),
-            **chainlit_session_counts(),
+            "summary_cache": {"entries": len(summaries), "bytes": summaries.size_bytes},
             "uptime_seconds": round(self.uptime_seconds, 1),
         }
         if self.maintenance is not None:
@@ -129,7 +135,7 @@ class Runtime:
         if not self.ready or self.engine is None:
             return False, {"ready": False}
         engine = self.engine
-        processes = {p.pid: _running(p) for p in self.engine_processes}
+        processes = {p.pid: is_running(p) for p in self.engine_processes}
         detail: dict[str, Any] = {
             "ready": True,
             "engine_alive": engine.alive,
@@ -153,15 +159,3 @@ class Runtime:
         except Exception as error:
             return False, {**detail, "error": f"engine did not answer a ping: {type(error).__name__}"}
         return True, {**detail, "ping_seconds": round(seconds, 3)}
-
-
-def _is_engine(process: psutil.Process) -> bool:
-    with contextlib.suppress(psutil.Error):
-        return process.name().startswith("VLLM::")
-    return False
-
-
-def _running(process: psutil.Process) -> bool:
-    with contextlib.suppress(psutil.Error):
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    return False

@@ -1,17 +1,24 @@
-"""Shared fixtures: models built once, one engine and one server per model."""
+"""Shared fixtures: models built once, one engine and one server per model.
+
+Every test that needs a model (and so an engine or a server) is marked `slow`
+here by its fixtures: `pytest -m "not slow"` runs the pure-logic tests in seconds.
+The session leaves the temp folder as it found it: engines and servers clean up.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from harness.server import ROOT, AppServer
+from harness.tiny_model import build_tiny_model
 from services.config import Settings
-from services.model_prep import ensure_default_model
-from tests.server import ROOT, AppServer
-from tests.tiny_model import build_tiny_model
+from services.engine.model_prep import ensure_default_model
 
 ARTIFACTS = ROOT / "artifacts"
 TINY_MAX_MODEL_LEN = 4096
@@ -64,5 +71,34 @@ def default_server(default_model_dir: Path) -> Iterator[AppServer]:
     server.stop()
 
 
+# Each test session gets a temp folder of its own (TMPDIR, inherited by every server and
+# engine it starts), so that concurrent sessions do not see each other's files; the
+# session checks that it leaves that folder as it found it, then removes it.
+SESSION_TEMP = Path(tempfile.mkdtemp(prefix="chat-tests-"))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ["TMPDIR"] = tempfile.tempdir = str(SESSION_TEMP)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(SESSION_TEMP, ignore_errors=True)
+
+
+MODEL_FIXTURES = {"default_model_dir", "tiny_model_dir"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark `slow` every test that needs a model: it starts an engine or a server."""
+    for item in items:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def temp_folder_left_as_found() -> Iterator[None]:
+    """Fail the session if it leaves files in its temp folder (vLLM sockets, RPC folders, uploads)."""
+    yield
+    left = sorted(name for name in os.listdir(SESSION_TEMP) if not name.startswith("pytest-of-"))
+    assert not left, f"the tests left these in the temp folder: {left}"

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, sync_playwright
 
+from harness.documents import long_document
+from harness.server import AppServer
 from tests.conftest import ARTIFACTS
-from tests.doc_builders import long_document
-from tests.server import AppServer
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = [

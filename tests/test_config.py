@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from services.config import Settings, SettingsError, settings_table
+from services.config import Settings, SettingsError
+from services.config.settings import settings_table
 
 
 def test_defaults_need_no_environment() -> None:
@@ -49,3 +52,8 @@ def test_settings_table_lists_every_variable() -> None:
     table = settings_table()
     for name in ("MODEL", "MAX_MODEL_LEN", "SESSION_TTL_SECONDS", "VLLM_CPU_KVCACHE_SPACE"):
         assert f"`{name}`" in table
+
+
+def test_the_readme_lists_every_setting_as_generated() -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert settings_table() in readme, "regenerate it: python -m services.config.settings"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.chat_client import ChatClient
-from tests.server import AppServer
+from harness.chat_client import ChatClient
+from harness.server import AppServer
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -10,18 +10,15 @@ import zipfile
 
 import pytest
 
-from services import documents
-from services.documents import (
-    Document,
-    DocumentError,
-    SummaryCache,
-    extract_document,
-    rank_chunks,
-    sniff_kind,
-    split_into_chunks,
-    summary_key,
-)
-from tests import doc_builders as build
+from harness import documents as build
+from services.documents import errors as messages
+from services.documents.cache import SummaryCache, summary_key
+from services.documents.chunking import split_into_chunks
+from services.documents.errors import DocumentError
+from services.documents.extract import Document, extract_document
+from services.documents.ranking import rank_chunks
+from services.documents.sniff import sniff_kind
+from services.documents.word import inflate_bounded
 
 MIB = build.MIB
 LIMITS = {"max_pages": 50, "max_docx_uncompressed_bytes": 20 * MIB, "max_chars": 1_000_000}
@@ -118,7 +115,7 @@ def test_invalid_utf8_is_replaced_with_a_note() -> None:
     assert document.kind == "text"
     assert "Café menu: crème brûlée." in document.text
     assert "12\ufffd and na\ufffdve" in document.text
-    assert document.notes == (documents.NOTE_REPLACED_BYTES,)
+    assert document.notes == (messages.NOTE_REPLACED_BYTES,)
 
 
 @pytest.mark.parametrize(
@@ -133,7 +130,7 @@ def test_invalid_utf8_is_replaced_with_a_note() -> None:
 def test_a_legacy_8bit_file_is_read_in_its_encoding(text: str, encoding: str) -> None:
     document = extract(text.encode(encoding), "old-report.txt")
     assert document.text == text
-    assert document.notes == (documents.NOTE_LEGACY_ENCODING.format(encoding=encoding),)
+    assert document.notes == (messages.NOTE_LEGACY_ENCODING.format(encoding=encoding),)
 
 
 def test_long_text_is_cut_to_max_chars_with_a_note() -> None:
@@ -151,30 +148,30 @@ def test_name_is_the_base_name_of_the_upload() -> None:
 
 # --- extraction: bad files, each with its own message -------------------------------
 def test_encrypted_pdf_is_refused() -> None:
-    assert failure(build.make_encrypted_pdf(PARAGRAPHS), "secret.pdf") == documents.PDF_ENCRYPTED
+    assert failure(build.make_encrypted_pdf(PARAGRAPHS), "secret.pdf") == messages.PDF_ENCRYPTED
 
 
 def test_scanned_pdf_is_refused_as_having_no_text_layer() -> None:
     message = failure(build.make_scanned_pdf(), "scan.pdf")
-    assert message == documents.PDF_SCANNED
+    assert message == messages.PDF_SCANNED
     assert "no text layer" in message and "OCR" in message
 
 
 def test_corrupt_pdf_is_refused() -> None:
-    assert failure(build.make_corrupt_pdf(), "broken.pdf") == documents.PDF_CORRUPT
+    assert failure(build.make_corrupt_pdf(), "broken.pdf") == messages.PDF_CORRUPT
 
 
 def test_truncated_docx_is_refused() -> None:
-    assert failure(build.make_corrupt_docx(), "cut.docx") == documents.DOCX_CORRUPT
+    assert failure(build.make_corrupt_docx(), "cut.docx") == messages.DOCX_CORRUPT
 
 
 def test_docx_with_broken_xml_is_refused() -> None:
-    assert failure(build.make_docx_with_broken_xml(), "bad.docx") == documents.DOCX_CORRUPT
+    assert failure(build.make_docx_with_broken_xml(), "bad.docx") == messages.DOCX_CORRUPT
 
 
 def test_docx_zip_bomb_is_refused_quickly(zip_bomb: bytes) -> None:
     started = time.perf_counter()
-    assert failure(zip_bomb, "bomb.docx") == documents.DOCX_BOMB
+    assert failure(zip_bomb, "bomb.docx") == messages.DOCX_BOMB
     assert time.perf_counter() - started < 1.0
 
 
@@ -193,7 +190,7 @@ def test_lying_zip_headers_never_inflate_past_the_declared_size() -> None:
         _, peak_bytes = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert message == documents.DOCX_CORRUPT
+    assert message == messages.DOCX_CORRUPT
     assert peak_bytes < 8 * MIB
 
 
@@ -203,14 +200,14 @@ def test_bounded_inflation_stops_past_the_limit(zip_bomb: bytes) -> None:
     started = time.perf_counter()
     try:
         with pytest.raises(DocumentError, match="too large once unpacked"):
-            documents.inflate_bounded(archive, 10 * MIB)
+            inflate_bounded(archive, 10 * MIB)
         _, peak_bytes = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     assert time.perf_counter() - started < 0.5  # stopped near 10 MiB, did not inflate 200
     assert peak_bytes < 4 * MIB
     small = zipfile.ZipFile(io.BytesIO(build.make_zip({"a": b"x" * 5000, "b": b"y" * 7})))
-    assert documents.inflate_bounded(small, 10 * MIB) == 5007
+    assert inflate_bounded(small, 10 * MIB) == 5007
 
 
 @pytest.mark.parametrize(
@@ -235,8 +232,8 @@ def test_unreadable_formats_are_named_in_the_message(data: bytes, filename: str,
 
 def test_old_office_files_are_refused() -> None:
     ole2 = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1" + bytes(500)
-    assert failure(ole2, "old.doc") == documents.LEGACY_OFFICE
-    assert failure(ole2, "protected.docx") == documents.DOCX_PROTECTED
+    assert failure(ole2, "old.doc") == messages.LEGACY_OFFICE
+    assert failure(ole2, "protected.docx") == messages.DOCX_PROTECTED
 
 
 def test_empty_and_blank_files_are_refused() -> None:
@@ -413,7 +410,7 @@ def test_cache_keeps_at_most_max_bytes_of_utf8() -> None:
     for n in range(4):
         cache.put(f"k{n}", "x" * 40)
     assert len(cache) == 2 and cache.size_bytes == 80
-    cache.clear()
+    cache = SummaryCache(max_entries=100, max_bytes=100, ttl_seconds=60)
     cache.put("a", "é" * 30)  # 60 UTF-8 bytes, 30 characters
     cache.put("b", "é" * 30)
     assert len(cache) == 1 and cache.get("b") == "é" * 30 and cache.size_bytes == 60

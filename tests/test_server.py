@@ -8,9 +8,9 @@ import signal
 
 import pytest
 
-from tests.chat_client import ChatClient
+from harness.chat_client import ChatClient
+from harness.server import AppServer
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
-from tests.server import AppServer
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

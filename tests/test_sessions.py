@@ -10,9 +10,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from services.chat.service import ChatService
+from services.chat.store import SessionStore
 from services.config import Settings
-from services.engine import Message, SamplingSettings, TokenBudgetError
-from services.sessions import SessionStore
+from services.engine.chat_engine import Message, SamplingSettings
+from services.engine.errors import TokenBudgetError
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
 
@@ -49,23 +51,23 @@ class Clock:
         return self.now
 
 
-def make_store(clock: Clock | None = None, **changes) -> tuple[SessionStore, WordEngine]:
+def make_store(clock: Clock | None = None, **changes) -> tuple[SessionStore, ChatService, WordEngine]:
     engine = WordEngine()
     settings = Settings.from_env({}).replace(max_new_tokens=20, max_model_len=100, **changes)
-    return SessionStore(engine, settings, timer=clock or Clock()), engine
+    return SessionStore(settings, timer=clock or Clock()), ChatService(engine, settings), engine
 
 
-async def run_turn(store: SessionStore, session_id: str, text: str = "hi") -> str:
+async def run_turn(store: SessionStore, chat: ChatService, session_id: str, text: str = "hi") -> str:
     session = store.open(session_id)
     async with store.turn(session) as request_id:
-        prompt = store.build_prompt(session, text)
-        return "".join([d async for d in store.reply(session, prompt, request_id)])
+        prompt = chat.build_prompt(session, text)
+        return "".join([d async for d in chat.reply(session, prompt, request_id)])
 
 
-async def start_turn(store: SessionStore, session_id: str) -> asyncio.Task:
+async def start_turn(store: SessionStore, chat: ChatService, session_id: str) -> asyncio.Task:
     session = store.open(session_id)
     session.sampling = SamplingSettings(1.0, 1.0, 10_000)
-    task = asyncio.create_task(run_turn(store, session_id))
+    task = asyncio.create_task(run_turn(store, chat, session_id))
     while session.turn_task is not task:
         await asyncio.sleep(0.005)
     await asyncio.sleep(0.03)
@@ -78,8 +80,8 @@ async def assert_cancelled(task: asyncio.Task) -> None:
 
 
 async def test_lru_eviction_cancels_the_evicted_turn() -> None:
-    store, engine = make_store(max_sessions=2)
-    task = await start_turn(store, "a")
+    store, chat, engine = make_store(max_sessions=2)
+    task = await start_turn(store, chat, "a")
     store.open("b")
     store.open("c")  # evicts "a", the least recently used
     await assert_cancelled(task)
@@ -89,8 +91,8 @@ async def test_lru_eviction_cancels_the_evicted_turn() -> None:
 
 async def test_ttl_expiry_cancels_the_turn_and_frees_state() -> None:
     clock = Clock()
-    store, engine = make_store(clock, session_ttl_seconds=60)
-    task = await start_turn(store, "idle")
+    store, chat, engine = make_store(clock, session_ttl_seconds=60)
+    task = await start_turn(store, chat, "idle")
     clock.now += 61
     assert store.expire() == 1
     await assert_cancelled(task)
@@ -99,7 +101,7 @@ async def test_ttl_expiry_cancels_the_turn_and_frees_state() -> None:
 
 async def test_activity_refreshes_the_ttl() -> None:
     clock = Clock()
-    store, _ = make_store(clock, session_ttl_seconds=60)
+    store, _, _ = make_store(clock, session_ttl_seconds=60)
     store.open("busy")
     clock.now += 50
     store.open("busy")
@@ -108,53 +110,53 @@ async def test_activity_refreshes_the_ttl() -> None:
 
 
 async def test_close_cancels_the_turn() -> None:
-    store, engine = make_store()
-    task = await start_turn(store, "gone")
+    store, chat, engine = make_store()
+    task = await start_turn(store, chat, "gone")
     store.close("gone")
     await assert_cancelled(task)
     assert store.turns_in_flight() == 0 and engine.aborted
 
 
 async def test_new_turn_cancels_the_previous_one() -> None:
-    store, engine = make_store()
-    first = await start_turn(store, "s")
+    store, chat, engine = make_store()
+    first = await start_turn(store, chat, "s")
     store.get("s").sampling = SamplingSettings(1.0, 1.0, 3)
-    answer = await run_turn(store, "s", "again")
+    answer = await run_turn(store, chat, "s", "again")
     await assert_cancelled(first)
     assert answer == "word word word "
     assert len(engine.aborted) == 1
 
 
 async def test_history_is_trimmed_oldest_first_keeping_the_system_prompt() -> None:
-    store, _ = make_store()
+    store, chat, _ = make_store()
     session = store.open("talk")
     for i in range(6):
         session.history.append({"role": "user", "content": f"question {i} " + "x " * 10})
         session.history.append({"role": "assistant", "content": f"answer {i} " + "y " * 10})
-    prompt = store.build_prompt(session, "newest question")
+    prompt = chat.build_prompt(session, "newest question")
     assert prompt.messages[0]["role"] == "system"
     assert prompt.messages[-1]["content"] == "newest question"
     assert prompt.dropped_messages > 0 and prompt.dropped_messages % 2 == 0
     kept = [m["content"] for m in prompt.messages[1:-1]]
     assert kept[-1].startswith("answer 5"), "the newest turns are kept"
-    assert len(store.engine.encode_chat(prompt.messages)) + 20 <= store.engine.max_model_len
+    assert len(chat.engine.encode_chat(prompt.messages)) + 20 <= chat.engine.max_model_len
 
 
 async def test_a_message_that_cannot_fit_is_refused() -> None:
-    store, _ = make_store()
+    store, chat, _ = make_store()
     with pytest.raises(TokenBudgetError):
-        store.build_prompt(store.open("s"), "word " * 200)
+        chat.build_prompt(store.open("s"), "word " * 200)
 
 
 async def test_history_length_is_bounded() -> None:
-    store, _ = make_store(max_history_messages=4)
+    store, chat, _ = make_store(max_history_messages=4)
     for i in range(5):
-        await run_turn(store, "s", f"q{i}")
+        await run_turn(store, chat, "s", f"q{i}")
     assert len(store.get("s").history) == 4
 
 
 async def test_settings_are_clamped_and_junk_ignored() -> None:
-    store, _ = make_store(max_new_tokens_limit=100)
+    store, _, _ = make_store(max_new_tokens_limit=100)
     session = store.open("s")
     store.update_settings(session, {"temperature": 9, "top_p": "nan?", "max_new_tokens": 10**6, "x": 1})
     assert session.sampling.temperature == 2.0

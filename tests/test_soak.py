@@ -13,7 +13,7 @@ import pytest
 from bench.soak import SoakOptions, parse_duration, run_soak, split_evenly, theil_sen_slope
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = pytest.mark.timeout(900)
 
 SOAK_OUT = ARTIFACTS / "soak-ci"
 USERS = 10

@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from services.upload_guard import (
+from services.web.upload_guard import (
     DEFAULT_LINGER_SECONDS,
     UploadSizeGuard,
     install_upload_guard,

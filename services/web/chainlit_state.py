@@ -1,8 +1,8 @@
-"""Workarounds for per-session state Chainlit 2.12 keeps in module-level dicts."""
+"""Workarounds for per-session state Chainlit 2.12 keeps in module-level dicts, and their sizes."""
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -11,6 +11,8 @@ from chainlit.context import init_ws_context
 from chainlit.message import ErrorMessage
 from chainlit.session import WebsocketSession, ws_sessions_id
 from chainlit.user_session import user_sessions
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 
 def forget_chat_context(session_id: str) -> None:
@@ -30,6 +32,18 @@ def chainlit_session_counts() -> dict[str, int]:
         "chainlit_user_sessions": len(user_sessions),
         "chainlit_chat_contexts": len(chat_contexts),
     }
+
+
+class ChainlitStateCollector(Collector):
+    """`chat_chainlit_dict_entries{dict=...}`: the sizes above, for /metrics."""
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "chat_chainlit_dict_entries", "Entries in Chainlit's per-session dicts.", labels=["dict"]
+        )
+        for name, count in chainlit_session_counts().items():
+            family.add_metric([name.removeprefix("chainlit_")], count)
+        yield family
 
 
 async def tell_uploader(scope: MutableMapping[str, Any], text: str) -> None:

@@ -23,7 +23,10 @@ from typing import Any
 
 import httpx
 
-from services.engine import EngineUnavailableError
+from services.config import Settings
+from services.engine.chat_engine import ChatEngine
+from services.engine.errors import EngineUnavailableError
+from services.engine.model_prep import prepare_default_model
 
 logger = logging.getLogger(__name__)
 
@@ -259,3 +262,26 @@ class RemoteLLM:
 
     def shutdown(self) -> None:
         """Nothing runs in this process; the servers are the operators' (aclose frees the pool)."""
+
+
+@contextlib.asynccontextmanager
+async def remote_engine_lifespan(settings: Settings) -> AsyncIterator[ChatEngine]:
+    """Chat through the vLLM servers of ENGINE_URLS; nothing to start here but a connection pool."""
+    from vllm.tokenizers import get_tokenizer
+
+    await prepare_default_model(settings)
+    tokenizer = await asyncio.to_thread(get_tokenizer, settings.model_path)
+    remote = RemoteLLM(
+        settings.engine_url_list,
+        tokenizer,
+        connect_timeout=settings.engine_connect_timeout_seconds,
+        idle_timeout=settings.engine_stream_timeout_seconds,
+        max_connections=settings.engine_max_connections,
+    )
+    try:
+        await remote.connect()
+        engine = ChatEngine(remote, remote.max_model_len)
+        await engine.warm_up()
+        yield engine
+    finally:
+        await remote.aclose()

@@ -1,9 +1,9 @@
-"""The /stats plot, drawn in a short-lived process: `python services/plots.py < data.npz > plot.png`.
+"""The /stats plot, drawn in a short-lived process: `python plots.py < data.npz > plot.png`.
 
-Drawing in the app process cost ~40 MB of matplotlib that never leaves, a
-step the leak slope would read as growth, and seconds of CPU holding the GIL
-the event loop needs. A child process gives both back when it exits. This
-module imports only numpy and matplotlib (Agg), so the child starts in ~1 s.
+Drawing in the app process would keep matplotlib's memory for good (a step
+the leak slope would read as growth) and hold the GIL the event loop needs for
+seconds. A child process gives both back when it exits. This module imports
+only numpy and matplotlib (Agg), so the child starts quickly.
 """
 
 from __future__ import annotations

@@ -1,56 +1,34 @@
-"""The in-process vLLM engine: its life in one async context, chat streaming on top.
+"""Chat on top of an engine backend: chat template, token budgets, streaming, aborts.
 
-Everything that talks to vLLM lives here. `ChatEngine.generate` guarantees
-that leaving a stream early (stop, task cancellation, disconnect, exception)
-aborts the request inside the engine, so no KV cache outlives its reader.
+`ChatEngine.generate` guarantees that leaving a stream early (stop, task
+cancellation, disconnect, exception) aborts the request inside the engine, so
+no KV cache outlives its reader. It works the same over the in-process
+AsyncLLM and over vLLM servers (see backend.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import inspect
 import logging
-import os
-import re
-import shutil
-import tempfile
 import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import psutil
-
-from services.config import Settings
-from services.reaper import OrphanGuard
-
-if TYPE_CHECKING:
-    from vllm.v1.engine.async_llm import AsyncLLM
+from services.engine.backend import LLMBackend
+from services.engine.errors import EngineUnavailableError, TokenBudgetError
 
 logger = logging.getLogger(__name__)
 
 Message = dict[str, str]
-ENGINE_ARG_NAMES = (
-    "model", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
-    "enable_prefix_caching", "enable_chunked_prefill", "gpu_memory_utilization",
-    "swap_space", "enforce_eager", "tensor_parallel_size", "quantization", "kv_cache_dtype",
-)  # fmt: skip
 # on_finish listeners are per component (metrics, tests), never per session or request:
 # a longer list means someone registers in a loop, which would leak.
 MAX_FINISH_CALLBACKS = 16
 FinishCallback = Callable[["StreamStats"], None]
-
-
-class TokenBudgetError(ValueError):
-    """A prompt does not leave room for an answer in the context window."""
-
-
-class EngineUnavailableError(RuntimeError):
-    """The engine process died or never started; it cannot serve requests."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +74,19 @@ class StreamStats:
     def e2e_seconds(self) -> float | None:
         return None if self.finished_at is None else self.finished_at - self.submitted_at
 
+    def observe(self, output: Any, now: float) -> None:
+        """Account one streamed `RequestOutput` (DELTA kind) received at `now`."""
+        completion = output.outputs[0]
+        self.output_tokens += len(completion.token_ids)
+        if completion.token_ids:
+            self.last_token_at = now
+            if self.first_token_at is None:
+                self.first_token_at = now
+        if self.queue_seconds is None:
+            self.queue_seconds = _queue_seconds(output)
+        if output.finished:
+            self.finish_reason = completion.finish_reason or "stop"
+
 
 def token_budget(max_model_len: int, prompt_tokens: int, max_new_tokens: int) -> int:
     """Answer tokens available for a prompt: the one budget rule of the service.
@@ -111,44 +102,10 @@ def token_budget(max_model_len: int, prompt_tokens: int, max_new_tokens: int) ->
     return min(max_new_tokens, room)
 
 
-_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
-
-
-def describe_failure(error: BaseException) -> str:
-    """The one short, user-facing sentence for any failure of a turn."""
-    if isinstance(error, TokenBudgetError):
-        return f"Your message is too long for this model. {error}"
-    if isinstance(error, EngineUnavailableError):
-        return "The model is not available right now. Please try again in a moment."
-    name = type(error).__name__
-    if name == "EngineDeadError":
-        return "The model stopped working. The operators have been alerted; please retry later."
-    return "Something went wrong while generating the answer. Please try again."
-
-
-def sanitize(text: str) -> str:
-    """Strip memory addresses from an error text before it reaches a log or a user."""
-    return _ADDRESS.sub("0x…", text)
-
-
-def report_failure(error: BaseException, request_id: str | None) -> str:
-    """Log a failed turn for the operator; return the sentence the user sees."""
-    expected = isinstance(error, (TokenBudgetError, EngineUnavailableError))
-    log = logger.warning if expected else logger.error
-    log(
-        "request %s failed: %s: %s",
-        request_id,
-        type(error).__name__,
-        sanitize(str(error)),
-        exc_info=None if expected else error,
-    )
-    return describe_failure(error)
-
-
 class ChatEngine:
-    """Chat on top of one AsyncLLM: templating, budgets, streaming, aborts."""
+    """Chat on top of one engine backend: templating, budgets, streaming, aborts."""
 
-    def __init__(self, llm: AsyncLLM, max_model_len: int) -> None:
+    def __init__(self, llm: LLMBackend, max_model_len: int) -> None:
         self._llm = llm
         self.max_model_len = max_model_len
         self.tokenizer = llm.get_tokenizer()
@@ -223,35 +180,18 @@ class ChatEngine:
         """
         if self._llm.errored:
             raise EngineUnavailableError("the engine is not running")
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
         prompt_ids = self.encode_chat(messages)
         max_tokens = token_budget(self.max_model_len, len(prompt_ids), sampling.max_new_tokens)
-        params = SamplingParams(
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            max_tokens=max_tokens,
-            output_kind=RequestOutputKind.DELTA,
-        )
+        params = _sampling_params(sampling, max_tokens)
         stats = StreamStats(request_id, prompt_tokens=len(prompt_ids), submitted_at=time.monotonic())
         stream = self._llm.generate({"prompt_token_ids": prompt_ids}, params, request_id)
         try:
             async with contextlib.aclosing(stream):
                 async for output in stream:
-                    now = self.last_output_at = time.monotonic()
-                    completion = output.outputs[0]
-                    stats.output_tokens += len(completion.token_ids)
-                    if completion.token_ids:
-                        stats.last_token_at = now
-                        if stats.first_token_at is None:
-                            stats.first_token_at = now
-                    if stats.queue_seconds is None:
-                        stats.queue_seconds = _queue_seconds(output)
-                    if output.finished:
-                        stats.finish_reason = completion.finish_reason or "stop"
-                    if completion.text:
-                        yield completion.text
+                    self.last_output_at = time.monotonic()
+                    stats.observe(output, self.last_output_at)
+                    if output.outputs[0].text:
+                        yield output.outputs[0].text
         finally:
             stats.finished_at = time.monotonic()
             if stats.finish_reason is None:
@@ -313,6 +253,19 @@ class ChatEngine:
         self._llm.shutdown()
 
 
+def _sampling_params(sampling: SamplingSettings, max_tokens: int) -> Any:
+    """vLLM SamplingParams that stream text deltas."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        max_tokens=max_tokens,
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
 def _queue_seconds(output: Any) -> float | None:
     """Engine-side queue time of a request, from vLLM's per-request stats (None when stats are off)."""
     metrics = getattr(output, "metrics", None)
@@ -330,149 +283,3 @@ def _merge_system_into_first_user(messages: list[Message]) -> list[Message]:
             rest[index] = {"role": "user", "content": f"{system}\n\n{message['content']}"}
             break
     return rest
-
-
-def engine_args(settings: Settings) -> Any:
-    """vLLM AsyncEngineArgs from the settings, keeping only fields this vLLM knows."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
-
-    known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
-    kwargs: dict[str, Any] = {}
-    for name in ENGINE_ARG_NAMES:
-        value = settings.model_path if name == "model" else getattr(settings, name)
-        if name == "quantization" and not value:
-            value = None
-        if name == "dtype" and value == "auto":
-            value = auto_dtype()
-        if name not in known:
-            default = next(f.default for f in dataclasses.fields(Settings) if f.name == name)
-            if value != default:
-                logger.warning("%s is not an engine option of this vLLM version; ignored", name.upper())
-            continue
-        kwargs[name] = value
-    return AsyncEngineArgs(**kwargs)
-
-
-def auto_dtype() -> str:
-    """bfloat16 where the hardware computes it natively (CUDA, AVX512-BF16/AMX CPUs), else float32.
-
-    On an AVX2-only CPU bf16 is emulated: a ~740-token prompt took 89 s in bf16
-    against 7 s in float32 here, and 8-stream decoding ran 3x slower.
-    """
-    import torch
-
-    if torch.cuda.is_available():
-        return "auto"  # the model's own dtype (bf16 for most current models)
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            flags = set(cpuinfo.read().split())
-    except OSError:
-        flags = set()
-    return "bfloat16" if flags & {"avx512_bf16", "amx_bf16"} else "float32"
-
-
-def prepare_process_env(settings: Settings, rpc_dir: str) -> None:
-    """Environment vLLM reads when it starts its processes (see FIELD_NOTES)."""
-    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(settings.cpu_kvcache_space_gib)
-    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
-    os.environ.setdefault("DO_NOT_TRACK", "1")
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "auto")
-    # ZMQ socket files go to a private folder we remove on shutdown.
-    os.environ["VLLM_RPC_BASE_PATH"] = rpc_dir
-    # vLLM spawns its processes, so their glibc reads this at start (the app's own is unaffected).
-    if settings.engine_mmap_threshold_bytes:
-        os.environ["MALLOC_MMAP_THRESHOLD_"] = str(settings.engine_mmap_threshold_bytes)
-    # Read by the oneDNN inside vLLM's CPU kernels when its cache is first used (in the worker).
-    os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = str(settings.engine_onednn_cache_capacity)
-
-
-async def prepare_default_model(settings: Settings) -> None:
-    """Turn the bundled GGUF into a model folder once, when MODEL is not set."""
-    if not settings.model:
-        from services.model_prep import ensure_default_model
-
-        await asyncio.to_thread(ensure_default_model, settings)
-
-
-@contextlib.asynccontextmanager
-async def engine_lifespan(settings: Settings) -> AsyncIterator[ChatEngine]:
-    """Create the engine (in-process, or vLLM servers when ENGINE_URLS is set), yield it, close it."""
-    lifespan = remote_engine_lifespan if settings.engine_url_list else local_engine_lifespan
-    async with lifespan(settings) as engine:
-        yield engine
-
-
-@contextlib.asynccontextmanager
-async def remote_engine_lifespan(settings: Settings) -> AsyncIterator[ChatEngine]:
-    """Chat through the vLLM servers of ENGINE_URLS; nothing to start here but a connection pool."""
-    from vllm.tokenizers import get_tokenizer
-
-    from services.remote import RemoteLLM
-
-    await prepare_default_model(settings)
-
-    tokenizer = await asyncio.to_thread(get_tokenizer, settings.model_path)
-    remote = RemoteLLM(
-        settings.engine_url_list,
-        tokenizer,
-        connect_timeout=settings.engine_connect_timeout_seconds,
-        idle_timeout=settings.engine_stream_timeout_seconds,
-        max_connections=settings.engine_max_connections,
-    )
-    try:
-        await remote.connect()
-        engine = ChatEngine(remote, remote.max_model_len)  # type: ignore[arg-type]
-        await engine.warm_up()
-        yield engine
-    finally:
-        await remote.aclose()
-
-
-@contextlib.asynccontextmanager
-async def local_engine_lifespan(settings: Settings) -> AsyncIterator[ChatEngine]:
-    """Start vLLM's AsyncLLM in this process tree, yield it, and shut it down on every exit path."""
-    rpc_dir = tempfile.mkdtemp(prefix="vllm-chat-rpc-")
-    llm = guard = None
-    try:
-        prepare_process_env(settings, rpc_dir)
-        await prepare_default_model(settings)
-        from vllm.v1.engine.async_llm import AsyncLLM
-
-        started = time.monotonic()
-        llm = AsyncLLM.from_engine_args(engine_args(settings))
-        guard = OrphanGuard(engine_processes())
-        engine = ChatEngine(llm, llm.model_config.max_model_len)
-        await engine.warm_up()
-        logger.info("engine ready in %.1f s (model %s)", time.monotonic() - started, settings.model_path)
-        yield engine
-    finally:
-        children = engine_processes()
-        if llm is not None:
-            llm.shutdown()
-        _reap(children)
-        if guard is not None:
-            guard.close()
-        shutil.rmtree(rpc_dir, ignore_errors=True)
-
-
-def engine_processes() -> list[psutil.Process]:
-    """vLLM's processes under this one (EngineCore, workers: they set their titles to VLLM::...)."""
-    found = []
-    for child in psutil.Process().children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            if "VLLM" in child.name() or any("VLLM::" in part for part in child.cmdline()[:1]):
-                found.append(child)
-    return found
-
-
-def _reap(processes: list[psutil.Process], grace_seconds: float = 5.0) -> None:
-    """Kill engine processes that outlived shutdown.
-
-    When EngineCore dies (e.g. a step passes vLLM's execute timeout), its worker
-    is re-parented to init and keeps computing; nothing else would stop it.
-    """
-    _, alive = psutil.wait_procs(processes, timeout=grace_seconds)
-    for process in alive:
-        with contextlib.suppress(psutil.Error):
-            logger.warning("killing engine process %s (%s) left after shutdown", process.pid, process.name())
-            process.kill()

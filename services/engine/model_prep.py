@@ -8,6 +8,7 @@ folder never becomes visible (written to a temp dir, then renamed).
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import logging
 import shutil
@@ -95,6 +96,12 @@ def ensure_default_model(settings: Settings) -> Path:
         Path(tmp).mkdir()  # so TemporaryDirectory's cleanup finds what it expects
     logger.info("default model ready in %.1f s", time.monotonic() - started)
     return target
+
+
+async def prepare_default_model(settings: Settings) -> None:
+    """Turn the bundled GGUF into a model folder once (in a thread), when MODEL is not set."""
+    if not settings.model:
+        await asyncio.to_thread(ensure_default_model, settings)
 
 
 def main() -> int:

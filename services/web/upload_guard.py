@@ -1,8 +1,9 @@
 """Reject oversized uploads before they are read into memory (pure ASGI middleware).
 
-Chainlit's upload route reads the whole file into memory before it checks the
-size (see FIELD_NOTES), so the limit is enforced here, in front of it: by the
-Content-Length header when there is one, and by counting streamed body bytes.
+Chainlit 2.12's upload route (POST /project/file) reads the whole file into
+memory before it checks the size, so the limit is enforced here, in front of
+it: by the Content-Length header when there is one, and by counting streamed
+body bytes.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Set-up, run and inspection commands (shell scripts, and Python tools importable by the tests)."""

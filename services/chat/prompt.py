@@ -1,0 +1,91 @@
+"""What the engine gets for a chat turn: system prompt (with the document), history that fits, the message."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.chat.session import ChatSession
+from services.config import Settings
+from services.documents.chunking import split_into_chunks
+from services.documents.ranking import rank_chunks
+from services.documents.summarizer import document_system_message
+from services.engine.chat_engine import ChatEngine, Message, token_budget
+from services.engine.errors import TokenBudgetError
+
+# Chat-template tokens around each message (role markers, separators), with a margin.
+MESSAGE_OVERHEAD_TOKENS = 6
+
+
+@dataclass(frozen=True)
+class TrimmedPrompt:
+    """The messages sent to the engine and how many history messages were left out."""
+
+    messages: list[Message]
+    dropped_messages: int
+
+
+class PromptBuilder:
+    """Builds chat prompts that fit the context window with room for the answer."""
+
+    def __init__(self, engine: ChatEngine, settings: Settings) -> None:
+        self.engine = engine
+        self.settings = settings
+
+    def build(self, session: ChatSession, user_text: str) -> TrimmedPrompt:
+        """System prompt (with the document) + the newest history that fits + the new message.
+
+        Older messages are left out (whole user/assistant pairs) until the
+        prompt plus the answer budget fits the context window. A document that
+        does not fit whole is replaced by its chunks most relevant to the question.
+        """
+        answer_tokens = min(session.sampling.max_new_tokens, self.engine.max_model_len // 2)
+        budget = self.engine.max_model_len - answer_tokens
+        new = {"role": "user", "content": user_text}
+        system = self._system_message(session, user_text, budget - self._cost(new))
+        history = list(session.history)
+        costs = [self._cost(message) for message in history]
+        room = budget - self._cost(system) - self._cost(new)
+        kept = len(history)
+        while kept and sum(costs[len(history) - kept :]) > room:
+            kept -= 2 if kept >= 2 else 1
+        while True:  # the estimate is per message; confirm with the real template
+            messages = [system, *history[len(history) - kept :], new]
+            prompt_tokens = len(self.engine.encode_chat(messages))
+            if prompt_tokens <= budget or not kept:
+                break
+            kept -= 2 if kept >= 2 else 1
+        if prompt_tokens > budget:
+            # Not even the new message fits with a full answer: let the shared
+            # budget rule decide whether any answer is possible at all.
+            room_left = token_budget(
+                self.engine.max_model_len, prompt_tokens, session.sampling.max_new_tokens
+            )
+            if room_left < min(16, session.sampling.max_new_tokens):
+                raise TokenBudgetError(
+                    f"Input length ({prompt_tokens} tokens) leaves no room for an answer in the "
+                    f"model's context length ({self.engine.max_model_len} tokens)."
+                )
+        return TrimmedPrompt(messages, len(history) - kept)
+
+    def _cost(self, message: Message) -> int:
+        return self.engine.count_tokens(message["content"]) + MESSAGE_OVERHEAD_TOKENS
+
+    def _system_message(self, session: ChatSession, question: str, room: int) -> Message:
+        """The system prompt, carrying the document whole when it fits, else its relevant excerpts."""
+        document = session.document
+        if document is None:
+            return {"role": "system", "content": session.system_prompt}
+        whole = document_system_message(session.system_prompt, document.name, document.text)
+        if self._cost(whole) <= room:
+            return whole
+        size = max(64, room // (2 * self.settings.retrieval_top_k))
+        if document.chunk_tokens != size:
+            document.chunks = tuple(split_into_chunks(document.text, self.engine.count_tokens, size))
+            document.chunk_tokens = size
+        picked = rank_chunks(list(document.chunks), question, self.settings.retrieval_top_k)
+        excerpts = "\n\n".join(f"[excerpt {i + 1}] {document.chunks[i]}" for i in picked)
+        return {
+            "role": "system",
+            "content": f"{session.system_prompt}\n\nThe user shared the document «{document.name}», too "
+            f"long to show whole. The excerpts most relevant to the question:\n\n{excerpts}",
+        }

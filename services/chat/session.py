@@ -1,0 +1,47 @@
+"""One user's conversation as the server holds it: settings, bounded history, document, running turn."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass
+
+from services.engine.chat_engine import Message, SamplingSettings
+
+
+@dataclass
+class SessionDocument:
+    """The document a session talks about; freed with the session."""
+
+    name: str
+    text: str
+    tokens: int
+    chunks: tuple[str, ...] = ()  # retrieval chunks, made on first need
+    chunk_tokens: int = 0
+
+
+@dataclass
+class ChatSession:
+    """One user's conversation: settings, bounded history, the turn in flight."""
+
+    session_id: str
+    sampling: SamplingSettings
+    system_prompt: str
+    history: deque[Message]
+    turn_task: asyncio.Task | None = None
+    document: SessionDocument | None = None
+
+    def cancel_turn(self) -> asyncio.Task | None:
+        """Cancel the running turn, if any; return it so the caller may await it."""
+        task = self.turn_task
+        if task is not None and not task.done():
+            task.cancel()
+            return task
+        return None
+
+    def release(self) -> asyncio.Task | None:
+        """Cancel the running turn and free the conversation's state; return the cancelled turn."""
+        cancelled = self.cancel_turn()
+        self.history.clear()
+        self.document = None
+        return cancelled

@@ -1,0 +1,6 @@
+"""Settings of the service: one frozen object, read from env vars once (see settings.py)."""
+
+from services.config.fields import SettingsError
+from services.config.settings import Settings
+
+__all__ = ["Settings", "SettingsError"]

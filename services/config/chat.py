@@ -1,0 +1,34 @@
+"""Chat settings: sampling defaults, message and history limits, the session cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.config.fields import setting
+
+
+@dataclass(frozen=True)
+class ChatSettings:
+    """What a conversation may hold and how answers are sampled by default."""
+
+    system_prompt: str = setting(
+        "You are a helpful, concise assistant.", "SYSTEM_PROMPT", "Default system prompt."
+    )
+    temperature: float = setting(0.2, "TEMPERATURE", "Default sampling temperature.", 0)
+    top_p: float = setting(0.9, "TOP_P", "Default nucleus sampling top_p.", 0.01)
+    max_new_tokens: int = setting(512, "MAX_NEW_TOKENS", "Default answer budget in tokens.", 1)
+    max_new_tokens_limit: int = setting(
+        4096, "MAX_NEW_TOKENS_LIMIT", "Largest answer budget a user may pick in chat settings.", 1
+    )
+    max_message_chars: int = setting(
+        100_000, "MAX_MESSAGE_CHARS", "Longest chat message accepted, in characters.", 1
+    )
+    max_history_messages: int = setting(
+        200, "MAX_HISTORY_MESSAGES", "Messages kept per session before the oldest are dropped.", 2
+    )
+    max_sessions: int = setting(
+        1000, "MAX_SESSIONS", "Sessions kept at once; the least recently used is evicted.", 1
+    )
+    session_ttl_seconds: float = setting(
+        3600.0, "SESSION_TTL_SECONDS", "Idle time after which a session is dropped.", 1
+    )

@@ -1,0 +1,114 @@
+"""Engine settings: names as in vLLM's AsyncEngineArgs, plus the remote-server mode."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.config.fields import setting
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+def default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return str(Path(base) / "vllm-chat")
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The in-process vLLM engine, or the vLLM servers that replace it (ENGINE_URLS)."""
+
+    model: str = setting("", "MODEL", "Model folder or id vLLM loads; empty = bundled SmolLM2-135M-Instruct.")
+    dtype: str = setting(
+        "auto",
+        "DTYPE",
+        "Weights/activations dtype; auto = bfloat16 on GPUs and bf16-capable CPUs, else float32.",
+    )
+    max_model_len: int = setting(8192, "MAX_MODEL_LEN", "Context window in tokens (prompt + answer).", 16)
+    max_num_seqs: int = setting(64, "MAX_NUM_SEQS", "Sequences batched together at most.", 1)
+    max_num_batched_tokens: int = setting(
+        2048,
+        "MAX_NUM_BATCHED_TOKENS",
+        "Tokens per engine step: long prompts are prefilled in pieces this size, so other "
+        "streams keep flowing while a document is read.",
+        16,
+    )
+    enable_prefix_caching: bool = setting(
+        True, "ENABLE_PREFIX_CACHING", "Reuse KV of shared prompt prefixes (history, documents)."
+    )
+    enable_chunked_prefill: bool = setting(
+        True, "ENABLE_CHUNKED_PREFILL", "Split long prompts so decoding streams keep flowing."
+    )
+    gpu_memory_utilization: float = setting(
+        0.9, "GPU_MEMORY_UTILIZATION", "Share of GPU memory vLLM may use (CUDA only).", 0.01
+    )
+    swap_space: float = setting(4.0, "SWAP_SPACE", "CPU swap space per GPU in GiB (CUDA only).", 0)
+    enforce_eager: bool = setting(
+        True, "ENFORCE_EAGER", "Skip torch.compile and CUDA graphs: the engine starts much sooner."
+    )
+    tensor_parallel_size: int = setting(1, "TENSOR_PARALLEL_SIZE", "GPUs per model replica.", 1)
+    quantization: str = setting(
+        "", "QUANTIZATION", "Quantization method (awq, gptq, fp8, ...); empty = none."
+    )
+    kv_cache_dtype: str = setting("auto", "KV_CACHE_DTYPE", "KV cache dtype (auto, fp8, ...).")
+    cpu_kvcache_space_gib: int = setting(
+        1, "VLLM_CPU_KVCACHE_SPACE", "KV-cache size in GiB on CPU (vLLM's own variable).", 1
+    )
+    engine_mmap_threshold_bytes: int = setting(
+        128 * 1024,
+        "ENGINE_MMAP_THRESHOLD_BYTES",
+        "glibc MALLOC_MMAP_THRESHOLD_ of the vLLM processes: blocks this size and up are "
+        "mmapped and returned to the OS when freed. glibc's own threshold drifts up to 32 MB, "
+        "after which tensors of varying length pile up in a heap that never shrinks. "
+        "0 = glibc's drifting default.",
+        0,
+    )
+    engine_onednn_cache_capacity: int = setting(
+        16,
+        "ENGINE_ONEDNN_CACHE_CAPACITY",
+        "oneDNN's global primitive cache (ONEDNN_PRIMITIVE_CACHE_CAPACITY) in vLLM's CPU "
+        "processes. Each new batch size compiles 4 matmul primitives (~1.2 MB with the default "
+        "model); oneDNN's default keeps 1024 (~300 MB), filled slowly as traffic brings new sizes. "
+        "vLLM keeps its own 32 sizes per layer shape in front of it. 1024 = oneDNN's default.",
+        0,
+    )
+    cache_dir: str = setting(default_cache_dir(), "CACHE_DIR", "Where the prepared default model is kept.")
+
+    # --- remote engine: vLLM servers instead of the in-process engine -----------
+    engine_urls: str = setting(
+        "",
+        "ENGINE_URLS",
+        "Comma-separated base URLs of `vllm serve` servers (e.g. http://10.0.0.5:8000); empty = the "
+        "in-process engine. All must serve one model; MODEL then names its tokenizer (a folder or a "
+        "cached id), and the context window and engine options are the servers' own. Each request "
+        "goes to the healthy server with the fewest of ours in flight; a server that refuses the "
+        "connection is skipped.",
+    )
+    engine_connect_timeout_seconds: float = setting(
+        10.0, "ENGINE_CONNECT_TIMEOUT_SECONDS", "Seconds to open a connection to a vLLM server.", 0.1
+    )
+    engine_max_connections: int = setting(
+        256,
+        "ENGINE_MAX_CONNECTIONS",
+        "Open streams to the vLLM servers at most (one per request in flight); more requests wait.",
+        1,
+    )
+    engine_stream_timeout_seconds: float = setting(
+        600.0,
+        "ENGINE_STREAM_TIMEOUT_SECONDS",
+        "Seconds a vLLM server's stream may stay silent (a long prompt queued behind others) before "
+        "the turn fails.",
+        1,
+    )
+
+    @property
+    def engine_url_list(self) -> list[str]:
+        """ENGINE_URLS as a list (empty: the in-process engine)."""
+        return [url.strip() for url in self.engine_urls.split(",") if url.strip()]
+
+    @property
+    def model_path(self) -> str:
+        """What vLLM loads: MODEL, or the prepared default model's folder."""
+        return self.model or str(Path(self.cache_dir) / "models" / DEFAULT_MODEL_NAME)

@@ -1,0 +1,93 @@
+"""The one settings object: every limit and engine option, read from env vars.
+
+Each concern declares its settings in its own section (engine, chat,
+documents, observability); `Settings` joins them into one frozen object.
+Engine options carry the names of vLLM's ``AsyncEngineArgs`` fields
+(upper-cased as env vars), so vLLM's own documentation explains them. Values
+are parsed and validated once, at startup, and a bad value stops the app with
+a message that names the variable, the value and what was expected.
+
+    python -m services.config.settings    # prints the README's settings table
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from services.config.chat import ChatSettings
+from services.config.documents import DocumentSettings
+from services.config.engine import EngineSettings
+from services.config.fields import SettingsError, parse
+from services.config.observability import ObservabilitySettings
+
+SENSITIVE_SUFFIXES = ("_TOKEN", "_SECRET", "PASSWORD", "_KEY")
+
+
+# Sections are listed last-first: a dataclass orders inherited fields from the
+# last base to the first, and the README table follows that order.
+@dataclass(frozen=True)
+class Settings(ObservabilitySettings, DocumentSettings, ChatSettings, EngineSettings):
+    """All settings of the service. Field names are the env vars, lower-cased."""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Read and validate every setting; raise SettingsError naming the culprit."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = environ.get(f.metadata["env"])
+            if raw is not None:
+                values[f.name] = parse(f.metadata["env"], raw.strip(), f.type, f.metadata["min"])
+        settings = cls(**values)
+        settings.check()
+        return settings
+
+    def check(self) -> None:
+        """Rules that tie settings together; raise SettingsError on the first broken one."""
+        if self.max_new_tokens > self.max_new_tokens_limit:
+            raise SettingsError(
+                f"MAX_NEW_TOKENS={self.max_new_tokens} exceeds MAX_NEW_TOKENS_LIMIT="
+                f"{self.max_new_tokens_limit}"
+            )
+        if self.max_new_tokens >= self.max_model_len:
+            raise SettingsError(
+                f"MAX_NEW_TOKENS={self.max_new_tokens} leaves no room for a prompt in "
+                f"MAX_MODEL_LEN={self.max_model_len}"
+            )
+        if self.top_p > 1:
+            raise SettingsError(f"TOP_P={self.top_p} must be at most 1")
+        for url in self.engine_url_list:
+            if not url.startswith(("http://", "https://")):
+                raise SettingsError(f"ENGINE_URLS entry {url!r} is not an http:// or https:// URL")
+
+    def non_default(self) -> dict[str, Any]:
+        """Settings that differ from the defaults, secrets redacted (for the start-up log)."""
+        changed = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value != f.default:
+                env = f.metadata["env"]
+                changed[env] = "***" if env.endswith(SENSITIVE_SUFFIXES) else value
+        return changed
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with some fields changed (tests and benchmarks)."""
+        return dataclasses.replace(self, **changes)
+
+
+def settings_table() -> str:
+    """The README's settings table, generated from the fields (one source of truth)."""
+    rows = ["| Variable | Default | Meaning |", "|---|---|---|"]
+    for f in fields(Settings):
+        default = "~/.cache/vllm-chat" if f.name == "cache_dir" else f.default
+        shown = f"`{default}`" if default != "" else "(empty)"
+        rows.append(f"| `{f.metadata['env']}` | {shown} | {f.metadata['doc']} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(settings_table())

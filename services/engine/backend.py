@@ -1,0 +1,37 @@
+"""The one interface both engines satisfy: vLLM's AsyncLLM (local) and RemoteLLM (vLLM servers).
+
+`ChatEngine` is written against this protocol only, so the chat layer never
+knows whether the model runs in this process tree or on another machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+
+class LLMBackend(Protocol):
+    """The part of vLLM's `AsyncLLM` that `ChatEngine` uses."""
+
+    @property
+    def errored(self) -> bool:
+        """True once the engine can no longer serve (its process died)."""
+        ...
+
+    def generate(self, prompt: Any, sampling_params: Any, request_id: str) -> AsyncIterator[Any]:
+        """Stream `RequestOutput`-shaped deltas for one request."""
+        ...
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a request and free what the engine holds for it."""
+        ...
+
+    def get_num_unfinished_requests(self) -> int: ...
+
+    async def check_health(self) -> None:
+        """Raise when the engine is dead."""
+        ...
+
+    def get_tokenizer(self) -> Any: ...
+
+    def shutdown(self) -> None: ...

@@ -1,0 +1,48 @@
+"""Why a turn failed, in one sentence for the user and one log line (with the request id) for operators."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+logger = logging.getLogger(__name__)
+
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
+
+
+class TokenBudgetError(ValueError):
+    """A prompt does not leave room for an answer in the context window."""
+
+
+class EngineUnavailableError(RuntimeError):
+    """The engine process died or never started, or no vLLM server can be reached."""
+
+
+def describe_failure(error: BaseException) -> str:
+    """The one short, user-facing sentence for any failure of a turn."""
+    if isinstance(error, TokenBudgetError):
+        return f"Your message is too long for this model. {error}"
+    if isinstance(error, EngineUnavailableError):
+        return "The model is not available right now. Please try again in a moment."
+    if type(error).__name__ == "EngineDeadError":
+        return "The model stopped working. The operators have been alerted; please retry later."
+    return "Something went wrong while generating the answer. Please try again."
+
+
+def sanitize(text: str) -> str:
+    """Strip memory addresses from an error text before it reaches a log or a user."""
+    return _ADDRESS.sub("0x…", text)
+
+
+def report_failure(error: BaseException, request_id: str | None) -> str:
+    """Log a failed turn for the operator; return the sentence the user sees."""
+    expected = isinstance(error, (TokenBudgetError, EngineUnavailableError))
+    log = logger.warning if expected else logger.error
+    log(
+        "request %s failed: %s: %s",
+        request_id,
+        type(error).__name__,
+        sanitize(str(error)),
+        exc_info=None if expected else error,
+    )
+    return describe_failure(error)

@@ -1,0 +1,19 @@
+"""The engine for the settings: in-process vLLM, or the vLLM servers of ENGINE_URLS."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from services.config import Settings
+from services.engine.chat_engine import ChatEngine
+from services.engine.local import local_engine_lifespan
+from services.engine.remote import remote_engine_lifespan
+
+
+@contextlib.asynccontextmanager
+async def engine_lifespan(settings: Settings) -> AsyncIterator[ChatEngine]:
+    """Create the engine, yield it, close it (on every exit path)."""
+    lifespan = remote_engine_lifespan if settings.engine_url_list else local_engine_lifespan
+    async with lifespan(settings) as engine:
+        yield engine

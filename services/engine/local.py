@@ -1,0 +1,120 @@
+"""The in-process engine: vLLM's AsyncLLM started in this process tree, and everything it needs first.
+
+`local_engine_lifespan` is the engine's whole life in one async context:
+environment for vLLM's spawned processes, the default model, AsyncLLM, the
+orphan guard, a warm-up request; on every exit path the engine is shut down,
+leftover processes are stopped and the private RPC folder is removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from services.config import Settings
+from services.engine.chat_engine import ChatEngine
+from services.engine.model_prep import prepare_default_model
+from services.engine.processes import OrphanGuard, engine_processes, reap
+
+logger = logging.getLogger(__name__)
+
+ENGINE_ARG_NAMES = (
+    "model", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
+    "enable_prefix_caching", "enable_chunked_prefill", "gpu_memory_utilization",
+    "swap_space", "enforce_eager", "tensor_parallel_size", "quantization", "kv_cache_dtype",
+)  # fmt: skip
+RPC_DIR_PREFIX = "vllm-chat-rpc-"
+
+
+def engine_args(settings: Settings) -> Any:
+    """vLLM AsyncEngineArgs from the settings, keeping only fields this vLLM knows."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+    defaults = {f.name: f.default for f in dataclasses.fields(Settings)}
+    kwargs: dict[str, Any] = {}
+    for name in ENGINE_ARG_NAMES:
+        value = settings.model_path if name == "model" else getattr(settings, name)
+        if name == "quantization" and not value:
+            value = None
+        if name == "dtype" and value == "auto":
+            value = auto_dtype()
+        if name not in known:
+            if value != defaults[name]:
+                logger.warning("%s is not an engine option of this vLLM version; ignored", name.upper())
+            continue
+        kwargs[name] = value
+    return AsyncEngineArgs(**kwargs)
+
+
+def auto_dtype() -> str:
+    """bfloat16 where the hardware computes it natively (CUDA, AVX512-BF16/AMX CPUs), else float32.
+
+    On an AVX2-only CPU bf16 is emulated and several times slower than float32
+    (BENCHMARKS.md, dtype).
+    """
+    import torch
+
+    if torch.cuda.is_available():
+        return "auto"  # the model's own dtype (bf16 for most current models)
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            flags = set(cpuinfo.read().split())
+    except OSError:
+        flags = set()
+    return "bfloat16" if flags & {"avx512_bf16", "amx_bf16"} else "float32"
+
+
+def prepare_process_env(settings: Settings, rpc_dir: str) -> None:
+    """Environment vLLM's processes read when they start.
+
+    vLLM spawns EngineCore and its workers (never forks them on CPU), so what is
+    set here before AsyncLLM is created reaches them and nothing else.
+    """
+    # Required on CPU in practice: vLLM's default sizing from the VM's NUMA report fails.
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(settings.cpu_kvcache_space_gib)
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    # The worker on one core, the other free for the app and EngineCore.
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "auto")
+    # ZMQ socket files go to a private folder, removed on shutdown (or by the orphan guard).
+    os.environ["VLLM_RPC_BASE_PATH"] = rpc_dir
+    # Their glibc reads this at start (the app's own heap is unaffected).
+    if settings.engine_mmap_threshold_bytes:
+        os.environ["MALLOC_MMAP_THRESHOLD_"] = str(settings.engine_mmap_threshold_bytes)
+    # Read by the oneDNN inside vLLM's CPU kernels when its cache is first used (in the worker).
+    os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = str(settings.engine_onednn_cache_capacity)
+
+
+@contextlib.asynccontextmanager
+async def local_engine_lifespan(settings: Settings) -> AsyncIterator[ChatEngine]:
+    """Start vLLM's AsyncLLM in this process tree, yield it, and shut it down on every exit path."""
+    rpc_dir = tempfile.mkdtemp(prefix=RPC_DIR_PREFIX)
+    llm = guard = None
+    try:
+        prepare_process_env(settings, rpc_dir)
+        await prepare_default_model(settings)
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        started = time.monotonic()
+        llm = AsyncLLM.from_engine_args(engine_args(settings))
+        guard = OrphanGuard(engine_processes(), rpc_dir)
+        engine = ChatEngine(llm, llm.model_config.max_model_len)
+        await engine.warm_up()
+        logger.info("engine ready in %.1f s (model %s)", time.monotonic() - started, settings.model_path)
+        yield engine
+    finally:
+        children = engine_processes()
+        if llm is not None:
+            llm.shutdown()
+        reap(children)
+        if guard is not None:
+            guard.close()
+        shutil.rmtree(rpc_dir, ignore_errors=True)

@@ -1,0 +1,1 @@
+"""Keeping memory flat and visible: maintenance, process-tree memory and the leak slope, metrics, reports."""

@@ -1,0 +1,70 @@
+"""Fixed-size time series (allocated once, so monitoring never grows) and a robust slope over them."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+# Theil-Sen is O(n^2) in points: a window is thinned to this many evenly spaced samples.
+LEAK_SLOPE_MAX_POINTS = 160
+
+
+class SampleRing:
+    """A fixed-size ring of float rows, allocated once: its memory never grows.
+
+    Preallocating matters here: a deque of sample objects would itself grow
+    for hours until full, and the leak slope would measure the monitor.
+    """
+
+    def __init__(self, capacity: int, columns: Sequence[str]) -> None:
+        self.capacity = capacity
+        self.columns = tuple(columns)
+        self._column = {name: i for i, name in enumerate(self.columns)}
+        self._times = np.full(capacity, np.nan)
+        self._rows = np.full((capacity, len(self.columns)), np.nan)
+        self._next = 0
+        self._count = 0
+
+    def append(self, at: float, values: Mapping[str, float | None]) -> None:
+        """Store one row taken at time `at`; unknown names are an error, missing ones NaN."""
+        row = self._rows[self._next]
+        row.fill(np.nan)
+        for name, value in values.items():
+            row[self._column[name]] = np.nan if value is None else value
+        self._times[self._next] = at
+        self._next = (self._next + 1) % self.capacity
+        self._count = min(self._count + 1, self.capacity)
+
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def nbytes(self) -> int:
+        return self._times.nbytes + self._rows.nbytes
+
+    def _order(self) -> np.ndarray:
+        start = (self._next - self._count) % self.capacity
+        return (start + np.arange(self._count)) % self.capacity
+
+    def times(self) -> np.ndarray:
+        """Times of the stored rows, oldest first (a copy)."""
+        return self._times[self._order()]
+
+    def column(self, name: str) -> np.ndarray:
+        """One column, oldest first (a copy)."""
+        return self._rows[self._order(), self._column[name]]
+
+
+def theil_sen_slope(times: np.ndarray, values: np.ndarray, max_points: int = LEAK_SLOPE_MAX_POINTS) -> float:
+    """Median of pairwise slopes (units per time unit): robust to spikes and single outliers."""
+    if len(times) > max_points:
+        keep = np.unique(np.linspace(0, len(times) - 1, max_points).round().astype(int))
+        times, values = times[keep], values[keep]
+    first, second = np.triu_indices(len(times), k=1)
+    dt = times[second] - times[first]
+    usable = dt > 0
+    if not usable.any():
+        return math.nan
+    return float(np.median((values[second] - values[first])[usable] / dt[usable]))

@@ -1,0 +1,1 @@
+"""The HTTP side next to Chainlit: operators' routes, the upload guard, Chainlit state workarounds."""

@@ -1,0 +1,66 @@
+"""Operators' HTTP routes: GET /status, /metrics, /healthz, /stats; all but /healthz need OPS_TOKEN."""
+
+from __future__ import annotations
+
+import hmac
+
+from fastapi import Depends, FastAPI, Header, HTTPException
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+from starlette.routing import BaseRoute
+
+from services.runtime import Runtime
+from services.web.chainlit_state import ChainlitStateCollector, chainlit_session_counts
+
+
+def install_routes(app: FastAPI, runtime: Runtime) -> None:
+    """Add the operators' routes in front of Chainlit's catch-all page route.
+
+    With OPS_TOKEN set, all but /healthz answer 401 without `Authorization: Bearer <token>`.
+    /metrics serves vLLM's own metrics (the default registry), then the app's `chat_*`.
+    """
+    chainlit_registry = CollectorRegistry()
+    chainlit_registry.register(ChainlitStateCollector())
+
+    def operators_only(authorization: str = Header(default="")) -> None:
+        expected = runtime.settings.ops_token
+        if expected and not hmac.compare_digest(authorization.encode(), f"Bearer {expected}".encode()):
+            challenge = {"WWW-Authenticate": "Bearer"}
+            raise HTTPException(401, "needs Authorization: Bearer <OPS_TOKEN>", challenge)
+
+    async def status_route() -> JSONResponse:
+        status = runtime.status()
+        return JSONResponse({**status, **chainlit_session_counts()} if status["ready"] else status)
+
+    async def metrics_route() -> Response:
+        text = (
+            generate_latest(REGISTRY) + generate_latest(runtime.registry) + generate_latest(chainlit_registry)
+        )
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
+
+    async def healthz_route() -> JSONResponse:
+        healthy, detail = await runtime.health()
+        return JSONResponse(detail, status_code=200 if healthy else 503)
+
+    async def stats_route() -> JSONResponse:
+        summary = runtime.report.summary()
+        return JSONResponse({**summary, **chainlit_session_counts()} if summary["ready"] else summary)
+
+    before = len(app.router.routes)
+    guarded = [Depends(operators_only)]
+    for path, endpoint, dependencies in (
+        ("/status", status_route, guarded),
+        ("/metrics", metrics_route, guarded),
+        ("/healthz", healthz_route, []),
+        ("/stats", stats_route, guarded),
+    ):
+        app.add_api_route(path, endpoint, methods=["GET"], include_in_schema=False, dependencies=dependencies)
+    move_to_front(app, app.router.routes[before:])
+
+
+def move_to_front(app: FastAPI, routes: list[BaseRoute]) -> None:
+    """Put `routes` before Chainlit's own: it serves its page for every unknown path, so routes
+    added after it would never be reached."""
+    for route in routes:
+        app.router.routes.remove(route)
+    app.router.routes[0:0] = routes

@@ -1,0 +1,103 @@
+"""The layout rules of the code base, checked by parsing it (pure logic, no imports of the service).
+
+- imports flow one way: each room of services/ imports only the rooms below it, and there are no cycles;
+- tools never import tests: services/, harness/, bench/ and locustfile.py stand on their own;
+- nothing but the tests imports app.py;
+- rooms stay small: modules under MAX_MODULE_LINES, functions under MAX_FUNCTION_LINES
+  (or listed in LONG_FUNCTIONS with the reason).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from scripts.import_graph import ROOT, find_cycles, import_graph, imports_of, package_graph, service_files
+
+# From the top down: a room may import the rooms after it, never those before it.
+LAYERS = (
+    "app",
+    "services.web",
+    "services.runtime",
+    "services.observability",
+    "services.chat",
+    "services.documents",
+    "services.engine",
+    "services.config",
+)
+MAX_MODULE_LINES = 300
+MAX_FUNCTION_LINES = 40
+# Functions allowed to be longer, and why.
+LONG_FUNCTIONS: dict[str, str] = {
+    "services/web/routes.py:install_routes": "the route handlers are closures over the runtime",
+    "services/web/upload_guard.py:_guarded_call": "one ASGI call: its receive and send wrappers share state",
+}
+
+
+def python_files(*places: str) -> list[Path]:
+    files: list[Path] = []
+    for place in places:
+        path = ROOT / place
+        files.extend(sorted(path.rglob("*.py")) if path.is_dir() else [path])
+    return files
+
+
+def test_services_have_no_import_cycles() -> None:
+    assert find_cycles(import_graph(service_files())) == []
+
+
+def test_the_cycle_check_finds_a_cycle_added_on_purpose(tmp_path: Path) -> None:
+    package = tmp_path / "services"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "first.py").write_text("from services.second import thing\n")
+    (package / "second.py").write_text("def f():\n    from services import first\n")
+    (package / "third.py").write_text("import services.first\n")
+    graph = import_graph(sorted(package.rglob("*.py")), root=tmp_path)
+    assert find_cycles(graph) == [["services.first", "services.second"]]
+
+
+def test_rooms_import_only_the_rooms_below_them() -> None:
+    packages = package_graph(import_graph(service_files()))
+    rank = {layer: index for index, layer in enumerate(LAYERS)}
+    unknown = sorted(name for name in packages if name not in rank and name != "services")
+    assert not unknown, f"add {unknown} to LAYERS in its place"
+    upward = [
+        f"{source} imports {target}"
+        for source, targets in packages.items()
+        for target in targets
+        if source in rank and target in rank and rank[target] <= rank[source]
+    ]
+    assert not upward, upward
+
+
+@pytest.mark.parametrize("place", ["services", "harness", "bench", "locustfile.py", "scripts"])
+def test_tools_never_import_tests_or_the_app(place: str) -> None:
+    offending = {
+        str(path.relative_to(ROOT)): sorted(
+            name for name in imports_of(path) if name.split(".")[0] in ("tests", "app")
+        )
+        for path in python_files(place)
+    }
+    assert not {path: names for path, names in offending.items() if names}
+
+
+def test_modules_stay_small() -> None:
+    sizes = {
+        str(path.relative_to(ROOT)): len(path.read_text().splitlines()) for path in python_files("services")
+    }
+    assert not {path: lines for path, lines in sizes.items() if lines > MAX_MODULE_LINES}
+
+
+def test_functions_stay_short() -> None:
+    long: dict[str, int] = {}
+    for path in [*python_files("services"), ROOT / "app.py"]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1  # type: ignore[operator]
+                name = f"{path.relative_to(ROOT)}:{node.name}"
+                if lines > MAX_FUNCTION_LINES and name not in LONG_FUNCTIONS:
+                    long[name] = lines
+    assert not long, f"split them, or list them in LONG_FUNCTIONS with a reason: {long}"

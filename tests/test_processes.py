@@ -1,0 +1,75 @@
+"""Engine processes: found by their titles, stopped by one function, and never outliving the app."""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+from services.engine.processes import OrphanGuard, process_role, reap, still_running
+
+
+def sleeper() -> psutil.Process:
+    return psutil.Process(subprocess.Popen(["sleep", "60"]).pid)
+
+
+def rpc_folder() -> Path:
+    folder = Path(tempfile.mkdtemp(prefix="vllm-chat-rpc-test-"))
+    (folder / "socket-file").write_text("")
+    return folder
+
+
+def test_the_guard_stops_processes_left_running_and_removes_the_rpc_folder() -> None:
+    engine, folder = sleeper(), rpc_folder()
+    guard = OrphanGuard([engine], str(folder))
+    assert psutil.Process(guard.pid).is_running()
+    guard.close()  # as if the app died: the engine was never shut down
+    assert engine.wait(5) is not None, "the left-over process was stopped"
+    assert not folder.exists(), "the engine's RPC folder was removed"
+    assert not psutil.pid_exists(guard.pid) or psutil.Process(guard.pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_the_guard_exits_quietly_after_a_clean_shutdown() -> None:
+    engine, folder = sleeper(), rpc_folder()
+    guard = OrphanGuard([engine], str(folder))
+    engine.terminate()
+    engine.wait(5)
+    started = time.monotonic()
+    guard.close()
+    assert time.monotonic() - started < 3, "nothing to stop: it exits at once"
+    assert not folder.exists()
+
+
+def test_a_reused_pid_is_left_alone() -> None:
+    bystander = sleeper()
+    try:
+        assert still_running(bystander.pid, bystander.create_time() - 100) is None, (
+            "another process has the pid"
+        )
+        assert reap([]) == [] and bystander.is_running()
+    finally:
+        bystander.kill()
+        bystander.wait(5)
+
+
+def test_reap_terminates_then_kills() -> None:
+    stubborn = psutil.Process(subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 60"]).pid)
+    time.sleep(0.2)  # let the shell install its trap
+    started = time.monotonic()
+    assert reap([stubborn], grace_seconds=0.5) == [stubborn]
+    assert stubborn.wait(5) is not None
+    assert 0.4 < time.monotonic() - started < 5, "SIGKILL after the grace period"
+
+
+def test_process_role_names_vllm_processes_by_their_title() -> None:
+    titled = psutil.Process(subprocess.Popen(["bash", "-c", "exec -a VLLM::EngineCore sleep 60"]).pid)
+    try:
+        time.sleep(0.2)
+        assert process_role(titled) == "EngineCore"
+        assert process_role(psutil.Process()) not in ("EngineCore", "Worker")
+    finally:
+        titled.kill()
+        titled.wait(5)
