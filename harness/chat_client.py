@@ -145,6 +145,7 @@ class ChatClient:
             "first_interaction",
             "resume_thread",
             "resume_thread_error",
+            "chat_settings",
         ):
             self.sio.on(name, self._handler(name))
 
@@ -157,6 +158,8 @@ class ChatClient:
         return handle
 
     def _on_event(self, name: str, data: Any) -> None:
+        if name == "chat_settings" and isinstance(data, list):
+            self.settings_widgets = data
         if name == "first_interaction" and isinstance(data, dict):
             self.thread_id = data.get("thread_id")
         elif name in ("resume_thread", "resume_thread_error"):
@@ -254,6 +257,20 @@ class ChatClient:
 
     async def stop(self) -> None:
         await self.sio.emit("stop")
+
+    def notices(self) -> list[str]:
+        """The texts of the notices the app sent (recent events only)."""
+        return [
+            data.get("output", "")
+            for name, data in self.events
+            if name == "new_message" and isinstance(data, dict) and data.get("name") == "notice"
+        ]
+
+    async def http(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """An HTTP request to the app as this signed-in browser (REST routes of the sidebar, feedback)."""
+        headers = {"Cookie": self.cookie} if self.cookie else {}
+        async with httpx.AsyncClient(base_url=self.base_url, timeout=30, headers=headers) as http:
+            return await http.request(method, path, **kwargs)
 
     async def update_settings(self, **values: Any) -> None:
         await self.sio.emit("chat_settings_change", values)

@@ -31,6 +31,7 @@ from services.history.migrations import CHAINLIT_COLUMNS, LATEST_VERSION, migrat
 from services.history.resume import ANSWER_METADATA, history_from_steps
 from services.history.service import History
 
+
 @pytest_asyncio.fixture(params=["sqlite", "postgresql"], loop_scope="module")
 async def history(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[History]:
     environ = {"DATA_DIR": str(tmp_path), "HISTORY_RETRY_SECONDS": "0.5", "DATABASE_TIMEOUT_SECONDS": "1"}
@@ -70,7 +71,9 @@ async def new_thread(history: History, user_id: str, messages: int = 2, tags: li
 async def count(history: History, table: str, where: str = "1=1", **params: object) -> int:
     assert history.engine is not None
     async with history.engine.connect() as connection:
-        return (await connection.execute(text(f"SELECT COUNT(*) FROM {table} WHERE {where}"), params)).scalar_one()
+        return (
+            await connection.execute(text(f"SELECT COUNT(*) FROM {table} WHERE {where}"), params)
+        ).scalar_one()
 
 
 @pytest.mark.asyncio(loop_scope="module")
@@ -103,7 +106,9 @@ async def test_an_old_chainlit_database_is_upgraded_in_place(tmp_path: Path) -> 
     try:
         assert await count(history, "steps", "\"id\" = 's1'") == 1, "existing rows survive"
         async with history.engine.connect() as connection:  # type: ignore[union-attr]
-            names = await connection.run_sync(lambda sync: {c["name"] for c in inspect(sync).get_columns("steps")})
+            names = await connection.run_sync(
+                lambda sync: {c["name"] for c in inspect(sync).get_columns("steps")}
+            )
         assert {"command", "defaultOpen", "modes", "autoCollapse"} <= names
     finally:
         await history.stop()
@@ -192,7 +197,9 @@ async def test_locked_database_degrades_then_saving_resumes(tmp_path: Path) -> N
 @pytest.mark.asyncio(loop_scope="module")
 async def test_postgres_going_away_degrades_and_recovers(postgres: PostgresCluster, tmp_path: Path) -> None:
     url = postgres.create_database(f"h{uuid.uuid4().hex[:12]}")
-    settings = Settings.from_env({"DATABASE_URL": url, "DATABASE_TIMEOUT_SECONDS": "1", "HISTORY_RETRY_SECONDS": "0.5"})
+    settings = Settings.from_env(
+        {"DATABASE_URL": url, "DATABASE_TIMEOUT_SECONDS": "1", "HISTORY_RETRY_SECONDS": "0.5"}
+    )
     history = History(settings, True, True)
     await history.start()
     init_http_context()
@@ -223,8 +230,12 @@ async def test_retention_deletes_idle_conversations_only(history: History) -> No
     old, recent = await new_thread(history, user_id), await new_thread(history, user_id)
     long_ago = conversations.timestamp(datetime.now(UTC) - timedelta(days=40))
     async with history.engine.begin() as connection:  # type: ignore[union-attr]
-        await connection.execute(text('UPDATE steps SET "createdAt" = :t WHERE "threadId" = :id'), {"t": long_ago, "id": old})
-        await connection.execute(text('UPDATE threads SET "createdAt" = :t WHERE "id" = :id'), {"t": long_ago, "id": old})
+        await connection.execute(
+            text('UPDATE steps SET "createdAt" = :t WHERE "threadId" = :id'), {"t": long_ago, "id": old}
+        )
+        await connection.execute(
+            text('UPDATE threads SET "createdAt" = :t WHERE "id" = :id'), {"t": long_ago, "id": old}
+        )
     assert await conversations.delete_idle_threads(history.engine, older_than_days=30) == 1  # type: ignore[arg-type]
     remaining = await count(history, "threads")
     assert remaining == 1 and await count(history, "threads", '"id" = :id', id=recent) == 1
