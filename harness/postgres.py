@@ -7,6 +7,7 @@ again to make the database disappear and come back under a running app.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
@@ -42,7 +43,8 @@ class PostgresCluster:
         self._as_postgres = os.geteuid() == 0
         if self._as_postgres:
             shutil.chown(self.root, "postgres", "postgres")
-        self._run("initdb", "-D", str(self.data_dir), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
+        self._run("initdb", "-D", str(self.data_dir), "-U", "postgres", "--auth=trust", "-E", "UTF8",
+                  "--no-sync")  # fmt: skip
 
     def _run(self, program: str, *args: str) -> subprocess.CompletedProcess:
         command = [str(self.bin_dir / program), *args]
@@ -51,7 +53,9 @@ class PostgresCluster:
         return subprocess.run(command, check=True, capture_output=True, text=True, timeout=120)
 
     def start(self) -> PostgresCluster:
-        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=100"
+        options = (
+            f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=100"
+        )
         self._run("pg_ctl", "-D", str(self.data_dir), "-l", str(self.log_path), "-o", options, "-w", "start")
         return self
 
@@ -67,8 +71,6 @@ class PostgresCluster:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{name}"
 
     def remove(self) -> None:
-        try:
+        with contextlib.suppress(subprocess.CalledProcessError):  # already stopped
             self.stop()
-        except subprocess.CalledProcessError:
-            pass  # already stopped
         shutil.rmtree(self.root, ignore_errors=True)
