@@ -84,7 +84,7 @@ def _refuse_removed_accounts(app: FastAPI, runtime: Runtime) -> None:
 
 
 def _guard_feedback(app: FastAPI, runtime: Runtime) -> None:
-    User = Annotated[Any, Depends(get_current_user)]
+    signed_in = Depends(get_current_user)  # a default value: FastAPI cannot resolve a local alias here
 
     async def owner_check(user: Any, step_id: str | None, feedback_id: str | None) -> None:
         history = runtime.history
@@ -108,11 +108,11 @@ def _guard_feedback(app: FastAPI, runtime: Runtime) -> None:
                 503, "Feedback cannot be saved right now: chat history is unavailable."
             ) from None
 
-    async def update_feedback(request: Request, update: UpdateFeedbackRequest, user: User) -> Any:
+    async def update_feedback(request: Request, update: UpdateFeedbackRequest, user: Any = signed_in) -> Any:
         await owner_check(user, update.feedback.forId, update.feedback.id)
         return await chainlit_server.update_feedback(request, update, user)
 
-    async def delete_feedback(request: Request, payload: DeleteFeedbackRequest, user: User) -> Any:
+    async def delete_feedback(request: Request, payload: DeleteFeedbackRequest, user: Any = signed_in) -> Any:
         await owner_check(user, None, payload.feedbackId)
         return await chainlit_server.delete_feedback(request, payload, user)
 
