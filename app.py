@@ -250,11 +250,8 @@ async def stop_turn() -> None:
 async def end_chat() -> None:
     # Chainlit does not cancel a running on_message task on disconnect: this cancels it at once
     # (aborting its engine request). The conversation stays for Chainlit's session_timeout so a
-    # reconnecting page continues where it was; "New chat" ends it now. The page sends
-    # clear_session just before disconnecting, and python-socketio runs that event as a task
-    # but the disconnect inline: yield so it lands first.
-    for _ in range(3):
-        await asyncio.sleep(0)
+    # reconnecting page continues where it was; "New chat" (clear_session) ends it now, when
+    # that event is handled before the disconnect (the page sends both at once).
     if runtime.sessions is not None:
         if cl.context.session.to_clear:
             runtime.sessions.close(cl.context.session.id)

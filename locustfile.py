@@ -316,7 +316,8 @@ class SyncChat:
     def close(self) -> None:
         """End the session politely, as "New chat" does (the server frees it at once)."""
         with contextlib.suppress(Exception):
-            self.sio.emit("clear_session")
+            self.sio.call("clear_session", timeout=5)  # acknowledged: the server frees it at once
+        with contextlib.suppress(Exception):
             self.sio.disconnect()
 
     def drop(self) -> None:

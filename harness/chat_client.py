@@ -121,12 +121,14 @@ class ChatClient:
         username: str | None = None,
         password: str | None = None,
         cookie: str | None = None,
+        session_id: str | None = None,
     ) -> None:
         self.base_url = base_url
         self.username = username
         self.password = password
         self.cookie = cookie
-        self.session_id = str(uuid.uuid4())
+        self.session_id = session_id or str(uuid.uuid4())  # the same id again = the same page reconnecting
+        self.settings_widgets: list[dict[str, Any]] = []  # the chat settings the server offered last
         self.sio = socketio.AsyncClient(reconnection=False)
         self.events: list[tuple[str, Any]] = []
         self.messages: dict[str, dict] = {}
@@ -276,9 +278,14 @@ class ChatClient:
         await self.sio.emit("chat_settings_change", values)
 
     async def close(self) -> None:
-        """End the conversation as the page's "New chat" does: the server frees it at once."""
+        """End the conversation as the page's "New chat" does, so the server frees it at once.
+
+        The page emits clear_session and disconnects straight away, and the server may handle the
+        disconnect first (then it keeps the conversation for session_timeout); waiting for the
+        event's acknowledgement makes the ending deterministic.
+        """
         with contextlib.suppress(Exception):
-            await self.sio.emit("clear_session")
+            await self.sio.call("clear_session", timeout=5)
         await self.sio.disconnect()
 
     async def leave(self) -> None:

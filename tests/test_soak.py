@@ -62,7 +62,7 @@ def test_nothing_is_held_after_the_clients_left(soak: dict[str, Any]) -> None:
     assert after["idle"], after
     assert after["engine_unfinished_requests"] == 0
     # Vanished pages' conversations wait for a reconnect (Chainlit's session_timeout), idle.
-    assert after["sessions"] == after["sessions_awaiting_reconnect"] <= soak["turns_vanished"]
+    assert after["sessions"] == after["sessions_awaiting_reconnect"]
     assert after["turns_in_flight"] == 0
     assert soak["engine_processes_left_after_stop"] == 0
 
