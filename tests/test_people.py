@@ -29,6 +29,7 @@ ADMIN = ("admin", "admin-password-1")
 ALICE = ("alice", "alice-password-1")
 BOB = ("bob", "bobs-password-11")
 LONG_TURN_WORDS = 300  # an earlier turn big enough to show in the next prompt's token count
+USER_STEP = '.step[data-step-type="user_message"]'
 
 
 def accounts(data_dir: Path, *args: str, stdin: str = "") -> subprocess.CompletedProcess:
@@ -338,10 +339,12 @@ def test_browser_signs_in_chats_reloads_and_continues(people_server: AppServer) 
             listed = page.locator('[id^="thread-"]:not(#thread-history)').first  # in the sidebar
             listed.wait_for(timeout=30_000)
             listed.click()
-            page.get_by_text("A conversation worth keeping.").first.wait_for(timeout=30_000)  # reopened
+            earlier = page.locator(USER_STEP, has_text="A conversation worth keeping.")
+            earlier.wait_for(timeout=30_000)  # reopened: the stored messages are on the page again
+            page.screenshot(path=str(screenshots / "reopened.png"))
             page.locator("#chat-input").fill("And it goes on.")
             page.locator("#chat-submit").click()
-            page.get_by_text("And it goes on.").first.wait_for(timeout=30_000)
+            page.locator(USER_STEP, has_text="And it goes on.").wait_for(timeout=30_000)
             page.locator(ANSWER).nth(1).wait_for(timeout=60_000)
             page.screenshot(path=str(screenshots / "resumed.png"), full_page=True)
             font = page.evaluate(
