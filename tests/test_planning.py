@@ -5,7 +5,9 @@ Pure logic: the engine here counts words as tokens, so every number is checkable
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -15,7 +17,7 @@ from services.config import Settings
 from services.documents.planning import IN_PARTS, WHOLE, Budget, plan_document
 from services.documents.progress import SummaryProgress
 from services.engine.chat_engine import Message, SamplingSettings, StreamStats
-from services.engine.prefill import PrefillMeter
+from services.engine.prefill import PrefillMeter, tick_until_first
 
 BUDGET = Budget(
     max_model_len=8192,
@@ -149,3 +151,56 @@ def test_progress_reads_as_a_person_expects() -> None:
     text = SummaryProgress(7700, 3100, 31.0, parts_total=4, parts_done=1, parts_looped=1).describe()
     assert text.startswith("Read ~3,100 of 7,700 tokens (40%, 31 s); 1 of 4 parts summarized")
     assert "1 part's summary started repeating itself and was stopped" in text
+
+
+def test_the_last_report_gives_the_real_numbers() -> None:
+    assert SummaryProgress(7700, 7700, 62.0, finished=True).describe() == "Read 7,700 tokens in 62 s."
+    parts = SummaryProgress(20000, 20000, 95.0, parts_total=10, parts_done=10, finished=True).describe()
+    assert parts == "Read 20,000 tokens in 10 parts in 95 s."
+
+
+async def slow_then_fast(first_after_seconds: float) -> AsyncIterator[str]:
+    await asyncio.sleep(first_after_seconds)
+    for word in ("one", "two", "three"):
+        yield word
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.asyncio
+async def test_the_ticker_ticks_only_until_the_first_words() -> None:
+    ticks: list[float] = []
+
+    async def tick() -> None:
+        ticks.append(asyncio.get_running_loop().time())
+
+    words = [w async for w in tick_until_first(slow_then_fast(0.35), tick, interval_seconds=0.1)]
+    assert words == ["one", "two", "three"]
+    assert 2 <= len(ticks) <= 4
+    assert not [t for t in asyncio.all_tasks() if t.get_name() == "reading-progress"]
+
+
+@pytest.mark.asyncio
+async def test_cancelling_the_reader_stops_the_ticker_and_the_stream() -> None:
+    closed = asyncio.Event()
+
+    async def endless() -> AsyncIterator[str]:
+        try:
+            await asyncio.sleep(60)
+            yield "never"
+        finally:
+            closed.set()
+
+    async def tick() -> None:
+        raise RuntimeError("a broken progress report is logged, not raised")
+
+    async def read() -> None:
+        async for _ in tick_until_first(endless(), tick, interval_seconds=0.05):
+            pass
+
+    task = asyncio.create_task(read())
+    await asyncio.sleep(0.2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert closed.is_set()
+    assert not [t for t in asyncio.all_tasks() if t.get_name() == "reading-progress"]

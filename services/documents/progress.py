@@ -7,6 +7,7 @@ shown with a "~"; finished parts of a map-reduce summary are exact.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -25,11 +26,15 @@ class SummaryProgress:
     parts_done: int = 0
     parts_looped: int = 0  # parts whose summary started repeating itself and was cut short
     combining: bool = False  # the parts are done; their summaries are being combined
+    finished: bool = False  # the first words of the summary have arrived
 
     def describe(self) -> str:
         """One or two lines for the user."""
         seconds = f"{self.elapsed_seconds:.0f} s"
-        if self.combining:
+        if self.finished:
+            parts = f" in {self.parts_total} parts" if self.parts_total else ""
+            line = f"Read {self.tokens_total:,} tokens{parts} in {seconds}."
+        elif self.combining:
             line = f"Read all {self.tokens_total:,} tokens in {self.parts_total} parts"
             line += f"; combining their summaries… ({seconds})"
         elif self.tokens_read is None:
@@ -37,7 +42,7 @@ class SummaryProgress:
         else:
             share = 100 * self.tokens_read / max(self.tokens_total, 1)
             line = f"Read ~{self.tokens_read:,} of {self.tokens_total:,} tokens ({share:.0f}%, {seconds})"
-        if self.parts_total and not self.combining:
+        if self.parts_total and not (self.combining or self.finished):
             line += f"; {self.parts_done} of {self.parts_total} parts summarized"
         if self.parts_looped:
             which = "1 part's summary" if self.parts_looped == 1 else f"{self.parts_looped} parts' summaries"
@@ -64,6 +69,7 @@ class ProgressTracker:
         self.tokens_done = 0  # tokens of the finished parts: read for sure
         self.piece_tokens = tokens_total  # size of one prompt of the job (a part, or the whole)
         self.combining = False
+        self.reported = False
 
     def split(self, parts_total: int, piece_tokens: int) -> None:
         self.parts_total, self.piece_tokens = parts_total, piece_tokens
@@ -87,6 +93,13 @@ class ProgressTracker:
     async def tick(self) -> None:
         if self._report is not None:
             await self._report(self.snapshot())
+            self.reported = True
+
+    async def finish(self) -> None:
+        """The first words are out: close the report with the real numbers (if one was shown)."""
+        if self._report is not None and self.reported:
+            snapshot = dataclasses.replace(self.snapshot(), tokens_read=self.tokens_total, finished=True)
+            await self._report(snapshot)
 
     async def part_done(self, tokens: int, looped: bool) -> None:
         self.parts_done += 1

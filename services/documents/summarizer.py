@@ -128,6 +128,9 @@ class Summarizer:
         stream = self.engine.generate(messages, sampling, f"{request_id}-final")
         async with contextlib.aclosing(tick_until_first(stream, tracker.tick, self._interval())) as deltas:
             async for delta in deltas:
+                if not parts:
+                    with contextlib.suppress(Exception):  # progress never breaks the summary
+                        await tracker.finish()
                 parts.append(delta)
                 yield delta
         self.cache.put(key, "".join(parts))
