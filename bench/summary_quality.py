@@ -230,7 +230,9 @@ def sides(engine: ChatEngine, settings: Settings) -> dict[str, ChatService]:
     return {"before": LegacyChatService(engine, settings), "after": ChatService(engine, settings)}
 
 
-async def run(ids: set[str] | None, paths: tuple[str, ...]) -> dict:
+async def run(
+    ids: set[str] | None, paths: tuple[str, ...], only: tuple[str, ...] = ("before", "after")
+) -> dict:
     settings = Settings.from_env({})
     docs, skipped = load_documents(ids)
     results: dict[str, Any] = {"machine_before": machine_info(), "skipped": skipped, "documents": []}
@@ -248,7 +250,11 @@ async def run(ids: set[str] | None, paths: tuple[str, ...]) -> dict:
                 len(doc["sections"]),
                 {},
             )
-            order = ("before", "after") if index % 2 == 0 else ("after", "before")
+            order = [
+                side
+                for side in (("before", "after") if index % 2 == 0 else ("after", "before"))
+                if side in only
+            ]
             for path in paths:
                 for side in order:
                     started = time.monotonic()
@@ -349,6 +355,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK_IDS)}")
     parser.add_argument("--ids", help="comma-separated document ids (default: all)")
     parser.add_argument("--paths", default="single,map-reduce", help="which paths to run")
+    parser.add_argument("--sides", default="before,after", help="which sides to run")
     parser.add_argument("--sweep", help="repetition_penalty:frequency_penalty pairs, comma-separated")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument(
@@ -364,7 +371,7 @@ def main() -> None:
 
         results = run_until_signalled(sweep(ids, args.sweep))
     else:
-        results = run_until_signalled(run(ids, tuple(args.paths.split(","))))
+        results = run_until_signalled(run(ids, tuple(args.paths.split(",")), tuple(args.sides.split(","))))
     print(json.dumps(results["overall"], indent=2))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

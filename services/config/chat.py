@@ -24,7 +24,7 @@ class ChatSettings:
         0.01,
     )
     frequency_penalty: float = setting(
-        0.0,
+        1.0,
         "FREQUENCY_PENALTY",
         "Default vLLM frequency_penalty (> 0 discourages answer tokens by how often they already "
         "occurred; 0 = off). Chosen by measurement: BENCHMARKS.md, summary quality.",
