@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from services.chat.service import ChatService
+from services.chat.service import ChatService, _recorded
 from services.chat.session import ChatSession, SessionDocument
 from services.config import Settings
 from services.documents.prompts import SummaryPrompts, document_system_message
@@ -93,6 +93,4 @@ class LegacyChatService(ChatService):
         plan = document.plan or self.summarizer.plan(self._job(session, request), document.tokens)
         job = dataclasses.replace(self._job(session, request), plan=plan)
         stream = self.summarizer.summarize(job, session.sampling, request_id, progress)
-        from services.chat.service import _recorded
-
         return _recorded(session, request or f"Summarize «{document.name}».", stream)

@@ -145,12 +145,15 @@ async def timed_follow_up(chat: ChatService, session: ChatSession, question: str
     session.sampling = SamplingSettings(0.0, 1.0, FOLLOW_UP_TOKENS)
     prompt = chat.build_prompt(session, question)
     whole = "<document>" in prompt.messages[0]["content"]
-    hits_before, started, first = prefix_cache_hits(), time.monotonic(), None
-    async for _ in chat.reply(session, prompt, request_id):
-        first = first or time.monotonic() - started
+    hits_before, started, first, looped = prefix_cache_hits(), time.monotonic(), None, False
+    try:
+        async for _ in chat.reply(session, prompt, request_id):
+            first = first or time.monotonic() - started
+    except RepetitionError:
+        looped = True
     await asyncio.sleep(0.2)  # vLLM's stat logger records the step that served the first token
     return {
-        "ttft_seconds": first, "document_whole_in_prompt": whole,
+        "ttft_seconds": first, "document_whole_in_prompt": whole, "loop_guard_fired": looped,
         "prompt_tokens": len(chat.engine.encode_chat(prompt.messages)),
         "prefix_cache_hits_tokens": prefix_cache_hits() - hits_before,
     }  # fmt: skip
@@ -306,6 +309,7 @@ def overall(documents: list[dict]) -> dict[str, Any]:
         ]
         planned = [(doc, r) for doc, r in runs if r["planned"]]
         table[key] = {"all": aggregate(runs), "planned": aggregate(planned)}
+    table["first_words"] = first_words(documents)
     after_single = table.get("after/single", {}).get("planned", {})
     table["targets"] = {
         "min_distinct_4_after": min(
@@ -319,6 +323,28 @@ def overall(documents: list[dict]) -> dict[str, Any]:
         "targets": TARGETS,
     }
     return table
+
+
+def first_words(documents: list[dict]) -> dict[str, Any]:
+    """Single pass vs map-reduce time to the summary's first words (after side), and the crossover."""
+    pairs = []
+    for doc in sorted(documents, key=lambda d: d["tokens"]):
+        single, parts = doc["runs"].get("after/single", {}), doc["runs"].get("after/map-reduce", {})
+        if single.get("ttft_seconds") and parts.get("ttft_seconds"):
+            pairs.append(
+                {
+                    "id": doc["id"],
+                    "tokens": doc["tokens"],
+                    "single_ttft_seconds": single["ttft_seconds"],
+                    "map_reduce_ttft_seconds": parts["ttft_seconds"],
+                }
+            )
+    sooner_from = None
+    for index, pair in enumerate(pairs):  # the shortest length from which map-reduce is always sooner
+        if all(p["map_reduce_ttft_seconds"] < p["single_ttft_seconds"] for p in pairs[index:]):
+            sooner_from = pair["tokens"]
+            break
+    return {"pairs": pairs, "map_reduce_sooner_from_tokens": sooner_from}
 
 
 def aggregate(runs: list[tuple[dict, dict]]) -> dict[str, Any]:
