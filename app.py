@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
 
 import chainlit as cl
 from chainlit.config import config as chainlit_config
@@ -21,6 +20,7 @@ from chainlit.types import ThreadDict
 
 from services.chat.session import ChatSession
 from services.config import SettingsError
+from services.documents.progress import Progress, SummaryProgress
 from services.engine.errors import report_failure
 from services.history.resume import ANSWER_METADATA, is_command
 from services.runtime import Runtime
@@ -209,13 +209,16 @@ async def read_documents(session: ChatSession, files: list[tuple[str, str]]) -> 
     return result.document is not None
 
 
-def progress() -> Callable[[int, int], Awaitable[None]]:
-    """Progress reporter for map-reduce summaries: one step, updated per finished part."""
-    step = cl.Step(name="Summarizing in parts", type="tool")
+def progress() -> Progress:
+    """Progress of a summary: one step, updated while the engine reads (tokens, parts, loops cut)."""
+    step = cl.Step(name="Summarizing", type="tool")
+    sent = False
 
-    async def report(done: int, total: int) -> None:
-        step.output = f"Part {done} of {total} summarized." if done else f"Split into {total} parts."
-        await (step.send() if done == 0 else step.update())
+    async def report(update: SummaryProgress) -> None:
+        nonlocal sent
+        step.output = update.describe()
+        await (step.update() if sent else step.send())
+        sent = True
 
     return report
 

@@ -32,6 +32,7 @@ from services.chat.service import ChatService
 from services.chat.session import ChatSession
 from services.chat.store import SessionStore
 from services.config import Settings
+from services.documents.progress import SummaryProgress
 from services.engine.chat_engine import ChatEngine
 from services.engine.lifespan import engine_lifespan
 
@@ -69,9 +70,9 @@ async def summarize(store: SessionStore, chat: ChatService, session_id: str, tex
     await attach(chat, session, f"{label}.txt", text)
     parts = 0
 
-    async def progress(done: int, total: int) -> None:
+    async def progress(update: SummaryProgress) -> None:
         nonlocal parts
-        parts = total
+        parts = update.parts_total
 
     async with store.turn(session) as request_id:
         timing = await timed(chat.summarize(session, "", request_id, progress))

@@ -115,7 +115,7 @@ def test_invalid_utf8_is_replaced_with_a_note() -> None:
     assert document.kind == "text"
     assert "Café menu: crème brûlée." in document.text
     assert "12\ufffd and na\ufffdve" in document.text
-    assert document.notes == (messages.NOTE_REPLACED_BYTES,)
+    assert document.notes == (messages.replaced_bytes_note(2),)
 
 
 @pytest.mark.parametrize(

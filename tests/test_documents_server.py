@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import time
 
@@ -45,7 +46,8 @@ async def test_short_document_is_summarized_in_one_pass(tiny_server: AppServer) 
     async with connected(tiny_server) as (client,):
         reply = await upload_and_ask(client, "notes.txt", SHORT_TEXT.encode(), "text/plain")
         assert reply.final and reply.streamed_text == reply.final
-        assert not step_outputs(client, "Summarizing in parts"), "a short document needs no map-reduce"
+        progress = step_outputs(client, "Summarizing")
+        assert not any("parts" in out for out in progress), "a short document needs no map-reduce"
         assert any("tokens" in out for out in step_outputs(client, "Reading the document"))
         follow_up = await client.ask("What is the main point?")
         assert follow_up.final and "⚠️" not in follow_up.final
@@ -67,10 +69,12 @@ async def test_long_document_is_summarized_by_map_reduce(tiny_server: AppServer,
     async with connected(tiny_server) as (client,):
         reply = await upload_and_ask(client, name, make(), mime, "Summarize this report.")
         assert reply.final and "⚠️" not in reply.final
-        progress = step_outputs(client, "Summarizing in parts")
-        assert progress and progress[-1].startswith("Part "), progress
-        parts = int(progress[-1].split(" of ")[1].split()[0])
+        progress = step_outputs(client, "Summarizing")
+        assert progress and progress[-1].startswith("Read "), progress  # "Read N tokens in K parts in S s."
+        parts = int(re.search(r" in (\d+) parts", progress[-1]).group(1))
         assert parts >= 5, "a 4,000-word document is split into chunks sized for the context"
+        planned = [text for text in notice_texts(client) if "summarized in parts (map-reduce)" in text]
+        assert planned and "retrieval" in planned[0], "the user is told up front how the document is read"
         question = await client.ask("Which figures does the report mention?")
         assert question.final and "⚠️" not in question.final, "follow-ups use the most relevant chunks"
     await tiny_server.poll(idle, timeout=2)

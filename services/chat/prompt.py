@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from services.chat.session import ChatSession
 from services.config import Settings
 from services.documents.chunking import split_into_chunks
+from services.documents.prompts import document_system_message
 from services.documents.ranking import rank_chunks
-from services.documents.summarizer import document_system_message
 from services.engine.chat_engine import ChatEngine, Message, token_budget
 from services.engine.errors import TokenBudgetError
 
@@ -35,13 +35,16 @@ class PromptBuilder:
         """System prompt (with the document) + the newest history that fits + the new message.
 
         Older messages are left out (whole user/assistant pairs) until the
-        prompt plus the answer budget fits the context window. A document that
-        does not fit whole is replaced by its chunks most relevant to the question.
+        prompt plus the answer budget fits the context window. A document the
+        plan reads whole stays whole (the cached prefix of every question): its
+        history and, if need be, its answer budget give way. Other documents are
+        replaced by their chunks most relevant to the question.
         """
         answer_tokens = min(session.sampling.max_new_tokens, self.engine.max_model_len // 2)
-        budget = self.engine.max_model_len - answer_tokens
         new = {"role": "user", "content": user_text}
-        system = self._system_message(session, user_text, budget - self._cost(new))
+        system = self._system_message(session, user_text, answer_tokens, self._cost(new))
+        room_for_answer = self.engine.max_model_len - self._cost(system) - self._cost(new)
+        budget = self.engine.max_model_len - max(1, min(answer_tokens, room_for_answer))
         history = list(session.history)
         costs = [self._cost(message) for message in history]
         room = budget - self._cost(system) - self._cost(new)
@@ -70,14 +73,27 @@ class PromptBuilder:
     def _cost(self, message: Message) -> int:
         return self.engine.count_tokens(message["content"]) + MESSAGE_OVERHEAD_TOKENS
 
-    def _system_message(self, session: ChatSession, question: str, room: int) -> Message:
-        """The system prompt, carrying the document whole when it fits, else its relevant excerpts."""
+    def _system_message(
+        self, session: ChatSession, question: str, answer_tokens: int, new_cost: int
+    ) -> Message:
+        """The system prompt, carrying the document whole when the plan says so, else its relevant excerpts.
+
+        A whole document needs room for the question and a short answer at least
+        (FOLLOW_UP_TURN_TOKENS); without a plan, for the full answer budget.
+        """
         document = session.document
         if document is None:
             return {"role": "system", "content": session.system_prompt}
+        plan = document.plan
+        least_answer = (
+            answer_tokens if plan is None else min(answer_tokens, self.settings.follow_up_turn_tokens)
+        )
         whole = document_system_message(session.system_prompt, document.name, document.text)
-        if self._cost(whole) <= room:
+        if (plan is None or plan.whole) and self._cost(
+            whole
+        ) + new_cost + least_answer <= self.engine.max_model_len:
             return whole
+        room = self.engine.max_model_len - answer_tokens - new_cost
         size = max(64, room // (2 * self.settings.retrieval_top_k))
         if document.chunk_tokens != size:
             document.chunks = tuple(split_into_chunks(document.text, self.engine.count_tokens, size))

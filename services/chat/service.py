@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
 
 from services.chat.attachments import Attachments, AttachResult
 from services.chat.prompt import PromptBuilder, TrimmedPrompt
-from services.chat.session import ChatSession
+from services.chat.session import ChatSession, SessionDocument
 from services.config import Settings
-from services.documents.summarizer import Progress, Summarizer
+from services.documents.language import document_language
+from services.documents.progress import Progress
+from services.documents.summarizer import Summarizer, SummaryJob
 from services.engine.chat_engine import ChatEngine
+from services.engine.errors import RepetitionError
 
 
 class ChatService:
@@ -28,8 +33,28 @@ class ChatService:
         return self.prompts.build(session, user_text)
 
     async def attach_files(self, session: ChatSession, files: list[tuple[str, str]]) -> AttachResult:
-        """Read uploads (path, name) into the session's document (see Attachments.attach)."""
-        return await self.attachments.attach(session, files)
+        """Read uploads (path, name) into the session's document and plan how to read it.
+
+        The user is told when the document will not be read whole (see planning.py).
+        """
+        result = await self.attachments.attach(session, files)
+        document = result.document
+        if document is None:
+            return result
+        await asyncio.to_thread(self._plan, session, document)
+        note = document.plan.note(document.name) if document.plan is not None else None
+        return dataclasses.replace(result, notes=(*result.notes, note)) if note else result
+
+    def _plan(self, session: ChatSession, document: SessionDocument) -> None:
+        document.language = document_language(document.text)
+        document.plan = self.summarizer.plan(self._job(session, ""), document.tokens)
+
+    def _job(self, session: ChatSession, request: str) -> SummaryJob:
+        document = session.document
+        assert document is not None, "a summary needs an attached document"
+        return SummaryJob(
+            session.system_prompt, document.name, document.text, request, document.language, document.plan
+        )
 
     def reply(self, session: ChatSession, prompt: TrimmedPrompt, request_id: str) -> AsyncIterator[str]:
         """Stream the answer to `prompt`; the exchange joins the history."""
@@ -39,25 +64,33 @@ class ChatService:
     def summarize(
         self, session: ChatSession, request: str, request_id: str, progress: Progress | None = None
     ) -> AsyncIterator[str]:
-        """Stream a summary of the session's document; the exchange joins the history."""
-        document = session.document
-        assert document is not None, "summarize needs an attached document"
-        stream = self.summarizer.summarize(
-            system_prompt=session.system_prompt, name=document.name, text=document.text,
-            request=request, sampling=session.sampling, request_id=request_id, progress=progress,
-        )  # fmt: skip
-        return _recorded(session, request or f"Summarize «{document.name}».", stream)
+        """Stream a summary of the session's document; the exchange joins the history.
+
+        A document read whole records the instruction the model saw, so the next
+        question shares the summary's prompt (and its KV) up to the summary's end.
+        """
+        job = self._job(session, request)
+        stream = self.summarizer.summarize(job, session.sampling, request_id, progress)
+        whole = job.plan is not None and job.plan.whole
+        asked = self.summarizer.prompts(job).instruction()["content"] if whole else None
+        return _recorded(session, asked or request or f"Summarize «{job.name}».", stream)
 
 
 async def _recorded(session: ChatSession, user_text: str, stream: AsyncIterator[str]) -> AsyncIterator[str]:
-    """Pass `stream` through; afterwards (also when cut short) add the exchange to the history."""
+    """Pass `stream` through; afterwards (also when cut short) add the exchange to the history.
+
+    An answer the loop guard stopped is recorded without its repetitions.
+    """
     parts: list[str] = []
     try:
         async with contextlib.aclosing(stream):  # type: ignore[type-var]  (an async generator)
             async for delta in stream:
                 parts.append(delta)
                 yield delta
+    except RepetitionError as error:
+        parts = [error.kept_text]
+        raise
     finally:
         session.history.append({"role": "user", "content": user_text})
-        if parts:
+        if any(parts):
             session.history.append({"role": "assistant", "content": "".join(parts)})

@@ -6,6 +6,7 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass
 
+from services.documents.planning import DocumentPlan
 from services.engine.chat_engine import Message, SamplingSettings
 
 
@@ -18,6 +19,8 @@ class SessionDocument:
     tokens: int
     chunks: tuple[str, ...] = ()  # retrieval chunks, made on first need
     chunk_tokens: int = 0
+    language: str | None = None  # detected when attached
+    plan: DocumentPlan | None = None  # whole or in parts, decided when attached (planning.py)
 
 
 @dataclass

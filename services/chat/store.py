@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import time
@@ -69,7 +70,9 @@ class SessionStore:
             s = self.settings
             session = ChatSession(
                 session_id=session_id,
-                sampling=SamplingSettings(s.temperature, s.top_p, s.max_new_tokens),
+                sampling=SamplingSettings(
+                    s.temperature, s.top_p, s.max_new_tokens, s.repetition_penalty, s.frequency_penalty
+                ),
                 system_prompt=s.system_prompt,
                 history=deque(maxlen=s.max_history_messages),
                 user_identifier=user_identifier,
@@ -145,7 +148,8 @@ class SessionStore:
                 return default
             return min(max(value, low), high) if math.isfinite(value) else default
 
-        session.sampling = SamplingSettings(
+        session.sampling = dataclasses.replace(
+            current,
             temperature=number("temperature", current.temperature, 0.0, 2.0),
             top_p=number("top_p", current.top_p, 0.01, 1.0),
             max_new_tokens=int(

@@ -16,6 +16,33 @@ class ChatSettings:
     )
     temperature: float = setting(0.2, "TEMPERATURE", "Default sampling temperature.", 0)
     top_p: float = setting(0.9, "TOP_P", "Default nucleus sampling top_p.", 0.01)
+    repetition_penalty: float = setting(
+        1.0,
+        "REPETITION_PENALTY",
+        "Default vLLM repetition_penalty (> 1 discourages tokens already in the prompt or answer; "
+        "1 = off). Chosen by measurement: BENCHMARKS.md, summary quality.",
+        0.01,
+    )
+    frequency_penalty: float = setting(
+        1.0,
+        "FREQUENCY_PENALTY",
+        "Default vLLM frequency_penalty (> 0 discourages answer tokens by how often they already "
+        "occurred; 0 = off). Chosen by measurement: BENCHMARKS.md, summary quality.",
+        -2,
+    )
+    loop_guard_min_tokens: int = setting(
+        48,
+        "LOOP_GUARD_MIN_TOKENS",
+        "The loop guard stops an answer (and aborts its engine request) once a unit of tokens has "
+        "been repeated exactly over this many tokens; 0 = off.",
+        0,
+    )
+    loop_guard_min_repeats: int = setting(
+        3, "LOOP_GUARD_MIN_REPEATS", "Copies of the repeated unit before the loop guard fires.", 2
+    )
+    loop_guard_max_period_tokens: int = setting(
+        256, "LOOP_GUARD_MAX_PERIOD_TOKENS", "Longest repeated unit, in tokens, the loop guard looks for.", 1
+    )
     max_new_tokens: int = setting(512, "MAX_NEW_TOKENS", "Default answer budget in tokens.", 1)
     max_new_tokens_limit: int = setting(
         4096, "MAX_NEW_TOKENS_LIMIT", "Largest answer budget a user may pick in chat settings.", 1

@@ -39,6 +39,29 @@ class DocumentSettings:
     summary_chunk_tokens: int = setting(
         2048, "SUMMARY_CHUNK_TOKENS", "Chunk size of the map step (smaller = more parallel).", 64
     )
+    summary_map_tokens: int = setting(
+        200, "SUMMARY_MAP_TOKENS", "Length budget of each part's summary in the map step.", 16
+    )
+    follow_up_turns: int = setting(
+        3,
+        "FOLLOW_UP_TURNS",
+        "Follow-up turns a document read whole must leave room for (after its summary), so it stays "
+        "the cached prefix of every question; a longer document is summarized in parts instead.",
+        0,
+    )
+    follow_up_turn_tokens: int = setting(
+        256, "FOLLOW_UP_TURN_TOKENS", "Tokens reserved per follow-up turn (question and answer).", 16
+    )
+    single_pass_max_tokens: int = setting(
+        1_000_000,
+        "SINGLE_PASS_MAX_TOKENS",
+        "Longest document summarized in one pass even when it fits; longer ones go map-reduce, "
+        "whose first words come sooner from this length on (BENCHMARKS.md, summary quality).",
+        1,
+    )
+    progress_interval_seconds: float = setting(
+        2.0, "PROGRESS_INTERVAL_SECONDS", "Seconds between progress updates while a document is read.", 0.1
+    )
     summary_cache_entries: int = setting(256, "SUMMARY_CACHE_ENTRIES", "Summaries cached at most.", 1)
     summary_cache_bytes: int = setting(
         8 * 1024 * 1024, "SUMMARY_CACHE_BYTES", "Total size of cached summaries.", 1

@@ -65,6 +65,8 @@ class Settings(
             )
         if self.top_p > 1:
             raise SettingsError(f"TOP_P={self.top_p} must be at most 1")
+        if self.frequency_penalty > 2:
+            raise SettingsError(f"FREQUENCY_PENALTY={self.frequency_penalty} must be at most 2")
         for url in self.engine_url_list:
             if not url.startswith(("http://", "https://")):
                 raise SettingsError(f"ENGINE_URLS entry {url!r} is not an http:// or https:// URL")

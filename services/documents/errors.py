@@ -49,8 +49,13 @@ DOCX_PROTECTED = (
 )
 LEGACY_OFFICE = "This is an old-format Office file (.doc, .xls, .ppt); please save it as .docx or PDF first."
 HTML_CORRUPT = "This HTML file could not be read; please upload it as plain text or PDF."
-NOTE_REPLACED_BYTES = "Some bytes were not valid UTF-8 and were replaced with �."
 NOTE_LEGACY_ENCODING = "The file is not UTF-8; it was read as {encoding}."
+
+
+def replaced_bytes_note(count: int) -> str:
+    """The note for a UTF-8 file with `count` broken bytes."""
+    which = "1 byte was" if count == 1 else f"{count:,} bytes were"
+    return f"The file is UTF-8 except for a few bytes: {which} not valid UTF-8 and replaced with �."
 
 
 def docx_too_big_message(max_bytes: int) -> str:

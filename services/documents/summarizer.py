@@ -1,72 +1,51 @@
-"""Summaries of documents of any length: one pass when it fits, map-reduce otherwise.
+"""Summaries of documents of any length: one pass when the plan reads it whole, map-reduce otherwise.
 
 The map step submits every chunk at once (bounded by SUMMARY_CONCURRENCY) so
 the engine batches them; cancelling the summary cancels every chunk request.
-Prompts put the document first, in the system message, so a follow-up question
-shares the summary request's prefix and vLLM's prefix cache reuses its KV.
+Single-pass prompts put the document first, in the system message, so a
+follow-up question shares the summary request's prefix and vLLM's prefix
+cache reuses its KV. The loop guard (services/engine/loop_guard.py) watches
+every request: a map or reduce part that starts repeating itself keeps the
+text before the repetition and the summary goes on (the user is told); a
+final summary that loops ends with the guard's message.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 
 from services.config import Settings
 from services.documents.cache import SummaryCache, summary_key
 from services.documents.chunking import split_into_chunks
+from services.documents.language import answer_language, document_language
+from services.documents.planning import Budget, DocumentPlan, plan_document
+from services.documents.progress import Progress, ProgressTracker
+from services.documents.prompts import SummaryPrompts
 from services.engine.chat_engine import ChatEngine, Message, SamplingSettings
-from services.engine.errors import TokenBudgetError
+from services.engine.errors import RepetitionError, TokenBudgetError
+from services.engine.prefill import PrefillMeter, tick_until_first
 
 logger = logging.getLogger(__name__)
-
-Progress = Callable[[int, int], Awaitable[None]]  # (parts done, parts in all)
 
 MAX_REDUCE_LEVELS = 4  # each level shrinks the text several times; 4 covers any MAX_DOCUMENT_TOKENS
 PROMPT_OVERHEAD_TOKENS = 160  # chat template + instruction around a chunk, with a margin
 
 
-def document_system_message(system_prompt: str, name: str, text: str) -> Message:
-    """The system message that carries a document; identical for summary and follow-ups."""
-    return {
-        "role": "system",
-        "content": f"{system_prompt}\n\nThe user shared the document «{name}». Its full text:\n\n"
-        f"<document>\n{text}\n</document>",
-    }
+@dataclasses.dataclass(frozen=True)
+class SummaryJob:
+    """One summary to make: the document, the request, and how to read it."""
 
-
-def summary_instruction(request: str) -> str:
-    """What the user asked for, or a default request; the answer follows the request's language."""
-    if request.strip():
-        return f"{request.strip()}\n\n(Answer about the document above, in the language of this request.)"
-    return "Summarize the document above: its purpose, main points, and conclusions, in a few paragraphs."
-
-
-def map_instruction(index: int, total: int, request: str) -> str:
-    language = "in the language of this request: «" + request.strip() + "»" if request.strip() else ""
-    return (
-        f"This is part {index} of {total} of a longer document. Summarize this part: keep its key "
-        f"facts, names and numbers, in one short paragraph {language}".strip()
-    )
-
-
-def reduce_instruction(request: str) -> str:
-    base = (
-        "Above are summaries of consecutive parts of one document. Combine them into one coherent "
-        "summary of the whole document: purpose, main points, conclusions."
-    )
-    return f"{base}\n\nThe user's request: «{request.strip()}»; answer in its language." if request else base
-
-
-@dataclass(frozen=True)
-class SummaryPlan:
-    """How a document will be summarized."""
-
-    single_pass: bool
-    chunks: tuple[str, ...]
+    system_prompt: str
+    name: str
+    text: str
+    request: str = ""
+    language: str | None = None  # the document's; detected when None
+    plan: DocumentPlan | None = None  # made when None
 
 
 class Summarizer:
@@ -78,150 +57,158 @@ class Summarizer:
         self.cache = SummaryCache(
             settings.summary_cache_entries, settings.summary_cache_bytes, settings.summary_cache_ttl_seconds
         )
+        self.prefill = PrefillMeter()
+        engine.on_finish(self.prefill.observe)  # held weakly: it goes with this summarizer
+        self.loops_stopped = 0  # map/reduce parts cut short by the loop guard (benchmarks read it)
 
     # --- planning ------------------------------------------------------------
-    def _answer_tokens(self) -> int:
+    def answer_tokens(self) -> int:
         return min(self.settings.summary_max_tokens, self.engine.max_model_len // 4)
 
     def _map_tokens(self, chunk_tokens: int) -> int:
-        return max(32, min(self._answer_tokens(), chunk_tokens // 6))
+        return max(32, min(self.settings.summary_map_tokens, self.answer_tokens(), chunk_tokens // 4))
 
-    def _chunk_tokens(self) -> int:
+    def chunk_tokens(self) -> int:
         """Chunk size for the map step: SUMMARY_CHUNK_TOKENS, capped by the context window."""
-        room = self.engine.max_model_len - PROMPT_OVERHEAD_TOKENS
-        room -= max(32, min(self._answer_tokens(), self.settings.summary_chunk_tokens // 6))
+        room = self.engine.max_model_len - PROMPT_OVERHEAD_TOKENS - self.settings.summary_map_tokens
         return max(64, min(self.settings.summary_chunk_tokens, room))
 
-    def single_pass_messages(self, system_prompt: str, name: str, text: str, request: str) -> list[Message]:
-        return [
-            document_system_message(system_prompt, name, text),
-            {"role": "user", "content": summary_instruction(request)},
-        ]
+    def budget(self) -> Budget:
+        s = self.settings
+        return Budget(
+            self.engine.max_model_len, self.answer_tokens(), s.follow_up_turns, s.follow_up_turn_tokens,
+            s.single_pass_max_tokens,
+        )  # fmt: skip
 
-    def plan(self, system_prompt: str, name: str, text: str, request: str) -> SummaryPlan:
-        """One pass if document + instructions + answer fit the context, else chunks."""
-        messages = self.single_pass_messages(system_prompt, name, text, request)
-        if len(self.engine.encode_chat(messages)) + self._answer_tokens() <= self.engine.max_model_len:
-            return SummaryPlan(True, ())
-        chunks = split_into_chunks(text, self.engine.count_tokens, self._chunk_tokens())
-        return SummaryPlan(False, tuple(chunks))
+    def plan(self, job: SummaryJob, document_tokens: int | None = None) -> DocumentPlan:
+        """Whole or in parts, from the single-pass prompt's size and the room it must leave."""
+        prompts = self.prompts(job)
+        prompt_tokens = len(
+            self.engine.encode_chat(prompts.single_pass(job.system_prompt, job.name, job.text))
+        )
+        tokens = self.engine.count_tokens(job.text) if document_tokens is None else document_tokens
+        return plan_document(tokens, prompt_tokens, self.budget())
 
-    def fingerprint(self, system_prompt: str, request: str, sampling: SamplingSettings) -> str:
+    def prompts(self, job: SummaryJob) -> SummaryPrompts:
+        language = job.language or document_language(job.text)
+        return SummaryPrompts(answer_language(job.request, language), job.request)
+
+    def fingerprint(self, job: SummaryJob, sampling: SamplingSettings, plan: DocumentPlan) -> str:
         """What besides the text changes a summary."""
+        s = self.settings
         parts = (
-            self.settings.model_path, system_prompt, request.strip(), str(sampling.temperature),
-            str(sampling.top_p), str(self._answer_tokens()), str(self.settings.summary_chunk_tokens),
+            s.model_path, job.system_prompt, job.request.strip(), self.prompts(job).language, plan.path,
+            repr(dataclasses.astuple(sampling)), str(self.answer_tokens()), str(s.summary_chunk_tokens),
+            str(s.summary_map_tokens),
         )  # fmt: skip
         return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
 
     # --- running -------------------------------------------------------------
     async def summarize(
-        self,
-        *,
-        system_prompt: str,
-        name: str,
-        text: str,
-        request: str,
-        sampling: SamplingSettings,
-        request_id: str,
-        progress: Progress | None = None,
+        self, job: SummaryJob, sampling: SamplingSettings, request_id: str, progress: Progress | None = None
     ) -> AsyncIterator[str]:
-        """Stream the summary of `text`; cached results come back at once."""
-        key = summary_key(text, self.fingerprint(system_prompt, request, sampling))
+        """Stream the summary of the job's document; cached results come back at once."""
+        plan = job.plan or self.plan(job)
+        sampling = dataclasses.replace(sampling, max_new_tokens=self.answer_tokens())
+        key = summary_key(job.text, self.fingerprint(job, sampling, plan))
         cached = self.cache.get(key)
         if cached is not None:
             yield cached
             return
-        sampling = SamplingSettings(sampling.temperature, sampling.top_p, self._answer_tokens())
-        plan = self.plan(system_prompt, name, text, request)
-        if plan.single_pass:
-            messages = self.single_pass_messages(system_prompt, name, text, request)
+        prompts = self.prompts(job)
+        tracker = ProgressTracker(progress, self.prefill, plan.document_tokens)
+        if plan.whole:
+            messages = prompts.single_pass(job.system_prompt, job.name, job.text)
         else:
-            partials = await self._map(plan.chunks, request, sampling, request_id, progress)
-            partials = await self._reduce_until_it_fits(partials, request, sampling, request_id)
-            messages = self._reduce_messages(partials, request)
+            chunks = split_into_chunks(job.text, self.engine.count_tokens, self.chunk_tokens())
+            partials = await self._map(chunks, prompts, sampling, request_id, tracker)
+            partials = await self._reduce_until_it_fits(partials, prompts, sampling, request_id)
+            messages = prompts.reduce(self.settings.system_prompt, partials)
         parts: list[str] = []
         stream = self.engine.generate(messages, sampling, f"{request_id}-final")
-        async with contextlib.aclosing(stream):
-            async for delta in stream:
+        async with contextlib.aclosing(tick_until_first(stream, tracker.tick, self._interval())) as deltas:
+            async for delta in deltas:
+                if not parts:
+                    with contextlib.suppress(Exception):  # progress never breaks the summary
+                        await tracker.finish()
                 parts.append(delta)
                 yield delta
         self.cache.put(key, "".join(parts))
 
+    def _interval(self) -> float:
+        return self.settings.progress_interval_seconds
+
     async def _map(
         self,
-        chunks: tuple[str, ...],
-        request: str,
+        chunks: list[str],
+        prompts: SummaryPrompts,
         sampling: SamplingSettings,
         request_id: str,
-        progress: Progress | None,
+        tracker: ProgressTracker,
     ) -> list[str]:
         """Summarize every chunk concurrently; cancelling this cancels (aborts) them all."""
         total = len(chunks)
         limit = asyncio.Semaphore(self.settings.summary_concurrency)
-        map_sampling = SamplingSettings(
-            sampling.temperature, sampling.top_p, self._map_tokens(self._chunk_tokens())
-        )
-        done = 0
+        map_sampling = dataclasses.replace(sampling, max_new_tokens=self._map_tokens(self.chunk_tokens()))
+        tracker.split(total, min(self.chunk_tokens(), tracker.tokens_total))
 
         async def one(index: int, chunk: str) -> str:
-            nonlocal done
-            messages = [
-                {"role": "system", "content": self.settings.system_prompt},
-                {"role": "user", "content": f"{chunk}\n\n---\n{map_instruction(index + 1, total, request)}"},
-            ]
+            messages = prompts.map_part(self.settings.system_prompt, chunk, index + 1, total)
             async with limit:
-                summary = await self._complete(messages, map_sampling, f"{request_id}-map-{index}")
-            done += 1
-            if progress is not None:
-                await progress(done, total)
+                summary, looped = await self._complete(messages, map_sampling, f"{request_id}-map-{index}")
+            await tracker.part_done(self.engine.count_tokens(chunk), looped)
             return summary
 
-        if progress is not None:
-            await progress(0, total)
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(one(i, chunk)) for i, chunk in enumerate(chunks)]
+        await tracker.tick()
+        ticker = asyncio.create_task(self._tick_every(tracker))
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(one(i, chunk)) for i, chunk in enumerate(chunks)]
+        finally:
+            ticker.cancel()
+            await asyncio.wait([ticker])
+        tracker.combining = True
+        await tracker.tick()
         return [task.result() for task in tasks]
 
-    def _reduce_messages(self, partials: list[str], request: str) -> list[Message]:
-        joined = "\n\n".join(f"Part {i + 1}: {summary.strip()}" for i, summary in enumerate(partials))
-        return [
-            {"role": "system", "content": self.settings.system_prompt},
-            {"role": "user", "content": f"{joined}\n\n---\n{reduce_instruction(request)}"},
-        ]
+    async def _tick_every(self, tracker: ProgressTracker) -> None:
+        while True:
+            await asyncio.sleep(self._interval())
+            with contextlib.suppress(Exception):  # progress is a courtesy: it never breaks the summary
+                await tracker.tick()
 
-    def _fits(self, partials: list[str], request: str) -> bool:
-        tokens = len(self.engine.encode_chat(self._reduce_messages(partials, request)))
-        return tokens + self._answer_tokens() <= self.engine.max_model_len
+    def _fits(self, partials: list[str], prompts: SummaryPrompts) -> bool:
+        tokens = len(self.engine.encode_chat(prompts.reduce(self.settings.system_prompt, partials)))
+        return tokens + self.answer_tokens() <= self.engine.max_model_len
 
     async def _reduce_until_it_fits(
-        self, partials: list[str], request: str, sampling: SamplingSettings, request_id: str
+        self, partials: list[str], prompts: SummaryPrompts, sampling: SamplingSettings, request_id: str
     ) -> list[str]:
         """Merge groups of partial summaries (concurrently) until all of them fit one prompt."""
         for level in range(MAX_REDUCE_LEVELS):
-            if self._fits(partials, request) or len(partials) == 1:
+            if self._fits(partials, prompts) or len(partials) == 1:
                 return partials
-            groups = self._groups_that_fit(partials, request)
+            groups = self._groups_that_fit(partials, prompts)
             async with asyncio.TaskGroup() as group:
                 tasks = [
                     group.create_task(
                         self._complete(
-                            self._reduce_messages(members, request),
+                            prompts.reduce(self.settings.system_prompt, members),
                             sampling,
                             f"{request_id}-reduce{level}-{i}",
                         )
                     )
                     for i, members in enumerate(groups)
                 ]
-            partials = [task.result() for task in tasks]
-        if not self._fits(partials, request):
+            partials = [task.result()[0] for task in tasks]
+        if not self._fits(partials, prompts):
             raise TokenBudgetError("The document's partial summaries still do not fit the context window.")
         return partials
 
-    def _groups_that_fit(self, partials: list[str], request: str) -> list[list[str]]:
+    def _groups_that_fit(self, partials: list[str], prompts: SummaryPrompts) -> list[list[str]]:
         groups: list[list[str]] = [[]]
         for summary in partials:
-            if groups[-1] and not self._fits([*groups[-1], summary], request):
+            if groups[-1] and not self._fits([*groups[-1], summary], prompts):
                 groups.append([])
             groups[-1].append(summary)
         if len(groups) == 1 and len(partials) > 1:  # never "reduce" to the same list
@@ -229,5 +216,17 @@ class Summarizer:
             groups = [partials[:middle], partials[middle:]]
         return groups
 
-    async def _complete(self, messages: list[Message], sampling: SamplingSettings, request_id: str) -> str:
-        return "".join([delta async for delta in self.engine.generate(messages, sampling, request_id)])
+    async def _complete(
+        self, messages: list[Message], sampling: SamplingSettings, request_id: str
+    ) -> tuple[str, bool]:
+        """The whole answer, and whether the loop guard cut it (then the text before the loop)."""
+        try:
+            return "".join(
+                [delta async for delta in self.engine.generate(messages, sampling, request_id)]
+            ), False
+        except RepetitionError as error:
+            self.loops_stopped += 1
+            logger.info(
+                "request %s started repeating itself; kept %d characters", request_id, len(error.kept_text)
+            )
+            return error.kept_text, True

@@ -21,6 +21,7 @@ from typing import Any
 
 from services.engine.backend import LLMBackend
 from services.engine.errors import EngineUnavailableError, TokenBudgetError
+from services.engine.loop_guard import LoopGuardConfig, RepetitionDetector
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,8 @@ class SamplingSettings:
     temperature: float
     top_p: float
     max_new_tokens: int
+    repetition_penalty: float = 1.0  # vLLM's (HF-style: prompt and answer tokens)
+    frequency_penalty: float = 0.0  # vLLM's (OpenAI-style: answer tokens, by count)
 
 
 @dataclass
@@ -56,8 +59,9 @@ class StreamStats:
     first_token_at: float | None = None
     last_token_at: float | None = None
     finished_at: float | None = None
-    finish_reason: str | None = None
+    finish_reason: str | None = None  # vLLM's, or "abort", or "repetition" (the loop guard)
     queue_seconds: float | None = None
+    cached_tokens: int | None = None  # prompt tokens vLLM found in its prefix cache
 
     @property
     def ttft_seconds(self) -> float | None:
@@ -84,6 +88,8 @@ class StreamStats:
                 self.first_token_at = now
         if self.queue_seconds is None:
             self.queue_seconds = _queue_seconds(output)
+        if self.cached_tokens is None:
+            self.cached_tokens = getattr(output, "num_cached_tokens", None)
         if output.finished:
             self.finish_reason = completion.finish_reason or "stop"
 
@@ -113,6 +119,7 @@ class ChatEngine:
         self._on_finish: list[FinishCallback | weakref.WeakMethod] = []
         self.last_output_at: float | None = None  # monotonic time of the engine's latest output
         self._ping_prompt: list[int] | None = None
+        self.loop_guard = LoopGuardConfig()  # see loop_guard.py; the lifespan applies the settings
 
     def on_finish(self, callback: FinishCallback) -> Callable[[], None]:
         """Register a function that receives every request's stats; return its unregister function.
@@ -184,18 +191,20 @@ class ChatEngine:
         max_tokens = token_budget(self.max_model_len, len(prompt_ids), sampling.max_new_tokens)
         params = _sampling_params(sampling, max_tokens)
         stats = StreamStats(request_id, prompt_tokens=len(prompt_ids), submitted_at=time.monotonic())
+        loops = RepetitionDetector(self.loop_guard, self.tokenizer.decode)
         stream = self._llm.generate({"prompt_token_ids": prompt_ids}, params, request_id)
         try:
             async with contextlib.aclosing(stream):
                 async for output in stream:
                     self.last_output_at = time.monotonic()
                     stats.observe(output, self.last_output_at)
+                    loops.feed(output.outputs[0].token_ids)  # raises RepetitionError on a loop
                     if output.outputs[0].text:
                         yield output.outputs[0].text
         finally:
             stats.finished_at = time.monotonic()
             if stats.finish_reason is None:
-                stats.finish_reason = "abort"
+                stats.finish_reason = "repetition" if loops.fired else "abort"
                 await self.abort(request_id)
             self._notify_finished(stats)
 
@@ -262,6 +271,8 @@ def _sampling_params(sampling: SamplingSettings, max_tokens: int) -> Any:
         temperature=sampling.temperature,
         top_p=sampling.top_p,
         max_tokens=max_tokens,
+        repetition_penalty=sampling.repetition_penalty,
+        frequency_penalty=sampling.frequency_penalty,
         output_kind=RequestOutputKind.DELTA,
     )
 

@@ -8,6 +8,7 @@ import re
 logger = logging.getLogger(__name__)
 
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
+REPETITION_STOPPED = "The answer started repeating itself and was stopped."
 
 
 class TokenBudgetError(ValueError):
@@ -18,10 +19,24 @@ class EngineUnavailableError(RuntimeError):
     """The engine process died or never started, or no vLLM server can be reached."""
 
 
+class RepetitionError(RuntimeError):
+    """An answer started repeating itself and was stopped (its engine request is aborted)."""
+
+    def __init__(self, period_tokens: int, repeated_tokens: int, kept_text: str) -> None:
+        super().__init__(
+            f"the answer repeated a {period_tokens}-token unit over {repeated_tokens} tokens and was stopped"
+        )
+        self.period_tokens = period_tokens
+        self.repeated_tokens = repeated_tokens
+        self.kept_text = kept_text  # the answer up to the end of the unit's first copy
+
+
 def describe_failure(error: BaseException) -> str:
     """The one short, user-facing sentence for any failure of a turn."""
     if isinstance(error, TokenBudgetError):
         return f"Your message is too long for this model. {error}"
+    if isinstance(error, RepetitionError):
+        return REPETITION_STOPPED
     if isinstance(error, EngineUnavailableError):
         return "The model is not available right now. Please try again in a moment."
     if type(error).__name__ == "EngineDeadError":
@@ -36,7 +51,7 @@ def sanitize(text: str) -> str:
 
 def report_failure(error: BaseException, request_id: str | None) -> str:
     """Log a failed turn for the operator; return the sentence the user sees."""
-    expected = isinstance(error, (TokenBudgetError, EngineUnavailableError))
+    expected = isinstance(error, (TokenBudgetError, EngineUnavailableError, RepetitionError))
     log = logger.warning if expected else logger.error
     log(
         "request %s failed: %s: %s",

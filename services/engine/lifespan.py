@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from services.config import Settings
 from services.engine.chat_engine import ChatEngine
 from services.engine.local import local_engine_lifespan
+from services.engine.loop_guard import LoopGuardConfig
 from services.engine.remote import remote_engine_lifespan
 
 
@@ -16,4 +17,9 @@ async def engine_lifespan(settings: Settings) -> AsyncIterator[ChatEngine]:
     """Create the engine, yield it, close it (on every exit path)."""
     lifespan = remote_engine_lifespan if settings.engine_url_list else local_engine_lifespan
     async with lifespan(settings) as engine:
+        engine.loop_guard = LoopGuardConfig(
+            settings.loop_guard_min_tokens,
+            settings.loop_guard_min_repeats,
+            settings.loop_guard_max_period_tokens,
+        )
         yield engine

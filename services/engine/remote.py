@@ -86,6 +86,8 @@ def completion_body(model: str, prompt_ids: list[int], params: Any) -> dict[str,
         "max_tokens": params.max_tokens,
         "temperature": params.temperature,
         "top_p": params.top_p,
+        "frequency_penalty": getattr(params, "frequency_penalty", 0.0),
+        "repetition_penalty": getattr(params, "repetition_penalty", 1.0),  # vLLM's extension of the API
         "stream": True,
         "return_token_ids": True,
     }

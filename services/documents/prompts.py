@@ -1,0 +1,148 @@
+"""What the model is asked when it summarizes, in the language the answer should be in.
+
+A small model answers in the language it is spoken to far more reliably than
+in the one it is told to use, so each instruction is written in the answer's
+language where we have a translation, and names that language either way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.documents.language import DEFAULT_LANGUAGE, language_name
+from services.engine.chat_engine import Message
+
+
+@dataclass(frozen=True)
+class Wording:
+    """The instructions in one language; {n}, {total}, {language} are filled in."""
+
+    summarize: str  # the request is empty
+    answer_request: str  # appended after the user's own request
+    map_part: str
+    reduce: str
+
+
+WORDINGS = {
+    "en": Wording(
+        "Summarize the document above in a few paragraphs: its purpose, its main points section by "
+        "section, and its conclusions. Keep the names, commands and numbers that matter.",
+        "(Answer about the document above, in English.)",
+        "This is part {n} of {total} of a longer document. Summarize this part in one short paragraph: "
+        "keep its key facts, names, commands and numbers.",
+        "Above are summaries of consecutive parts of one document. Combine them into one summary of "
+        "the whole document: its purpose, its main points part by part, and its conclusions.",
+    ),
+    "pt": Wording(
+        "Resuma o documento acima em alguns parágrafos, em português: o seu objetivo, os pontos "
+        "principais de cada secção e as conclusões. Mantenha os nomes, comandos e números importantes.",
+        "(Responda sobre o documento acima, em português.)",
+        "Esta é a parte {n} de {total} de um documento mais longo. Resuma esta parte num parágrafo "
+        "curto, em português: mantenha os factos, nomes, comandos e números principais.",
+        "Acima estão resumos de partes consecutivas de um documento. Junte-os num único resumo do "
+        "documento inteiro, em português: o objetivo, os pontos principais de cada parte e as conclusões.",
+    ),
+    "es": Wording(
+        "Resume el documento anterior en unos párrafos, en español: su propósito, los puntos "
+        "principales de cada sección y sus conclusiones. Conserva los nombres, órdenes y cifras importantes.",
+        "(Responde sobre el documento anterior, en español.)",
+        "Esta es la parte {n} de {total} de un documento más largo. Resume esta parte en un párrafo "
+        "breve, en español: conserva sus datos, nombres, órdenes y cifras clave.",
+        "Arriba hay resúmenes de partes consecutivas de un documento. Combínalos en un único resumen "
+        "del documento completo, en español: su propósito, los puntos principales de cada parte y "
+        "sus conclusiones.",
+    ),
+    "fr": Wording(
+        "Résume le document ci-dessus en quelques paragraphes, en français : son objectif, ses points "
+        "principaux section par section et ses conclusions. Garde les noms, commandes et chiffres "
+        "importants.",
+        "(Réponds à propos du document ci-dessus, en français.)",
+        "Voici la partie {n} sur {total} d'un document plus long. Résume cette partie en un court "
+        "paragraphe, en français : garde ses faits, noms, commandes et chiffres essentiels.",
+        "Ci-dessus, les résumés de parties consécutives d'un même document. Combine-les en un seul "
+        "résumé du document entier, en français : son objectif, ses points principaux partie par partie "
+        "et ses conclusions.",
+    ),
+    "de": Wording(
+        "Fasse das obige Dokument in einigen Absätzen auf Deutsch zusammen: seinen Zweck, die "
+        "wichtigsten Punkte jedes Abschnitts und seine Schlussfolgerungen. Behalte wichtige Namen, "
+        "Befehle und Zahlen bei.",
+        "(Antworte zum obigen Dokument, auf Deutsch.)",
+        "Dies ist Teil {n} von {total} eines längeren Dokuments. Fasse diesen Teil in einem kurzen "
+        "Absatz auf Deutsch zusammen: behalte die wichtigsten Fakten, Namen, Befehle und Zahlen.",
+        "Oben stehen Zusammenfassungen aufeinanderfolgender Teile eines Dokuments. Fasse sie zu einer "
+        "Zusammenfassung des ganzen Dokuments auf Deutsch zusammen: Zweck, die wichtigsten Punkte jedes "
+        "Teils und Schlussfolgerungen.",
+    ),
+    "it": Wording(
+        "Riassumi il documento qui sopra in alcuni paragrafi, in italiano: il suo scopo, i punti "
+        "principali di ogni sezione e le conclusioni. Mantieni i nomi, i comandi e i numeri importanti.",
+        "(Rispondi riguardo al documento qui sopra, in italiano.)",
+        "Questa è la parte {n} di {total} di un documento più lungo. Riassumi questa parte in un breve "
+        "paragrafo, in italiano: mantieni i fatti, i nomi, i comandi e i numeri principali.",
+        "Qui sopra ci sono i riassunti di parti consecutive di un documento. Uniscili in un unico "
+        "riassunto dell'intero documento, in italiano: scopo, punti principali di ogni parte e conclusioni.",
+    ),
+}
+WRITE_IN = " Write your answer in {language}."  # for languages without a translation
+
+
+def wording(language: str) -> Wording:
+    """The instructions in `language`; English ones that name the language where we have no translation."""
+    if language in WORDINGS:
+        return WORDINGS[language]
+    english, suffix = WORDINGS[DEFAULT_LANGUAGE], WRITE_IN.format(language=language_name(language))
+    return Wording(
+        english.summarize + suffix,
+        f"(Answer about the document above, in {language_name(language)}.)",
+        english.map_part + suffix,
+        english.reduce + suffix,
+    )
+
+
+def document_system_message(system_prompt: str, name: str, text: str) -> Message:
+    """The system message that carries a document; identical for summary and follow-ups."""
+    return {
+        "role": "system",
+        "content": f"{system_prompt}\n\nThe user shared the document «{name}». Its full text:\n\n"
+        f"<document>\n{text}\n</document>",
+    }
+
+
+@dataclass(frozen=True)
+class SummaryPrompts:
+    """The prompts of one summary: single pass, map parts, reduce; all in the answer's language."""
+
+    language: str
+    request: str = ""
+
+    def single_pass(self, system_prompt: str, name: str, text: str) -> list[Message]:
+        return [document_system_message(system_prompt, name, text), self.instruction()]
+
+    def instruction(self) -> Message:
+        """The user turn after the document: the request (with the language) or the default one."""
+        words = wording(self.language)
+        request = self.request.strip()
+        return {
+            "role": "user",
+            "content": f"{request}\n\n{words.answer_request}" if request else words.summarize,
+        }
+
+    def map_part(self, system_prompt: str, chunk: str, index: int, total: int) -> list[Message]:
+        text = wording(self.language).map_part.format(n=index, total=total)
+        if self.request.strip():
+            text += f"\n{self.request.strip()}"
+        return [
+            {"role": "system", "content": system_prompt},
+            {"role": "user", "content": f"{chunk}\n\n---\n{text}"},
+        ]
+
+    def reduce(self, system_prompt: str, partials: list[str]) -> list[Message]:
+        joined = "\n\n".join(f"Part {i + 1}: {summary.strip()}" for i, summary in enumerate(partials))
+        text = wording(self.language).reduce
+        if self.request.strip():
+            text += f"\n\n«{self.request.strip()}»"
+        return [
+            {"role": "system", "content": system_prompt},
+            {"role": "user", "content": f"{joined}\n\n---\n{text}"},
+        ]

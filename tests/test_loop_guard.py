@@ -1,0 +1,151 @@
+"""The loop guard's detector on crafted token streams: loops fire, lists and tables do not.
+
+How the two are told apart: a loop re-emits the same unit of tokens exactly,
+again and again; a list or a table repeats its markup (bullets, numbers, pipes,
+separator rows) but every item or row brings new content, and each token that
+differs from the token one period back restarts the count. The detector fires
+only when one unit has been repeated exactly `min_repeats` times over at least
+`min_tokens` tokens. These tests use a word-level tokenizer; tests/test_engine.py
+runs the same texts through the model's real tokenizer.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from services.engine.errors import RepetitionError
+from services.engine.loop_guard import LoopGuardConfig, RepetitionDetector, repeats_in
+
+CONFIG = LoopGuardConfig()
+_TOKEN = re.compile(r"\w+|\s+|([^\w\s])\1{0,15}")  # like BPE: runs of one mark in pieces of <= 16
+
+
+class WordTokenizer:
+    """Words, runs of whitespace and single punctuation marks as tokens, with stable ids."""
+
+    def __init__(self) -> None:
+        self.vocabulary: dict[str, int] = {}
+        self.pieces: list[str] = []
+
+    def encode(self, text: str) -> list[int]:
+        ids = []
+        for piece in (match.group() for match in _TOKEN.finditer(text)):
+            if piece not in self.vocabulary:
+                self.vocabulary[piece] = len(self.pieces)
+                self.pieces.append(piece)
+            ids.append(self.vocabulary[piece])
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self.pieces[i] for i in ids)
+
+
+SENTENCE = "The document explains how the package manager installs programs and their dependencies. "
+TWO_SENTENCES = (
+    "It describes the configuration files in detail. "
+    "It also lists the commands that an administrator uses every day. "
+)
+LOOPS = {
+    "one sentence over and over": "Summary: " + SENTENCE * 8,
+    "two sentences over and over": "The text is about Debian. " + TWO_SENTENCES * 6,
+    "one word": "and " * 80,
+    "dots": "The answer is" + "." * 16 * 200,
+    "a table row over and over": "| Name | Value |\n|---|---|\n"
+    + "| timeout | 30 seconds for each request |\n" * 12,
+}
+
+NUMBERED_LIST = "".join(
+    f"{n}. Step {n}: run the command for stage {n} and check its output.\n" for n in range(1, 41)
+)
+BULLETS = "".join(
+    f"- The document discusses the {topic} of the system.\n"
+    for topic in ("history", "design", "installation", "configuration", "security", "testing", "packaging",
+                  "licensing", "translation", "documentation", "performance", "future")
+)  # fmt: skip
+CHECKLIST = "".join(f"- [ ] item{n}\n" for n in range(60))
+TABLE = "| Option | Default | Meaning |\n|---|---|---|\n" + "".join(
+    f"| option_{n} | {n * 10} | sets limit number {n} |\n" for n in range(40)
+)
+CHECKMARK_TABLE = "| Feature | A | B | C | D |\n|---|---|---|---|---|\n" + "".join(
+    f"| feature {n} | ✓ | ✓ | ✗ | ✓ |\n" for n in range(30)
+)
+WIDE_SEPARATOR = "| " + " | ".join(f"c{n}" for n in range(40)) + " |\n|" + "---|" * 40 + "\n"
+RULE = "=" * 78 + "\nHeading\n" + "-" * 78 + "\n"
+CODE = "".join(f"    value_{n} = compute(value_{n - 1}, step={n})\n" for n in range(1, 40))
+CSV = "year,month,count\n" + "".join(f"2024,{m},{m * 7 % 11}\n" for m in range(1, 13)) * 1
+LEGITIMATE = {
+    "numbered list": NUMBERED_LIST,
+    "bullets with a shared opening": BULLETS,
+    "checklist": CHECKLIST,
+    "table": TABLE,
+    "table of check marks": CHECKMARK_TABLE,
+    "40-column separator row": WIDE_SEPARATOR,
+    "rules": RULE,
+    "code": CODE,
+    "csv": CSV,
+}
+
+
+def stream(tokenizer: WordTokenizer, text: str, config: LoopGuardConfig = CONFIG) -> RepetitionError | None:
+    """Feed `text` token by token in small deltas, as the engine streams; the error if it fired."""
+    detector = RepetitionDetector(config, tokenizer.decode)
+    ids = tokenizer.encode(text)
+    try:
+        for start in range(0, len(ids), 3):
+            detector.feed(ids[start : start + 3])
+    except RepetitionError as error:
+        assert detector.fired
+        return error
+    assert not detector.fired
+    return None
+
+
+@pytest.mark.parametrize("name", LOOPS)
+def test_a_loop_fires_and_keeps_the_text_before_the_repetition(name: str) -> None:
+    tokenizer = WordTokenizer()
+    text = LOOPS[name]
+    error = stream(tokenizer, text)
+    assert error is not None, f"{name}: the loop was not caught"
+    assert error.repeated_tokens >= CONFIG.min_tokens
+    assert error.repeated_tokens >= (CONFIG.min_repeats - 1) * error.period_tokens
+    assert text.startswith(error.kept_text)
+    # the kept text holds the opening and at most one copy of the unit, plus less than a unit
+    assert len(tokenizer.encode(error.kept_text)) < len(tokenizer.encode(text)) - error.repeated_tokens + 1
+
+
+def test_it_fires_as_soon_as_the_thresholds_are_reached() -> None:
+    tokenizer = WordTokenizer()
+    unit = tokenizer.encode(SENTENCE)  # 25 tokens
+    detector = RepetitionDetector(CONFIG, tokenizer.decode)
+    detector.feed(unit * 2)  # two copies: 25 repeated tokens, below both thresholds
+    with pytest.raises(RepetitionError) as caught:
+        detector.feed(unit * 2)
+    assert caught.value.period_tokens == len(unit)
+    assert caught.value.repeated_tokens == max(CONFIG.min_tokens, 2 * len(unit))
+    assert caught.value.kept_text == SENTENCE
+
+
+@pytest.mark.parametrize("name", LEGITIMATE)
+def test_lists_and_tables_do_not_fire(name: str) -> None:
+    assert stream(WordTokenizer(), LEGITIMATE[name]) is None
+
+
+def test_prose_does_not_fire() -> None:
+    prose = (
+        "Debian is an operating system and a distribution of free software. It is maintained by "
+        "volunteers. The package manager installs, upgrades and removes programs, and it resolves "
+        "the dependencies between them. Security updates are published by a dedicated team. "
+    )
+    assert stream(WordTokenizer(), prose * 1) is None
+
+
+def test_the_guard_can_be_switched_off() -> None:
+    assert stream(WordTokenizer(), LOOPS["one word"], LoopGuardConfig(min_tokens=0)) is None
+
+
+def test_repeats_in_reports_a_finished_answer() -> None:
+    tokenizer = WordTokenizer()
+    assert repeats_in(tokenizer.encode(LOOPS["one sentence over and over"]), CONFIG, tokenizer.decode)
+    assert repeats_in(tokenizer.encode(TABLE), CONFIG, tokenizer.decode) is None
