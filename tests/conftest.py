@@ -90,8 +90,7 @@ SESSION_TEMP = Path(tempfile.mkdtemp(prefix="chat-tests-"))
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ["TMPDIR"] = tempfile.tempdir = str(SESSION_TEMP)
-    # Importing transformers' models (the tiny model's build) creates torch.compile's cache folder in
-    # TMPDIR; keep it where the app keeps it (services/engine/local.py), out of the session's folder.
+    # torch.compile's cache where the app keeps it (services/engine/local.py): kept between runs.
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(default_cache_dir()) / "torchinductor"))
 
 
@@ -109,9 +108,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
+# pytest's own tmp_path root, and torch's compile cache: torch writes part of it under
+# tempfile.gettempdir() whatever TORCHINDUCTOR_CACHE_DIR says (torch/_inductor/cache.py,
+# codecache.py call default_cache_dir() directly). Both go with the session's folder.
+NOT_OURS = ("pytest-of-", "torchinductor_")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def temp_folder_left_as_found() -> Iterator[None]:
     """Fail the session if it leaves files in its temp folder (vLLM sockets, RPC folders, uploads)."""
     yield
-    left = sorted(name for name in os.listdir(SESSION_TEMP) if not name.startswith("pytest-of-"))
+    left = sorted(name for name in os.listdir(SESSION_TEMP) if not name.startswith(NOT_OURS))
     assert not left, f"the tests left these in the temp folder: {left}"
