@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import chainlit as cl
 from chainlit.input_widget import Slider, TextInput
 from chainlit.server import app as http_app
 
+from services.admission.errors import Refused
+from services.admission.feedback import WaitingFeedback
 from services.chat.session import ChatSession
 from services.engine.errors import report_failure
 from services.runtime import Runtime
 from services.web.chainlit_state import forget_chat_context, tell_uploader
 from services.web.routes import install_routes
+from services.web.status_message import StatusMessage, user_key
 from services.web.upload_guard import install_upload_guard
 
 runtime = Runtime()
@@ -44,7 +47,9 @@ async def stop_service() -> None:
 
 @cl.on_chat_start
 async def start_chat() -> None:
-    session = runtime.sessions.open(cl.context.session.id)
+    session = await open_session()
+    if session is None:
+        return
     limit = runtime.settings.max_new_tokens_limit
     await cl.ChatSettings(
         [
@@ -60,8 +65,17 @@ async def start_chat() -> None:
 
 @cl.on_settings_update
 async def update_settings(values: dict) -> None:
-    session = runtime.sessions.open(cl.context.session.id)
-    runtime.sessions.update_settings(session, values)
+    if session := await open_session():
+        runtime.sessions.update_settings(session, values)
+
+
+async def open_session() -> ChatSession | None:
+    """This tab's session; None (and the user told why) when the service holds all it can."""
+    try:
+        return runtime.sessions.open(cl.context.session.id)
+    except Refused as refusal:
+        await cl.ErrorMessage(str(refusal), metadata={"refused": refusal.reason}).send()
+        return None
 
 
 @cl.on_message
@@ -69,8 +83,9 @@ async def answer(message: cl.Message) -> None:
     if message.content.strip() == "/stats":  # operators' view; admins only when auth is on
         await show_stats()
         return
-    sessions = runtime.sessions
-    session = sessions.open(cl.context.session.id)
+    session = await open_session()
+    if session is None:
+        return
     if len(message.content) > runtime.settings.max_message_chars:
         await cl.ErrorMessage(
             f"Your message has {len(message.content):,} characters; the limit is "
@@ -87,28 +102,17 @@ async def answer(message: cl.Message) -> None:
 
 
 async def run_turn(session: ChatSession, message: cl.Message, reply: cl.Message) -> None:
-    """Answer one message (or file) into `reply`, streaming; failures end up in the reply."""
-    chat = runtime.chat
+    """Answer one message (or file) into `reply`, streaming; refusals and failures end up in the reply."""
     async with runtime.sessions.turn(session) as request_id:
         try:
             files = [(e.path, e.name) for e in message.elements if getattr(e, "path", None)]
-            if files and not await read_documents(session, files):
-                return
-            if files:  # a file with a message: the message is the request about the file
-                stream = chat.summarize(session, message.content, request_id, progress())
-            else:
-                prompt = chat.build_prompt(session, message.content)
-                if prompt.dropped_messages:
-                    await notice(
-                        f"{prompt.dropped_messages} older message(s) were left out to fit "
-                        f"the model's {runtime.engine.max_model_len:,}-token context."
-                    )
-                stream = chat.reply(session, prompt, request_id)
-            # Closed here, not by the garbage collector: a Stop that lands while a
-            # token is being sent must still end the engine request at once.
-            async with contextlib.aclosing(stream):
-                async for delta in stream:
-                    await reply.stream_token(delta)
+            async with runtime.admission.turn(user_key(), documents=len(files)) as turn:
+                stream = await open_stream(session, message.content, files, request_id)
+                if stream is not None:
+                    await stream_into(reply, stream, runtime.admission.feedback(turn, StatusMessage().show))
+        except Refused as refusal:  # the service is full, or a per-user limit: say when to retry
+            reply.content += ("\n\n" if reply.content else "") + f"⏳ {refusal}"
+            reply.metadata = {"refused": refusal.reason}
         except asyncio.CancelledError:
             if reply.content:
                 await asyncio.shield(reply.update())
@@ -116,6 +120,41 @@ async def run_turn(session: ChatSession, message: cl.Message, reply: cl.Message)
         except Exception as error:  # one error shape for every failure of a turn
             reply.content += ("\n\n" if reply.content else "") + f"⚠️ {report_failure(error, request_id)}"
         await reply.send()
+
+
+async def open_stream(
+    session: ChatSession, text: str, files: list[tuple[str, str]], request_id: str
+) -> AsyncIterator[str] | None:
+    """The answer's stream: a summary when files came with the message (the message is the
+    request about them), else a chat reply; None when no file was readable."""
+    chat = runtime.chat
+    if files:
+        return (
+            chat.summarize(session, text, request_id, progress())
+            if await read_documents(session, files)
+            else None
+        )
+    prompt = chat.build_prompt(session, text)
+    if prompt.dropped_messages:
+        await notice(
+            f"{prompt.dropped_messages} older message(s) were left out to fit "
+            f"the model's {runtime.engine.max_model_len:,}-token context."
+        )
+    return chat.reply(session, prompt, request_id)
+
+
+async def stream_into(reply: cl.Message, stream: AsyncIterator[str], feedback: WaitingFeedback) -> None:
+    """Stream the answer into `reply`; until its first token the user sees their place in line."""
+    feedback.start()
+    try:
+        # Closed here, not by the garbage collector: a Stop that lands while a
+        # token is being sent must still end the engine request at once.
+        async with contextlib.aclosing(stream):
+            async for delta in stream:
+                await feedback.stop()  # the answer takes the status message's place
+                await reply.stream_token(delta)
+    finally:
+        await asyncio.shield(feedback.stop())
 
 
 async def show_stats() -> None:

@@ -19,12 +19,15 @@ from typing import Any
 import psutil
 from prometheus_client import CollectorRegistry
 
+from services.admission.admission import Admission
+from services.admission.gate import CHAT, DOCUMENT
 from services.chat.service import ChatService
 from services.chat.store import SessionStore
 from services.config import Settings
 from services.engine.chat_engine import ChatEngine
 from services.engine.lifespan import engine_lifespan
 from services.engine.processes import engine_processes, is_running
+from services.engine.warmup import WarmUpReport, warm_up
 from services.observability.maintenance import Maintenance
 from services.observability.metrics import RequestMetrics, ServiceCollector
 from services.observability.report import StatsReport
@@ -42,6 +45,8 @@ class Runtime:
         self.sessions: SessionStore | None = None
         self.chat: ChatService | None = None
         self.maintenance: Maintenance | None = None
+        self.admission: Admission | None = None
+        self.warm_up: WarmUpReport | None = None
         self.requests: RequestMetrics | None = None
         self.engine_processes: list[psutil.Process] = []
         self.registry = CollectorRegistry()
@@ -64,6 +69,8 @@ class Runtime:
         logger.info("settings differing from defaults: %s", self.settings.non_default() or "none")
         self.engine = await self._stack.enter_async_context(engine_lifespan(self.settings))
         atexit.register(self._shutdown_at_exit)
+        # Ready (healthz 200, Chainlit's port open) only after the first shapes ran once.
+        self.warm_up = await warm_up(self.engine, self.settings)
         # vLLM runs EngineCore and its workers as children of this process.
         self.engine_processes = engine_processes()
         self.requests = RequestMetrics(self.settings.latency_samples_kept)
@@ -71,7 +78,12 @@ class Runtime:
         self._stack.callback(self.registry.unregister, self.requests)
         self._stack.callback(self.engine.on_finish(self.requests.record))
         self.sessions = SessionStore(self.settings)
-        self.chat = ChatService(self.engine, self.settings)
+        self.admission = Admission(self.settings, self.engine.load, self._max_running())
+        self.admission.learn_from_warm_up(self.warm_up.decode_seconds_per_token)
+        self.admission.start()
+        self._stack.push_async_callback(self.admission.stop)
+        chat_engine, document_engine = (self.admission.engine(self.engine, kind) for kind in (CHAT, DOCUMENT))
+        self.chat = ChatService(chat_engine, self.settings, document_engine)
         self.maintenance = Maintenance(self.settings, self.sessions, self.engine)
         self.maintenance.start()
         self._stack.push_async_callback(self.maintenance.stop)
@@ -88,11 +100,16 @@ class Runtime:
             self.sessions.close_all()
         self.sessions = self.chat = None
         await self._stack.aclose()
+        self.admission = None
         self.engine = None
         self.maintenance = None
         self.requests = None
         self.engine_processes = []
         atexit.unregister(self._shutdown_at_exit)
+
+    def _max_running(self) -> int:
+        """The most requests admission may ever run at once: the engine's batch, per server."""
+        return self.settings.max_num_seqs * max(1, len(self.settings.engine_url_list))
 
     def _shutdown_at_exit(self) -> None:
         if self.engine is not None:
@@ -111,9 +128,14 @@ class Runtime:
             "sessions": len(self.sessions),
             "turns_in_flight": self.sessions.turns_in_flight(),
             "sessions_dropped_total": dict(self.sessions.dropped_total),
+            "sessions_refused_total": self.sessions.refused_total,
             "summary_cache": {"entries": len(summaries), "bytes": summaries.size_bytes},
             "uptime_seconds": round(self.uptime_seconds, 1),
         }
+        if self.admission is not None:
+            status["admission"] = self.admission.status()
+        if self.warm_up is not None:
+            status["warm_up"] = self.warm_up.summary()
         if self.maintenance is not None:
             memory = self.maintenance.memory
             status.update(
@@ -127,7 +149,21 @@ class Runtime:
         return status
 
     async def health(self) -> tuple[bool, dict[str, Any]]:
-        """(healthy, detail): the engine is alive, its processes run, and it answers.
+        """(healthy, detail) for /healthz; detail["status"] is "ok", "overloaded" or "down".
+
+        Down: not started or warming up, or the engine is dead or does not answer.
+        Overloaded: serving, but turns wait in our queue or were refused for capacity
+        lately. Load balancers keep an overloaded replica (taking it out would push
+        its load onto the others); /healthz answers 503 only when it is down.
+        """
+        healthy, detail = await self._engine_health()
+        if not healthy:
+            return False, {"status": "down", **detail}
+        overloaded = self.admission is not None and self.admission.overloaded
+        return True, {"status": "overloaded" if overloaded else "ok", **detail}
+
+    async def _engine_health(self) -> tuple[bool, dict[str, Any]]:
+        """The engine is alive, its processes run, and it answers.
 
         "Answers" means it produced output in the last HEALTH_RECENT_OUTPUT_SECONDS,
         or a one-token ping succeeds now (concurrent checks share one ping).

@@ -24,6 +24,7 @@ LAYERS = (
     "services.observability",
     "services.chat",
     "services.documents",
+    "services.admission",
     "services.engine",
     "services.config",
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
+from services.admission.errors import Refused
 from services.chat.attachments import Attachments, AttachResult
 from services.chat.prompt import PromptBuilder, TrimmedPrompt
 from services.chat.session import ChatSession
@@ -16,12 +17,16 @@ from services.engine.chat_engine import ChatEngine
 class ChatService:
     """The operations of a turn on a session, over one engine."""
 
-    def __init__(self, engine: ChatEngine, settings: Settings) -> None:
+    def __init__(
+        self, engine: ChatEngine, settings: Settings, document_engine: ChatEngine | None = None
+    ) -> None:
+        """`engine` answers chat turns; `document_engine` (default: the same) runs document summaries,
+        so that the two can be queued apart (services/admission)."""
         self.engine = engine
         self.settings = settings
         self.prompts = PromptBuilder(engine, settings)
         self.attachments = Attachments(engine, settings)
-        self.summarizer = Summarizer(engine, settings)
+        self.summarizer = Summarizer(document_engine or engine, settings)
 
     def build_prompt(self, session: ChatSession, user_text: str) -> TrimmedPrompt:
         """The messages for answering `user_text` in this session (see PromptBuilder.build)."""
@@ -50,14 +55,22 @@ class ChatService:
 
 
 async def _recorded(session: ChatSession, user_text: str, stream: AsyncIterator[str]) -> AsyncIterator[str]:
-    """Pass `stream` through; afterwards (also when cut short) add the exchange to the history."""
+    """Pass `stream` through; afterwards (also when cut short) add the exchange to the history.
+
+    A turn refused before it started (the service was full) leaves no trace: its user sends it again.
+    """
     parts: list[str] = []
+    refused = False
     try:
         async with contextlib.aclosing(stream):  # type: ignore[type-var]  (an async generator)
             async for delta in stream:
                 parts.append(delta)
                 yield delta
+    except Refused:
+        refused = not parts
+        raise
     finally:
-        session.history.append({"role": "user", "content": user_text})
+        if not refused:
+            session.history.append({"role": "user", "content": user_text})
         if parts:
             session.history.append({"role": "assistant", "content": "".join(parts)})

@@ -30,6 +30,12 @@ class ChatSession:
     history: deque[Message]
     turn_task: asyncio.Task | None = None
     document: SessionDocument | None = None
+    last_used: float = 0.0  # monotonic; opening the session or ending a turn refreshes it
+
+    @property
+    def busy(self) -> bool:
+        """A turn is running (or waiting for its place)."""
+        return self.turn_task is not None and not self.turn_task.done()
 
     def cancel_turn(self) -> asyncio.Task | None:
         """Cancel the running turn, if any; return it so the caller may await it."""

@@ -1,7 +1,7 @@
 """The one settings object: every limit and engine option, read from env vars.
 
 Each concern declares its settings in its own section (engine, chat,
-documents, observability); `Settings` joins them into one frozen object.
+documents, observability, admission); `Settings` joins them into one frozen object.
 Engine options carry the names of vLLM's ``AsyncEngineArgs`` fields
 (upper-cased as env vars), so vLLM's own documentation explains them. Values
 are parsed and validated once, at startup, and a bad value stops the app with
@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from services.config.admission import AdmissionSettings
 from services.config.chat import ChatSettings
 from services.config.documents import DocumentSettings
 from services.config.engine import EngineSettings
@@ -30,7 +31,7 @@ SENSITIVE_SUFFIXES = ("_TOKEN", "_SECRET", "PASSWORD", "_KEY")
 # Sections are listed last-first: a dataclass orders inherited fields from the
 # last base to the first, and the README table follows that order.
 @dataclass(frozen=True)
-class Settings(ObservabilitySettings, DocumentSettings, ChatSettings, EngineSettings):
+class Settings(AdmissionSettings, ObservabilitySettings, DocumentSettings, ChatSettings, EngineSettings):
     """All settings of the service. Field names are the env vars, lower-cased."""
 
     @classmethod

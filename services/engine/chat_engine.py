@@ -21,6 +21,7 @@ from typing import Any
 
 from services.engine.backend import LLMBackend
 from services.engine.errors import EngineUnavailableError, TokenBudgetError
+from services.engine.load import EngineLoad
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +113,7 @@ class ChatEngine:
         # Plain functions are held strongly, bound methods weakly (see on_finish).
         self._on_finish: list[FinishCallback | weakref.WeakMethod] = []
         self.last_output_at: float | None = None  # monotonic time of the engine's latest output
+        self.load = EngineLoad()  # the engine's own numbers; the lifespan connects them to the engine
         self._ping_prompt: list[int] | None = None
 
     def on_finish(self, callback: FinishCallback) -> Callable[[], None]:
@@ -171,12 +173,13 @@ class ChatEngine:
 
     # --- requests ------------------------------------------------------------
     async def generate(
-        self, messages: list[Message], sampling: SamplingSettings, request_id: str
+        self, messages: list[Message], sampling: SamplingSettings, request_id: str, *, priority: int = 0
     ) -> AsyncIterator[str]:
         """Stream the answer to `messages` as text deltas.
 
         The request is aborted in the engine on every early exit; the caller
         should close the iterator (``contextlib.aclosing``) when it stops early.
+        `priority` goes to vLLM's scheduler (lower is earlier; services/admission picks it).
         """
         if self._llm.errored:
             raise EngineUnavailableError("the engine is not running")
@@ -184,7 +187,7 @@ class ChatEngine:
         max_tokens = token_budget(self.max_model_len, len(prompt_ids), sampling.max_new_tokens)
         params = _sampling_params(sampling, max_tokens)
         stats = StreamStats(request_id, prompt_tokens=len(prompt_ids), submitted_at=time.monotonic())
-        stream = self._llm.generate({"prompt_token_ids": prompt_ids}, params, request_id)
+        stream = self._llm.generate({"prompt_token_ids": prompt_ids}, params, request_id, priority=priority)
         try:
             async with contextlib.aclosing(stream):
                 async for output in stream:
@@ -198,12 +201,6 @@ class ChatEngine:
                 stats.finish_reason = "abort"
                 await self.abort(request_id)
             self._notify_finished(stats)
-
-    async def warm_up(self) -> None:
-        """One short request, so the first user does not pay for lazy initialisation."""
-        messages = [{"role": "user", "content": "Hello"}]
-        async for _ in self.generate(messages, SamplingSettings(0.0, 1.0, 4), "warm-up"):
-            pass
 
     async def ping(self, timeout_seconds: float) -> float:
         """Generate one token for a one-word prompt; return the seconds it took.
