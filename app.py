@@ -74,7 +74,9 @@ async def open_session() -> ChatSession | None:
     try:
         return runtime.sessions.open(cl.context.session.id)
     except Refused as refusal:
-        await cl.ErrorMessage(str(refusal), metadata={"refused": refusal.reason}).send()
+        told = cl.ErrorMessage(str(refusal))
+        told.metadata = {"refused": refusal.reason}
+        await told.send()
         return None
 
 

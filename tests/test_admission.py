@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -48,6 +49,7 @@ def settings(**changes) -> Settings:
 
 
 def gate_with(limit: int, clock: Clock | None = None, **changes) -> AdmissionGate:
+    changes.setdefault("admission_max_wait_seconds", 1000)  # these tests queue turns on purpose
     return AdmissionGate(settings(**changes), FixedCapacity(limit), clock or Clock())
 
 
@@ -339,7 +341,9 @@ class WordEngine:
 
 @aio
 async def test_admitted_engine_queues_streams_and_accounts_tokens_to_the_user() -> None:
-    admission = Admission(settings(user_tokens_per_minute=1000), EngineLoad(), max_running=64)
+    admission = Admission(
+        settings(user_tokens_per_minute=1000, admission_max_wait_seconds=1000), EngineLoad(), max_running=64
+    )
     admission.capacity = admission.gate.capacity = FixedCapacity(1)
     engine = admission.engine(WordEngine(), CHAT)  # type: ignore[arg-type]
     sampling = SamplingSettings(0.0, 1.0, 20)
@@ -384,3 +388,10 @@ def test_prefix_index_is_bounded() -> None:
     for start in range(0, 100_000, 640):
         server.prefixes.add(prefix_hashes(list(range(start, start + 640))))
     assert len(server.prefixes) == 100
+
+
+# --- health for load balancers ----------------------------------------------------------------------
+def test_the_docker_healthcheck_asks_healthz() -> None:
+    dockerfile = (Path(__file__).resolve().parent.parent / "Dockerfile").read_text()
+    check = dockerfile[dockerfile.index("HEALTHCHECK") :].split("CMD ", 1)[1].splitlines()[0]
+    assert "/healthz" in check and "/status" not in check

@@ -34,7 +34,10 @@ def rounded_seconds(seconds: float) -> str:
         step = 1 if seconds < 10 else 5
         return f"{math.ceil(seconds / step) * step} s"
     minutes = math.ceil(seconds / 60)
-    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"
+    if minutes <= 60:
+        return f"{minutes} min"
+    hours, rest = divmod(minutes, 60)
+    return f"{hours} h {rest} min" if rest else f"{hours} h"
 
 
 def busy(reason: str, ahead: int, wait_seconds: float) -> Refused:

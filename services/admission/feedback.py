@@ -8,7 +8,6 @@ first token of the answer arrives.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 
 from services.admission.context import TurnContext
@@ -32,7 +31,11 @@ def status_text(gate: AdmissionGate, context: TurnContext, now: float) -> str | 
             else f"{ahead} request{'s' if ahead != 1 else ''} ahead of yours"
         )
         wait = rounded_seconds(gate.estimate_seconds(ahead))
-        return f"⏳ The service is busy: {line}, about {wait} to wait. Your answer will appear here."
+        waited = int(now - context.started_at)
+        return (
+            f"⏳ The service is busy: {line}, about {wait} to wait (waiting {waited} s so far). "
+            "Your answer will appear here."
+        )
     elapsed = now - context.started_at
     if elapsed >= QUIET_SECONDS:
         return f"⏳ Working on your answer… {int(elapsed)} s"
@@ -56,7 +59,7 @@ class WaitingFeedback:
 
     async def _run(self) -> None:
         while True:
-            text = status_text(self._gate, self._context, time.monotonic())
+            text = status_text(self._gate, self._context, self._gate.clock())
             if text is not None:
                 self._shown = True  # before the await: a cancelled send may still have shown it
                 await self._show(text)

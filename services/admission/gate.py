@@ -3,6 +3,9 @@
 Requests beyond the running limit (capacity.py) wait here, not inside vLLM,
 so that they can be counted, shown to their user with a place and an
 estimate, and refused at once when the queue is full or the wait too long.
+ADMISSION_QUEUE_MAX bounds the chat turns waiting; document parts wait besides
+them (each summary has at most SUMMARY_CONCURRENCY parts in flight, and each
+person a few turns, so they are bounded by the sessions).
 Order: chat turns by arrival; document parts as if they had arrived
 DOCUMENT_AGING_SECONDS later, so chat goes first but cannot starve them. The
 same order goes to vLLM as the request's priority (lower is earlier).
@@ -55,8 +58,10 @@ class AdmissionGate:
         self.settings = settings
         self.capacity = capacity
         self.clock = clock
-        self.waiting: list[Ticket] = []  # sorted by Ticket.order; at most ADMISSION_QUEUE_MAX
+        self.waiting: list[Ticket] = []  # sorted by Ticket.order
+        self.waiting_by_kind: Counter[str] = Counter()  # chat turns: at most ADMISSION_QUEUE_MAX
         self.running: Counter[str] = Counter()
+        self._running_tickets: set[Ticket] = set()
         self.refusals: Counter[str] = Counter()  # by reason (errors.REASONS)
         self.admitted_total = 0
         self.waited_seconds_total = 0.0
@@ -94,12 +99,14 @@ class AdmissionGate:
         if ahead == 0 and self.running_total < self.limit:
             self._admit(ticket)
             return
-        if len(self.waiting) >= self.settings.admission_queue_max:
-            raise self.refuse(QUEUE_FULL, ahead, self.estimate_seconds(len(self.waiting)))
-        estimate = self.estimate_seconds(ahead)
-        if ticket.kind == CHAT and estimate > self.settings.admission_max_wait_seconds:
-            raise self.refuse(WAIT_TOO_LONG, ahead, estimate)
+        if ticket.kind == CHAT:
+            if self.waiting_by_kind[CHAT] >= self.settings.admission_queue_max:
+                raise self.refuse(QUEUE_FULL, ahead, self.estimate_seconds(len(self.waiting)))
+            estimate = self.estimate_seconds(ahead)
+            if estimate > self.settings.admission_max_wait_seconds:
+                raise self.refuse(WAIT_TOO_LONG, ahead, estimate)
         self.waiting.insert(ahead, ticket)
+        self.waiting_by_kind[ticket.kind] += 1
         try:
             await ticket.admitted.wait()
         except BaseException:
@@ -107,6 +114,7 @@ class AdmissionGate:
                 self.release(ticket)  # admitted while being cancelled: give the slot back
             else:
                 self.waiting.remove(ticket)
+                self.waiting_by_kind[ticket.kind] -= 1
             raise
 
     def refuse(self, reason: str, ahead: int, wait_seconds: float) -> Refused:
@@ -119,6 +127,7 @@ class AdmissionGate:
             return
         ticket.released = True
         self.running[ticket.kind] -= 1
+        self._running_tickets.discard(ticket)
         served = self.clock() - ticket.admitted_at
         mean = self.service_seconds[ticket.kind]
         self.service_seconds[ticket.kind] = mean + SERVICE_SMOOTHING * (served - mean)
@@ -127,11 +136,14 @@ class AdmissionGate:
     def admit_waiting(self) -> None:
         """Admit waiting tickets, first in order, while the limit allows (also after the limit grew)."""
         while self.waiting and self.running_total < self.limit:
-            self._admit(self.waiting.pop(0))
+            ticket = self.waiting.pop(0)
+            self.waiting_by_kind[ticket.kind] -= 1
+            self._admit(ticket)
 
     def _admit(self, ticket: Ticket) -> None:
         ticket.admitted_at = self.clock()
         self.running[ticket.kind] += 1
+        self._running_tickets.add(ticket)
         self.admitted_total += 1
         self.waited_seconds_total += ticket.admitted_at - ticket.entered_at
         ticket.admitted.set()
@@ -144,14 +156,17 @@ class AdmissionGate:
         return index if index < len(self.waiting) and self.waiting[index] is ticket else None
 
     def estimate_seconds(self, ahead: int) -> float:
-        """Expected wait behind the first `ahead` waiting requests: their work, plus a slot to free up,
-        shared over the running limit (service times are measured per kind)."""
-        work = sum(self.service_seconds[t.kind] for t in self.waiting[:ahead])
-        running = self.running_total
-        per_running = (
-            sum(self.service_seconds[kind] * count for kind, count in self.running.items()) / running
-            if running
-            else 0.0
+        """Expected wait behind the first `ahead` waiting requests: what the running ones have left
+        and the work of those ahead, shared over the slots (service times are measured per kind).
+        It counts down as running requests age."""
+        now = self.clock()
+        left = sum(
+            max(
+                0.1 * self.service_seconds[t.kind],
+                self.service_seconds[t.kind] - (now - (t.admitted_at or now)),
+            )
+            for t in self._running_tickets
         )
-        slots = max(1, min(self.limit, max(running, 1)))
-        return (work + per_running) / slots
+        work = sum(self.service_seconds[t.kind] for t in self.waiting[:ahead])
+        slots = max(1, min(self.limit, len(self._running_tickets)))
+        return (left + work) / slots

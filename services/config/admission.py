@@ -35,12 +35,18 @@ class AdmissionSettings:
         0,
     )
     admission_queue_max: int = setting(
-        64, "ADMISSION_QUEUE_MAX", "Requests waiting in our queue at most; more are refused at once.", 1
+        64,
+        "ADMISSION_QUEUE_MAX",
+        "Chat turns waiting in our queue at most; more are refused at once. Document parts wait "
+        "besides them (at most SUMMARY_CONCURRENCY per summary in flight).",
+        1,
     )
     admission_max_wait_seconds: float = setting(
-        180.0,
+        10.0,
         "ADMISSION_MAX_WAIT_SECONDS",
-        "A turn whose estimated wait is longer is refused at once, with the estimate.",
+        "A chat turn whose estimated wait in our queue is longer is refused at once, with the "
+        "estimate (the target: accepted turns see their first token within ~10 s). Longer = fewer "
+        "refusals, longer waits (each shown with its place).",
         1,
     )
     user_max_concurrent_turns: int = setting(

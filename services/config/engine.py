@@ -35,6 +35,14 @@ class EngineSettings:
         "streams keep flowing while a document is read.",
         16,
     )
+    long_prefill_token_threshold: int = setting(
+        512,
+        "LONG_PREFILL_TOKEN_THRESHOLD",
+        "vLLM's cap on the prompt tokens one request prefills per engine step: a document is read "
+        "in pieces this size, so a step, and the pause it puts on every running stream and on a chat "
+        "turn's first token, stays short. 0 = up to MAX_NUM_BATCHED_TOKENS.",
+        0,
+    )
     max_num_queued_reqs: int = setting(
         128,
         "MAX_NUM_QUEUED_REQS",

@@ -16,6 +16,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from services.config import Settings
@@ -28,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 ENGINE_ARG_NAMES = (
     "model", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
-    "max_num_queued_reqs", "max_num_queued_tokens",
+    "long_prefill_token_threshold", "max_num_queued_reqs", "max_num_queued_tokens",
     "enable_prefix_caching", "enable_chunked_prefill", "gpu_memory_utilization",
     "swap_space", "enforce_eager", "tensor_parallel_size", "quantization", "kv_cache_dtype",
 )  # fmt: skip
@@ -89,6 +90,9 @@ def prepare_process_env(settings: Settings, rpc_dir: str) -> None:
     os.environ.setdefault("DO_NOT_TRACK", "1")
     # The worker on one core, the other free for the app and EngineCore.
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "auto")
+    # torch.compile's cache (vLLM compiles its CPU sampler on the first sampled request) next to the
+    # model: kept across starts, out of /tmp.
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(settings.cache_dir) / "torchinductor"))
     # ZMQ socket files go to a private folder, removed on shutdown (or by the orphan guard).
     os.environ["VLLM_RPC_BASE_PATH"] = rpc_dir
     # Their glibc reads this at start (the app's own heap is unaffected).

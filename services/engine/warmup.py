@@ -60,15 +60,13 @@ def filler(rng: random.Random, engine: ChatEngine, tokens: int) -> str:
 
 
 async def _timed(
-    engine: ChatEngine, text: str, answer_tokens: int, request_id: str
+    engine: ChatEngine, text: str, sampling: SamplingSettings, request_id: str
 ) -> tuple[float, float | None]:
-    """(seconds to the first token, seconds per later token) of one greedy request."""
+    """(seconds to the first token, seconds per later token) of one request."""
     started = time.monotonic()
     first = last = None
     count = 0
-    async for _ in engine.generate(
-        [{"role": "user", "content": text}], SamplingSettings(0.0, 1.0, answer_tokens), request_id
-    ):
+    async for _ in engine.generate([{"role": "user", "content": text}], sampling, request_id):
         last = time.monotonic()
         first = first or last
         count += 1
@@ -78,21 +76,26 @@ async def _timed(
 
 
 async def warm_up(engine: ChatEngine, settings: Settings) -> WarmUpReport:
-    """Run the warm-up pass; return what it measured (logged, and shown in /status)."""
+    """Run the warm-up pass; return what it measured (logged, and shown in /status).
+
+    Requests are sampled as the service samples by default (TEMPERATURE, TOP_P): vLLM compiles its
+    CPU sampler (torch.compile) on the first sampled request.
+    """
     started = time.monotonic()
     rng = random.Random(0)
     report = WarmUpReport()
+    prompt_sampling = SamplingSettings(settings.temperature, settings.top_p, 2)
+    batch_sampling = SamplingSettings(settings.temperature, settings.top_p, BATCH_ANSWER_TOKENS)
     longest = min(settings.max_num_batched_tokens, engine.max_model_len // 2)
     for tokens in sorted({min(t, longest) for t in PROMPT_TOKENS}):
+        text = filler(rng, engine, tokens)
         report.prompt_ttft_seconds[tokens], _ = await _timed(
-            engine, filler(rng, engine, tokens), 2, f"warm-up-p{tokens}"
+            engine, text, prompt_sampling, f"warm-up-p{tokens}"
         )
     for size in sorted({min(s, settings.max_num_seqs) for s in BATCH_SIZES}):
+        texts = [filler(rng, engine, 24) for _ in range(size)]
         results = await asyncio.gather(
-            *(
-                _timed(engine, filler(rng, engine, 24), BATCH_ANSWER_TOKENS, f"warm-up-b{size}-{i}")
-                for i in range(size)
-            )
+            *(_timed(engine, text, batch_sampling, f"warm-up-b{size}-{i}") for i, text in enumerate(texts))
         )
         per_token = [p for _, p in results if p is not None]
         if per_token:
