@@ -105,14 +105,15 @@ async def answer(message: cl.Message) -> None:
 
 async def run_turn(session: ChatSession, message: cl.Message, reply: cl.Message) -> None:
     """Answer one message (or file) into `reply`, streaming; refusals and failures end up in the reply."""
+    files = [(e.path, e.name) for e in message.elements if getattr(e, "path", None)]
     async with runtime.sessions.turn(session) as request_id:
         try:
-            files = [(e.path, e.name) for e in message.elements if getattr(e, "path", None)]
             async with runtime.admission.turn(user_key(), documents=len(files)) as turn:
                 stream = await open_stream(session, message.content, files, request_id)
                 if stream is not None:
                     await stream_into(reply, stream, runtime.admission.feedback(turn, StatusMessage().show))
         except Refused as refusal:  # the service is full, or a per-user limit: say when to retry
+            runtime.chat.attachments.discard(files)
             reply.content += ("\n\n" if reply.content else "") + f"⏳ {refusal}"
             reply.metadata = {"refused": refusal.reason}
         except asyncio.CancelledError:

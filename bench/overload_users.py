@@ -7,8 +7,8 @@ Run by bench/overload.py (one Locust process per arm); by hand:
 Each user is a person of their own (an X-Forwarded-For address the app trusts from loopback). A
 session sends 1..3 turns with a few seconds of thought between them; a share of turns upload a
 document (most fit the context and are summarized in one pass, some need map-reduce parts) and ask
-for its summary, the rest are short questions. A refused turn waits as long as it was told (at most
-30 s) before the next one. One CSV row per finished turn records what the person saw and when:
+for its summary, the rest are short questions. After a refused turn the person waits 5-15 s
+before the next one. One CSV row per finished turn records what the person saw and when:
 refusal and how fast it came, status updates (place in line), first token, tokens, the end.
 """
 
@@ -239,10 +239,10 @@ class Chatter(User):
     @task
     def one_turn(self) -> None:
         if self.person is None:
-            self.person = Person(self.host, self.address)
-            self.person.connect()
-            self.person.sio.emit("chat_settings_change", {"max_new_tokens": self.options.max_new_tokens})
-            self.turns_left = self.rng.randint(1, 3)
+            person = Person(self.host, self.address)
+            person.connect()  # a failure is Locust's error; the next task tries a new session
+            person.sio.emit("chat_settings_change", {"max_new_tokens": self.options.max_new_tokens})
+            self.person, self.turns_left = person, self.rng.randint(1, 3)
         document = self.rng.random() < self.options.document_fraction
         turn = self._document_turn() if document else self.person.send(self.rng.choice(self.questions))
         turn.done.wait(self.options.turn_timeout)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,9 +23,10 @@ from harness.chat_client import ChatClient, Reply
 from harness.documents import long_document
 from harness.server import AppServer
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, TINY_OPS_TOKEN, server_env
+from tests.test_browser import ANSWER, page  # noqa: F401  (the browser fixture)
 from tests.test_maintenance import scrape
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+aio = pytest.mark.asyncio(loop_scope="module")
 
 LONG_ANSWER_TOKENS = 3000
 TOKENS_PER_MINUTE = 400
@@ -65,6 +67,7 @@ def waiting(status: dict) -> int:
     return status["admission"]["waiting"]
 
 
+@aio
 async def test_two_run_at_once_by_measured_capacity(small_server: AppServer) -> None:
     status = await small_server.astatus()
     admission = status["admission"]
@@ -73,6 +76,7 @@ async def test_two_run_at_once_by_measured_capacity(small_server: AppServer) -> 
     assert status["warm_up"]["seconds"] > 0 and status["warm_up"]["decode_seconds_per_token"]
 
 
+@aio
 async def test_chat_turn_behind_eight_document_parts_gets_its_first_token_first(
     small_server: AppServer,
 ) -> None:
@@ -109,6 +113,7 @@ async def start_long(client: ChatClient) -> Reply:
     return await client.start_long_answer(LONG_ANSWER_TOKENS)
 
 
+@aio
 async def test_a_full_queue_refuses_at_once_and_the_service_keeps_serving(small_server: AppServer) -> None:
     async with clients(small_server, 4) as (first, second, third, fourth):
         running = [await start_long(first), await start_long(second)]
@@ -140,6 +145,7 @@ async def test_a_full_queue_refuses_at_once_and_the_service_keeps_serving(small_
     assert metrics["chat_admission_refusals_total{reason=queue_full}"] >= 1
 
 
+@aio
 async def test_one_person_gets_one_answer_at_a_time_across_tabs(small_server: AppServer) -> None:
     async with clients(small_server, 2, address="10.200.0.1") as (tab, other_tab):
         await start_long(tab)
@@ -152,6 +158,7 @@ async def test_one_person_gets_one_answer_at_a_time_across_tabs(small_server: Ap
         assert (await other_tab.ask("Now?", timeout=30)).refused is None, "fine once the first one ended"
 
 
+@aio
 async def test_tokens_per_minute_are_limited_with_a_time_to_retry(small_server: AppServer) -> None:
     async with clients(small_server, 1) as (client,):
         await client.update_settings(max_new_tokens=200, temperature=1.0)
@@ -163,6 +170,7 @@ async def test_tokens_per_minute_are_limited_with_a_time_to_retry(small_server: 
         assert re.search(r"Please try again in ~\d+ s\.", reply.final), reply.final
 
 
+@aio
 async def test_documents_per_hour_are_limited_with_a_time_to_retry(small_server: AppServer) -> None:
     async with clients(small_server, 1) as (client,):
         await client.update_settings(max_new_tokens=16)
@@ -175,6 +183,7 @@ async def test_documents_per_hour_are_limited_with_a_time_to_retry(small_server:
         assert (await client.ask("But chat still works?", timeout=30)).refused is None
 
 
+@aio
 async def test_session_pressure_evicts_idle_sessions_never_a_running_turn(small_server: AppServer) -> None:
     async with clients(small_server, 3) as (runner_1, runner_2, _idle):
         running = [await start_long(runner_1), await start_long(runner_2)]
@@ -204,3 +213,49 @@ async def test_session_pressure_evicts_idle_sessions_never_a_running_turn(small_
             await client.stop()
         for client in (reader, newcomer, refused_client):
             await client.close()
+
+
+class LoopThread:
+    """An event loop in a thread of its own, for async clients next to a sync (browser) test."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coroutine, timeout: float = 60):
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
+
+
+def test_a_person_in_the_browser_sees_their_place_then_the_answer(small_server: AppServer, page) -> None:  # noqa: F811
+    background = LoopThread()
+    holders = [ChatClient(small_server.base_url) for _ in range(2)]
+    try:
+        for client in holders:  # both running slots taken by long answers
+            background.run(client.connect())
+            background.run(start_long(client))
+        page.goto(small_server.base_url)
+        page.locator("#chat-input").wait_for(timeout=30_000)
+        page.locator("#chat-input").fill("Is it my turn yet?")
+        page.locator("#chat-submit").click()
+        status = page.get_by_text("The service is busy")
+        status.first.wait_for(timeout=10_000)
+        assert "You are next in line" in status.first.inner_text()
+        screenshots = ARTIFACTS / "screenshots"
+        screenshots.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(screenshots / "waiting.png"), full_page=True)
+        background.run(holders[0].stop())
+        page.locator(ANSWER).filter(has_not_text="The service is busy").last.wait_for(timeout=30_000)
+        status.first.wait_for(state="detached", timeout=30_000)
+        page.screenshot(path=str(screenshots / "waited-answer.png"), full_page=True)
+    finally:
+        for client in holders:
+            with contextlib.suppress(Exception):
+                background.run(client.stop())
+                background.run(client.close())
+        background.close()

@@ -141,9 +141,12 @@ class AdmittedEngine:
         return getattr(self._engine, name)
 
     async def generate(
-        self, messages: list[Message], sampling: SamplingSettings, request_id: str
+        self, messages: list[Message], sampling: SamplingSettings, request_id: str, **options: Any
     ) -> AsyncIterator[str]:
-        """Wait for a slot (refused at once when the queue is full), then stream with the slot's priority."""
+        """Wait for a slot (refused at once when the queue is full), then stream with the slot's priority.
+
+        Other keyword `options` go to the engine's own generate unchanged.
+        """
         gate, context = self._admission.gate, current_turn()
         ticket = gate.ticket(self.kind)
         try:
@@ -159,9 +162,8 @@ class AdmittedEngine:
             raise
         parts: list[str] = []
         try:
-            stream = self._engine.generate(
-                messages, sampling, request_id, priority=gate.engine_priority(ticket)
-            )
+            priority = gate.engine_priority(ticket)
+            stream = self._engine.generate(messages, sampling, request_id, priority=priority, **options)
             async with contextlib.aclosing(stream):
                 async for delta in stream:
                     parts.append(delta)
