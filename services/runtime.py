@@ -27,7 +27,7 @@ from services.config import Settings
 from services.engine.chat_engine import ChatEngine
 from services.engine.lifespan import engine_lifespan
 from services.engine.processes import engine_processes, is_running
-from services.engine.warmup import WarmUpReport, warm_up
+from services.engine.warmup import WarmUpReport
 from services.observability.maintenance import Maintenance
 from services.observability.metrics import RequestMetrics, ServiceCollector
 from services.observability.report import StatsReport
@@ -69,8 +69,7 @@ class Runtime:
         logger.info("settings differing from defaults: %s", self.settings.non_default() or "none")
         self.engine = await self._stack.enter_async_context(engine_lifespan(self.settings))
         atexit.register(self._shutdown_at_exit)
-        # Ready (healthz 200, Chainlit's port open) only after the first shapes ran once.
-        self.warm_up = await warm_up(self.engine, self.settings)
+        self.warm_up = self.engine.warm_up_report  # the lifespan warmed it up before yielding it
         # vLLM runs EngineCore and its workers as children of this process.
         self.engine_processes = engine_processes()
         self.requests = RequestMetrics(self.settings.latency_samples_kept)
@@ -79,7 +78,8 @@ class Runtime:
         self._stack.callback(self.engine.on_finish(self.requests.record))
         self.sessions = SessionStore(self.settings)
         self.admission = Admission(self.settings, self.engine.load, self._max_running())
-        self.admission.learn_from_warm_up(self.warm_up.decode_seconds_per_token)
+        if self.warm_up is not None:
+            self.admission.learn_from_warm_up(self.warm_up.decode_seconds_per_token)
         self.admission.start()
         self._stack.push_async_callback(self.admission.stop)
         chat_engine, document_engine = (self.admission.engine(self.engine, kind) for kind in (CHAT, DOCUMENT))

@@ -18,6 +18,7 @@ import pytest
 from harness.server import ROOT, AppServer
 from harness.tiny_model import build_tiny_model
 from services.config import Settings
+from services.config.engine import default_cache_dir
 from services.engine.model_prep import ensure_default_model
 
 ARTIFACTS = ROOT / "artifacts"
@@ -80,6 +81,9 @@ SESSION_TEMP = Path(tempfile.mkdtemp(prefix="chat-tests-"))
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ["TMPDIR"] = tempfile.tempdir = str(SESSION_TEMP)
+    # Importing transformers' models (the tiny model's build) creates torch.compile's cache folder in
+    # TMPDIR; keep it where the app keeps it (services/engine/local.py), out of the session's folder.
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(default_cache_dir()) / "torchinductor"))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

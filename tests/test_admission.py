@@ -318,7 +318,7 @@ async def test_a_waiting_turn_is_told_its_place_then_the_status_goes_away() -> N
     feedback.start()
     await settle()
     await queue.finish("running")
-    assert "You are next in line" in (status_text(queue.gate, turn, clock.now) or "")
+    assert "you are next in line" in (status_text(queue.gate, turn, clock.now) or "")
     await feedback.stop()
     assert shown[0] == text and shown[-1] is None, "shown while waiting, removed at the answer"
     await queue.finish("ahead", "mine")

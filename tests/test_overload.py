@@ -130,7 +130,7 @@ async def test_a_full_queue_refuses_at_once_and_the_service_keeps_serving(small_
             r"busy: about \d+ requests? ahead of yours\. Please try again in ~\d+ (s|min)", refused.final
         )
         assert len(queued.status) >= 2, "the waiting turn saw its place, updated"
-        assert "You are next in line" in queued.status[-1][1]
+        assert "you are next in line" in queued.status[-1][1]
         await first.stop()
         await asyncio.wait_for(queued.done.wait(), 30)
         assert queued.final and queued.refused is None, "the waiting turn was answered"
@@ -245,7 +245,7 @@ def test_a_person_in_the_browser_sees_their_place_then_the_answer(small_server: 
         page.locator("#chat-submit").click()
         status = page.get_by_text("The service is busy")
         status.first.wait_for(timeout=10_000)
-        assert "You are next in line" in status.first.inner_text()
+        assert "you are next in line" in status.first.inner_text()
         screenshots = ARTIFACTS / "screenshots"
         screenshots.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(screenshots / "waiting.png"), full_page=True)

@@ -26,7 +26,7 @@ def status_text(gate: AdmissionGate, context: TurnContext, now: float) -> str | 
     if places:
         ahead = min(places)
         line = (
-            "You are next in line"
+            "you are next in line"
             if ahead == 0
             else f"{ahead} request{'s' if ahead != 1 else ''} ahead of yours"
         )

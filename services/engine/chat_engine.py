@@ -114,6 +114,7 @@ class ChatEngine:
         self._on_finish: list[FinishCallback | weakref.WeakMethod] = []
         self.last_output_at: float | None = None  # monotonic time of the engine's latest output
         self.load = EngineLoad()  # the engine's own numbers; the lifespan connects them to the engine
+        self.warm_up_report: Any = None  # what the lifespan's warm-up measured (warmup.WarmUpReport)
         self._ping_prompt: list[int] | None = None
 
     def on_finish(self, callback: FinishCallback) -> Callable[[], None]:

@@ -1,4 +1,4 @@
-"""The engine for the settings: in-process vLLM, or the vLLM servers of ENGINE_URLS."""
+"""The engine for the settings: in-process vLLM, or the vLLM servers of ENGINE_URLS, warmed up."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from services.config import Settings
 from services.engine.chat_engine import ChatEngine
 from services.engine.local import local_engine_lifespan
 from services.engine.remote import remote_engine_lifespan
+from services.engine.warmup import warm_up
 
 
 @contextlib.asynccontextmanager
@@ -16,4 +17,6 @@ async def engine_lifespan(settings: Settings) -> AsyncIterator[ChatEngine]:
     """Create the engine, yield it, close it (on every exit path)."""
     lifespan = remote_engine_lifespan if settings.engine_url_list else local_engine_lifespan
     async with lifespan(settings) as engine:
+        # Ready only after the first shapes ran once (warmup.py); what it measured stays with the engine.
+        engine.warm_up_report = await warm_up(engine, settings)
         yield engine

@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 # A question, a long question or short document, a summary part (capped by the engine's step size).
 PROMPT_TOKENS = (48, 320, 1024)
 BATCH_SIZES = (1, 2, 4, 8, 16)  # streams decoding together (capped by MAX_NUM_SEQS)
-BATCH_ANSWER_TOKENS = 24
+BATCH_ANSWER_TOKENS = 32  # the first few overlap the others' prefill; the rest measure decoding
 WORDS = (
     "apple", "river", "mountain", "cloud", "stone", "garden", "window", "paper", "music", "silver",
     "forest", "candle", "bridge", "ocean", "letter", "market", "winter", "summer", "yellow", "purple",
@@ -59,20 +59,26 @@ def filler(rng: random.Random, engine: ChatEngine, tokens: int) -> str:
     return text
 
 
-async def _timed(
+async def _token_times(
     engine: ChatEngine, text: str, sampling: SamplingSettings, request_id: str
-) -> tuple[float, float | None]:
-    """(seconds to the first token, seconds per later token) of one request."""
-    started = time.monotonic()
-    first = last = None
-    count = 0
+) -> list[float]:
+    """When each piece of one request's answer arrived (monotonic), starting with the send time."""
+    times = [time.monotonic()]
     async for _ in engine.generate([{"role": "user", "content": text}], sampling, request_id):
-        last = time.monotonic()
-        first = first or last
-        count += 1
-    ttft = (first or time.monotonic()) - started
-    per_token = (last - first) / (count - 1) if first and last and count > 1 else None
-    return ttft, per_token
+        times.append(time.monotonic())
+    return times
+
+
+def decode_seconds_per_token(batch: list[list[float]]) -> float | None:
+    """Seconds per token per stream while every request of the batch was decoding (after the last
+    first token), so that the prefill of the others does not count."""
+    all_decoding = max(times[1] for times in batch if len(times) > 1)
+    gaps = []
+    for times in batch:
+        later = [t for t in times[1:] if t > all_decoding]
+        if len(later) >= 2:
+            gaps.append((later[-1] - later[0]) / (len(later) - 1))
+    return sum(gaps) / len(gaps) if gaps else None
 
 
 async def warm_up(engine: ChatEngine, settings: Settings) -> WarmUpReport:
@@ -88,18 +94,18 @@ async def warm_up(engine: ChatEngine, settings: Settings) -> WarmUpReport:
     batch_sampling = SamplingSettings(settings.temperature, settings.top_p, BATCH_ANSWER_TOKENS)
     longest = min(settings.max_num_batched_tokens, engine.max_model_len // 2)
     for tokens in sorted({min(t, longest) for t in PROMPT_TOKENS}):
-        text = filler(rng, engine, tokens)
-        report.prompt_ttft_seconds[tokens], _ = await _timed(
-            engine, text, prompt_sampling, f"warm-up-p{tokens}"
-        )
+        times = await _token_times(engine, filler(rng, engine, tokens), prompt_sampling, f"warm-up-p{tokens}")
+        report.prompt_ttft_seconds[tokens] = (times[1] if len(times) > 1 else time.monotonic()) - times[0]
     for size in sorted({min(s, settings.max_num_seqs) for s in BATCH_SIZES}):
         texts = [filler(rng, engine, 24) for _ in range(size)]
-        results = await asyncio.gather(
-            *(_timed(engine, text, batch_sampling, f"warm-up-b{size}-{i}") for i, text in enumerate(texts))
+        batch = await asyncio.gather(
+            *(
+                _token_times(engine, text, batch_sampling, f"warm-up-b{size}-{i}")
+                for i, text in enumerate(texts)
+            )
         )
-        per_token = [p for _, p in results if p is not None]
-        if per_token:
-            report.decode_seconds_per_token[size] = sum(per_token) / len(per_token)
+        if any(len(times) > 1 for times in batch) and (per_token := decode_seconds_per_token(batch)):
+            report.decode_seconds_per_token[size] = per_token
     report.seconds = time.monotonic() - started
     logger.info("warm-up took %.1f s: %s", report.seconds, report.summary())
     return report
