@@ -157,17 +157,24 @@ async def test_a_full_queue_refuses_at_once_with_place_and_retry_time() -> None:
 
 
 @aio
-async def test_a_chat_turn_facing_too_long_a_wait_is_refused() -> None:
+async def test_a_chat_turn_facing_too_long_a_wait_is_refused_once_turns_were_measured() -> None:
     clock = Clock()
-    gate = gate_with(1, clock, admission_max_wait_seconds=20)
+    gate = gate_with(1, clock, admission_max_wait_seconds=30)
     queue = Queue(gate, clock)
     await queue.submit("running", CHAT)
-    await queue.submit("w1", CHAT)  # expected wait ~15 s per chat turn ahead: still under 20 s
+    await queue.submit("unmeasured", CHAT)
+    await queue.submit("still unmeasured", CHAT)
+    assert len(gate.waiting) == 2, "no wait is refused before turns were measured"
+    for name in ("running", "unmeasured", "still unmeasured"):
+        clock.now += 20
+        await queue.finish(name)
+    await queue.submit("long", CHAT)
+    await queue.submit("w1", CHAT)  # about one turn (~24 s) away: fine
     assert len(gate.waiting) == 1
     with pytest.raises(Refused, match="busy") as refused:
-        await gate.enter(gate.ticket(CHAT))
-    assert refused.value.reason == "wait_too_long" and refused.value.retry_after_seconds > 20
-    await queue.finish("running", "w1")
+        await gate.enter(gate.ticket(CHAT))  # two turns away
+    assert refused.value.reason == "wait_too_long" and refused.value.retry_after_seconds > 30
+    await queue.finish("long", "w1")
 
 
 @aio

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import heapq
 import itertools
 import sys
 import time
@@ -28,9 +29,14 @@ from services.config import Settings
 
 CHAT = "chat"
 DOCUMENT = "document"
-# What a request of each kind holds a slot for, in seconds, until measured.
-FIRST_SERVICE_SECONDS = {CHAT: 15.0, DOCUMENT: 60.0}
 SERVICE_SMOOTHING = 0.1  # weight of each new measurement in the moving average
+MEASURED_AFTER = 3  # chat turns released before an estimated wait may refuse one
+
+
+def first_service_seconds(settings: Settings) -> dict[str, float]:
+    """What a request of each kind holds a slot for until measured: its answer budget at the pace."""
+    pace = settings.reading_pace_tokens_per_second or 5.0
+    return {CHAT: min(settings.max_new_tokens, 128) / pace, DOCUMENT: settings.summary_max_tokens / pace}
 
 
 @dataclass(eq=False)
@@ -65,7 +71,8 @@ class AdmissionGate:
         self.refusals: Counter[str] = Counter()  # by reason (errors.REASONS)
         self.admitted_total = 0
         self.waited_seconds_total = 0.0
-        self.service_seconds = dict(FIRST_SERVICE_SECONDS)
+        self.service_seconds = first_service_seconds(settings)
+        self.completed: Counter[str] = Counter()  # requests released, by kind
         self._epoch = clock()
         self._numbers = itertools.count()
 
@@ -103,7 +110,8 @@ class AdmissionGate:
             if self.waiting_by_kind[CHAT] >= self.settings.admission_queue_max:
                 raise self.refuse(QUEUE_FULL, ahead, self.estimate_seconds(len(self.waiting)))
             estimate = self.estimate_seconds(ahead)
-            if estimate > self.settings.admission_max_wait_seconds:
+            measured = self.completed[CHAT] >= MEASURED_AFTER
+            if measured and estimate > self.settings.admission_max_wait_seconds:
                 raise self.refuse(WAIT_TOO_LONG, ahead, estimate)
         self.waiting.insert(ahead, ticket)
         self.waiting_by_kind[ticket.kind] += 1
@@ -128,6 +136,7 @@ class AdmissionGate:
         ticket.released = True
         self.running[ticket.kind] -= 1
         self._running_tickets.discard(ticket)
+        self.completed[ticket.kind] += 1
         served = self.clock() - ticket.admitted_at
         mean = self.service_seconds[ticket.kind]
         self.service_seconds[ticket.kind] = mean + SERVICE_SMOOTHING * (served - mean)
@@ -156,17 +165,22 @@ class AdmissionGate:
         return index if index < len(self.waiting) and self.waiting[index] is ticket else None
 
     def estimate_seconds(self, ahead: int) -> float:
-        """Expected wait behind the first `ahead` waiting requests: what the running ones have left
-        and the work of those ahead, shared over the slots (service times are measured per kind).
-        It counts down as running requests age."""
+        """Expected wait of the request with `ahead` requests waiting before it.
+
+        Replays the slots: each running request frees its slot after what its kind usually takes,
+        minus what it has run already; each request ahead takes the earliest free slot and holds it
+        for its kind's service time (measured per kind). The estimate counts down as requests age.
+        """
         now = self.clock()
-        left = sum(
+        free_at = sorted(
             max(
                 0.1 * self.service_seconds[t.kind],
                 self.service_seconds[t.kind] - (now - (t.admitted_at or now)),
             )
             for t in self._running_tickets
         )
-        work = sum(self.service_seconds[t.kind] for t in self.waiting[:ahead])
-        slots = max(1, min(self.limit, len(self._running_tickets)))
-        return (left + work) / slots
+        free_at = free_at[: max(1, min(self.limit, len(free_at)))] or [0.0]
+        heapq.heapify(free_at)
+        for ticket in self.waiting[:ahead]:
+            heapq.heappush(free_at, heapq.heappop(free_at) + self.service_seconds[ticket.kind])
+        return free_at[0]
