@@ -372,6 +372,31 @@ async def test_admitted_engine_queues_streams_and_accounts_tokens_to_the_user() 
     assert admission.status()["admitted_total"] == 2
 
 
+class QueueOverflowError(Exception):
+    """Named as vllm.exceptions' (matched by name, as the app does: importing vLLM takes seconds)."""
+
+
+class FullEngine(WordEngine):
+    """An engine whose own queue is full: vLLM's admission control refuses every request."""
+
+    async def generate(self, messages, sampling, request_id, *, priority: int = 0) -> AsyncIterator[str]:
+        raise QueueOverflowError()
+        yield ""  # an async generator, as the engine's
+
+
+@aio
+async def test_vllms_own_queue_limit_becomes_a_busy_message_counted_in_metrics() -> None:
+    admission = Admission(settings(), EngineLoad(), max_running=64)
+    admission.capacity = admission.gate.capacity = FixedCapacity(4)
+    engine = admission.engine(FullEngine(), CHAT)  # type: ignore[arg-type]
+    with pytest.raises(Refused, match="The service is busy") as refused:
+        async with admission.turn("u"):
+            [d async for d in engine.generate([], SamplingSettings(0.0, 1.0, 8), "r")]
+    assert refused.value.reason == "engine_queue_full"
+    assert admission.status()["refusals_total"] == {"engine_queue_full": 1}
+    assert admission.gate.running_total == 0 and admission.overloaded
+
+
 # --- prefix affinity (ENGINE_URLS) -------------------------------------------------------------------
 def test_a_conversation_goes_to_the_server_holding_its_prefix_unless_it_is_overloaded() -> None:
     a, b = Server("http://a"), Server("http://b")
