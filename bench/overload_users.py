@@ -30,7 +30,7 @@ import httpx
 import socketio
 from locust import User, between, events, task
 
-from harness.chat_client import SOCKET_PATH, user_message_payload
+from harness.chat_client import SOCKET_PATH, sign_in_sync, user_message_payload
 from harness.documents import long_document
 
 PROMPTS_FILE = Path(__file__).resolve().parent / "data" / "prompts.json"
@@ -113,6 +113,15 @@ class Turn:
     done: threading.Event = field(default_factory=threading.Event)
 
 
+_COOKIES: dict[str, str | None] = {}  # one sign-in per server (the local user), shared by all people
+
+
+def session_cookie(base_url: str) -> str | None:
+    if base_url not in _COOKIES:
+        _COOKIES[base_url] = sign_in_sync(base_url)
+    return _COOKIES[base_url]
+
+
 class Person:
     """One chat session over the sync socket.io client, as a browser tab sees it."""
 
@@ -155,6 +164,11 @@ class Person:
                 turn.final_at = now
                 turn.done.set()
 
+    def headers(self) -> dict[str, str]:
+        """This person's address, and the sign-in cookie of the local user when the app asks for one."""
+        cookie = session_cookie(self.base_url)
+        return {"X-Forwarded-For": self.address, **({"Cookie": cookie} if cookie else {})}
+
     def connect(self) -> None:
         auth = {
             "sessionId": self.session_id,
@@ -163,13 +177,12 @@ class Person:
             "userEnv": "{}",
             "chatProfile": "",
         }
-        headers = {"X-Forwarded-For": self.address}
         self.sio.connect(
             self.base_url,
             socketio_path=SOCKET_PATH,
             transports=["websocket"],
             auth=auth,
-            headers=headers,
+            headers=self.headers(),
             wait_timeout=10,
         )
         self.sio.emit("connection_successful")
@@ -177,7 +190,7 @@ class Person:
     def upload(self, name: str, data: bytes) -> str:
         response = httpx.post(
             f"{self.base_url}/project/file", params={"session_id": self.session_id},
-            files={"file": (name, data, "text/plain")}, headers={"X-Forwarded-For": self.address}, timeout=60,
+            files={"file": (name, data, "text/plain")}, headers=self.headers(), timeout=60,
         )  # fmt: skip
         response.raise_for_status()
         return response.json()["id"]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up: a venv with the exact pins, the default model prepared.
 #   scripts/setup.sh          runtime only (what scripts/run.sh needs)
-#   scripts/setup.sh --test   plus test tools and Debian's chromium
+#   scripts/setup.sh --test   plus test tools, Debian's chromium and postgresql
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,6 +39,25 @@ if [[ ! -e "$runtime_stamp" ]]; then
   touch "$runtime_stamp"
 fi
 
+# The page's font (Inter) and KaTeX's CSS, served by the app instead of CDNs: from the npm
+# registry, at the versions of assets/package-lock.json (once per lock file).
+assets_stamp="assets/node_modules/.stamp-$(stamp_of assets/package-lock.json)"
+if [[ ! -e "$assets_stamp" ]]; then
+  if command -v npm >/dev/null 2>&1; then
+    echo "[setup] installing the page's font and styles (npm)"
+    (cd assets && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error >/dev/null)
+    touch "$assets_stamp"
+  else
+    echo "[setup] npm not found: the page will use the system font (install Node.js and npm, rerun)" >&2
+  fi
+fi
+
+if [[ "$(id -u)" == 0 ]]; then SUDO=""; else SUDO="sudo"; fi
+apt_install() {
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "$@" >/dev/null
+}
+
 if [[ "$WITH_TEST" == 1 ]]; then
   test_stamp="$VENV/.test-$(stamp_of requirements-test.txt)"
   if [[ ! -e "$test_stamp" ]]; then
@@ -48,11 +67,20 @@ if [[ "$WITH_TEST" == 1 ]]; then
   fi
   if ! command -v chromium >/dev/null 2>&1; then
     echo "[setup] installing Debian's chromium for the browser test"
-    if [[ "$(id -u)" == 0 ]]; then SUDO=""; else SUDO="sudo"; fi
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+    apt_install chromium
+  fi
+  # The PostgreSQL tests start a throwaway cluster of their own (initdb on a free port).
+  if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+    echo "[setup] installing Debian's postgresql for the database tests"
+    apt_install postgresql
+  fi
+  if ! command -v npm >/dev/null 2>&1; then
+    echo "[setup] installing Debian's npm for the page's font and styles"
+    apt_install npm
+    (cd assets && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error >/dev/null)
+    touch "$assets_stamp"
   fi
 fi
 
 # Convert the bundled GGUF into a folder vLLM loads (once; atomic).
-"$VENV/bin/python" -m services.model_prep
+"$VENV/bin/python" -m services.engine.model_prep

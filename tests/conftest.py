@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.postgres import PostgresCluster
 from harness.server import ROOT, AppServer
 from harness.tiny_model import build_tiny_model
 from services.config import Settings
@@ -70,6 +71,14 @@ def default_server(default_model_dir: Path) -> Iterator[AppServer]:
     server = AppServer({"MODEL": ""}, ARTIFACTS / "logs" / "default-server.log").start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresCluster]:
+    """A throwaway PostgreSQL cluster (Debian's postgresql) on a free loopback port, for the session."""
+    cluster = PostgresCluster().start()
+    yield cluster
+    cluster.remove()
 
 
 # Each test session gets a temp folder of its own (TMPDIR, inherited by every server and

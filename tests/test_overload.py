@@ -50,7 +50,7 @@ def small_server(tiny_model_dir: Path) -> Iterator[AppServer]:
 @contextlib.asynccontextmanager
 async def clients(server: AppServer, count: int, address: str | None = None):
     """`count` connected clients (one person each, or all `address`), closed and forgotten afterwards."""
-    connected = [ChatClient(server.base_url, address) for _ in range(count)]
+    connected = [ChatClient(server.base_url, address=address) for _ in range(count)]
     await asyncio.gather(*(client.connect() for client in connected))
     try:
         yield connected

@@ -30,6 +30,9 @@ class ChatSession:
     history: deque[Message]
     turn_task: asyncio.Task | None = None
     document: SessionDocument | None = None
+    user_identifier: str | None = None  # the signed-in user (None when anonymous): per-user limits, history
+    reconnect_deadline: float | None = None  # set while disconnected: dropped when the page has not returned
+    history_outage_told: int = 0  # the history outage this session was last told about (0 = none)
     last_used: float = 0.0  # monotonic; opening the session or ending a turn refreshes it
 
     @property

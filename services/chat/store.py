@@ -42,12 +42,12 @@ class SessionStore:
         self.settings = settings
         self.timer = timer
         self._sessions: OrderedDict[str, ChatSession] = OrderedDict()  # least recently used first
-        self.dropped_total: dict[str, int] = {"evicted": 0, "expired": 0, "closed": 0}
+        self.dropped_total: dict[str, int] = {"evicted": 0, "expired": 0, "closed": 0, "not_reconnected": 0}
         self.refused_total = 0
 
     # --- lifecycle -----------------------------------------------------------
-    def open(self, session_id: str) -> ChatSession:
-        """The session for `session_id`, created on first use; marks it as used now.
+    def open(self, session_id: str, user_identifier: str | None = None) -> ChatSession:
+        """The session for `session_id`, created on first use; marks it as used now (and connected).
 
         Raises Refused when the store is full and no session is idle.
         """
@@ -61,7 +61,9 @@ class SessionStore:
                 sampling=SamplingSettings(s.temperature, s.top_p, s.max_new_tokens),
                 system_prompt=s.system_prompt,
                 history=deque(maxlen=s.max_history_messages),
+                user_identifier=user_identifier,
             )
+        session.reconnect_deadline = None
         self._touch(session)
         return session
 
@@ -71,14 +73,17 @@ class SessionStore:
         self._sessions.move_to_end(session.session_id)
 
     def _make_room(self) -> None:
-        """Evict the least recently used idle session when full; refuse when none is idle."""
+        """When full, evict a session whose page went away, else the least recently used idle one;
+        refuse when none is idle."""
         if len(self._sessions) < self.settings.max_sessions:
             return
-        for session_id, session in self._sessions.items():
-            if not session.busy:
-                del self._sessions[session_id]
-                self._release(session, "evicted")
-                return
+        idle = [s for s in self._sessions.values() if not s.busy]  # least recently used first
+        if idle:
+            gone = [s for s in idle if s.reconnect_deadline is not None]
+            victim = (gone or idle)[0]
+            del self._sessions[victim.session_id]
+            self._release(victim, "evicted")
+            return
         self.refused_total += 1
         raise Refused(
             SESSIONS_FULL,
@@ -96,21 +101,40 @@ class SessionStore:
         if session is not None:
             self._release(session, "closed")
 
+    def disconnect(self, session_id: str, keep_seconds: float) -> None:
+        """The page went away: cancel the running turn now (aborting its engine request), but keep
+        the conversation `keep_seconds` (Chainlit's session_timeout) for the page to reconnect."""
+        session = self._sessions.get(session_id)
+        if session is None:
+            return
+        if session.cancel_turn() is not None:
+            logger.info("session %s disconnected: cancelled its running turn", session_id[:8])
+        session.reconnect_deadline = self.timer() + keep_seconds
+
     def expire(self) -> int:
-        """Drop sessions idle for longer than the TTL; return how many.
+        """Drop sessions idle past the TTL and disconnected ones not back in time; return how many.
 
         A turn that has run for longer than the TTL counts as abandoned: it is cancelled.
         """
-        deadline = self.timer() - self.settings.session_ttl_seconds
+        now = self.timer()
+        deadline = now - self.settings.session_ttl_seconds
         expired = []
         for session in self._sessions.values():  # least recently used first
             if session.last_used > deadline:
                 break
             expired.append(session)
-        for session in expired:
+        expired_ids = {s.session_id for s in expired}
+        gone = [
+            s
+            for s in self._sessions.values()
+            if s.reconnect_deadline is not None
+            and s.reconnect_deadline <= now
+            and s.session_id not in expired_ids
+        ]
+        for session, reason in [(s, "expired") for s in expired] + [(s, "not_reconnected") for s in gone]:
             del self._sessions[session.session_id]
-            self._release(session, "expired")
-        return len(expired)
+            self._release(session, reason)
+        return len(expired) + len(gone)
 
     def close_all(self) -> None:
         for session_id in list(self._sessions.keys()):
@@ -123,6 +147,10 @@ class SessionStore:
 
     def __len__(self) -> int:
         return len(self._sessions)
+
+    def awaiting_reconnect(self) -> int:
+        """Sessions whose page went away, kept until their reconnect deadline."""
+        return sum(1 for s in self._sessions.values() if s.reconnect_deadline is not None)
 
     def turns_in_flight(self) -> int:
         return sum(1 for s in self._sessions.values() if s.busy)

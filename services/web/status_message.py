@@ -33,15 +33,17 @@ class StatusMessage:
             await self._message.update()
 
 
-def user_key() -> str:
+def user_key(people_sign_in: bool = True) -> str:
     """Whose share a turn counts against: the signed-in user, else the client's address.
 
-    The address is the socket's peer as uvicorn saw it; behind a reverse proxy that
-    uvicorn trusts (FORWARDED_ALLOW_IPS, loopback by default) it is the client named in
-    X-Forwarded-For. (engine.io's own REMOTE_ADDR is always 127.0.0.1.)
+    `people_sign_in` False (the one local user of a loopback install, or anonymous): everyone is
+    the same user, so the address tells people apart. The address is the socket's peer as
+    uvicorn saw it; behind a reverse proxy that uvicorn trusts (FORWARDED_ALLOW_IPS, loopback by
+    default) it is the client named in X-Forwarded-For. (engine.io's own REMOTE_ADDR is always
+    127.0.0.1.)
     """
-    user = cl.user_session.get("user")
-    if user is not None:
+    user = cl.context.session.user
+    if people_sign_in and user is not None:
         return f"user:{user.identifier}"
     scope = cl.context.session.environ.get("asgi.scope") or {}
     client = scope.get("client")
