@@ -106,6 +106,23 @@ async def test_session_pressure_refuses_a_new_session_when_every_one_is_busy() -
     first.cancel()
 
 
+async def test_a_page_that_went_away_makes_room_first_and_is_dropped_after_its_window() -> None:
+    clock = Clock()
+    store, chat, engine = make_store(clock, max_sessions=3)
+    store.open("idle")
+    task = await start_turn(store, chat, "gone")
+    store.open("newest")
+    store.disconnect("gone", keep_seconds=120)  # its running turn ends now, its conversation stays
+    await assert_cancelled(task)
+    assert store.get("gone") is not None and store.awaiting_reconnect() == 1 and len(engine.aborted) == 1
+    store.open("another")  # full: the page that went away goes before the older idle session
+    assert store.get("gone") is None and store.get("idle") is not None
+    store.disconnect("idle", keep_seconds=120)
+    clock.now += 121
+    assert store.expire() == 1 and store.get("idle") is None
+    assert store.dropped_total["not_reconnected"] == 1 and store.dropped_total["evicted"] == 1
+
+
 async def test_ttl_expiry_cancels_the_turn_and_frees_state() -> None:
     clock = Clock()
     store, chat, engine = make_store(clock, session_ttl_seconds=60)
