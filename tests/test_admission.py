@@ -163,9 +163,15 @@ async def test_a_chat_turn_facing_too_long_a_wait_is_refused_once_turns_were_mea
     queue = Queue(gate, clock)
     await queue.submit("running", CHAT)
     await queue.submit("unmeasured", CHAT)
-    await queue.submit("still unmeasured", CHAT)
-    assert len(gate.waiting) == 2, "no wait is refused before turns were measured"
-    for name in ("running", "unmeasured", "still unmeasured"):
+    assert len(gate.waiting) == 1, "before turns were measured, one round of the limit may wait"
+    with pytest.raises(Refused, match="busy") as early:
+        await gate.enter(gate.ticket(CHAT))  # a second round on a guess: refused
+    assert early.value.reason == "wait_too_long"
+    clock.now += 20
+    await queue.finish("running")  # "unmeasured" runs
+    await queue.submit("next", CHAT, after_seconds=0)  # one round again: it may wait
+    assert len(gate.waiting) == 1
+    for name in ("unmeasured", "next"):
         clock.now += 20
         await queue.finish(name)
     await queue.submit("long", CHAT)

@@ -30,7 +30,7 @@ from services.config import Settings
 CHAT = "chat"
 DOCUMENT = "document"
 SERVICE_SMOOTHING = 0.1  # weight of each new measurement in the moving average
-MEASURED_AFTER = 3  # chat turns released before an estimated wait may refuse one
+MEASURED_AFTER = 3  # chat turns released before the estimate alone decides (until then: one round)
 
 
 def first_service_seconds(settings: Settings) -> dict[str, float]:
@@ -110,8 +110,11 @@ class AdmissionGate:
             if self.waiting_by_kind[CHAT] >= self.settings.admission_queue_max:
                 raise self.refuse(QUEUE_FULL, ahead, self.estimate_seconds(len(self.waiting)))
             estimate = self.estimate_seconds(ahead)
+            # Until chat turns were measured the estimate is a guess from the answer budget: up to
+            # one round of the running limit may still wait (the overload run's first burst queued
+            # 45 turns behind a limit of 1 and waited minutes).
             measured = self.completed[CHAT] >= MEASURED_AFTER
-            if measured and estimate > self.settings.admission_max_wait_seconds:
+            if estimate > self.settings.admission_max_wait_seconds and (measured or ahead >= self.limit):
                 raise self.refuse(WAIT_TOO_LONG, ahead, estimate)
         self.waiting.insert(ahead, ticket)
         self.waiting_by_kind[ticket.kind] += 1
