@@ -42,6 +42,9 @@ ENV CACHE_DIR=/home/chat/.cache/vllm-chat \
 RUN python -m services.engine.model_prep
 
 EXPOSE 8000
-HEALTHCHECK --interval=30s --timeout=5s --start-period=180s \
-    CMD python -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8000/status').status == 200 else 1)"
+# /healthz: 200 while serving ("ok" or "overloaded"), 503 when down (engine dead, not answering, or
+# still warming up); open without OPS_TOKEN. urlopen raises on 503, so the check fails then. Its engine
+# ping may take up to HEALTH_PING_TIMEOUT_SECONDS (15 s).
+HEALTHCHECK --interval=30s --timeout=20s --start-period=300s \
+    CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=18)"
 CMD ["sh", "-c", "exec chainlit run app.py --headless --host \"$HOST\" --port 8000"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 
 import chainlit as cl
 from chainlit.config import config as chainlit_config
@@ -18,14 +19,16 @@ from chainlit.oauth_providers import get_configured_oauth_providers
 from chainlit.server import app as http_app
 from chainlit.types import ThreadDict
 
+from services.admission.errors import Refused
+from services.admission.feedback import WaitingFeedback
 from services.chat.session import ChatSession
 from services.config import SettingsError
-from services.documents.progress import Progress, SummaryProgress
 from services.engine.errors import report_failure
 from services.history.resume import ANSWER_METADATA, is_command
 from services.runtime import Runtime
 from services.web.access import install_access_guards
 from services.web.chainlit_state import current_user_identifier, forget_chat_context, tell_uploader
+from services.web.chat_feedback import StatusMessage, notice, summary_progress, user_key
 from services.web.page_assets import install_page_assets
 from services.web.routes import install_routes
 from services.web.upload_guard import install_upload_guard
@@ -88,9 +91,9 @@ async def stop_service() -> None:
 async def start_chat() -> None:
     if await account_removed():
         return
-    session = runtime.sessions.open(cl.context.session.id, current_user_identifier())
-    await send_chat_settings(session)
-    await tell_history_state(session)
+    if session := await open_session():
+        await send_chat_settings(session)
+        await tell_history_state(session)
 
 
 @cl.on_chat_resume
@@ -98,7 +101,9 @@ async def resume_chat(thread: ThreadDict) -> None:
     """A stored conversation opened from the sidebar (or after a reload): the model gets its turns back."""
     if await account_removed():
         return
-    session = runtime.sessions.open(cl.context.session.id, current_user_identifier())
+    session = await open_session()
+    if session is None:
+        return
     await runtime.history.restore(runtime.sessions, session, thread)
     await send_chat_settings(session)
     if session.document is not None:
@@ -122,8 +127,19 @@ async def send_chat_settings(session: ChatSession) -> None:
 
 @cl.on_settings_update
 async def update_settings(values: dict) -> None:
-    session = runtime.sessions.open(cl.context.session.id, current_user_identifier())
-    runtime.sessions.update_settings(session, values)
+    if session := await open_session():
+        runtime.sessions.update_settings(session, values)
+
+
+async def open_session() -> ChatSession | None:
+    """This tab's session; None (and the user told why) when the service holds all it can."""
+    try:
+        return runtime.sessions.open(cl.context.session.id, current_user_identifier())
+    except Refused as refusal:
+        told = cl.ErrorMessage(str(refusal))
+        told.metadata = {"refused": refusal.reason}
+        await told.send()
+        return None
 
 
 @cl.on_message
@@ -134,7 +150,9 @@ async def answer(message: cl.Message) -> None:
     if is_command(message.content):  # operators' view; admins only
         await show_stats()
         return
-    session = runtime.sessions.open(cl.context.session.id, current_user_identifier())
+    session = await open_session()
+    if session is None:
+        return
     if len(message.content) > runtime.settings.max_message_chars:
         await cl.ErrorMessage(
             f"Your message has {len(message.content):,} characters; the limit is "
@@ -152,28 +170,19 @@ async def answer(message: cl.Message) -> None:
 
 
 async def run_turn(session: ChatSession, message: cl.Message, reply: cl.Message) -> None:
-    """Answer one message (or file) into `reply`, streaming; failures end up in the reply."""
-    chat = runtime.chat
+    """Answer one message (or file) into `reply`, streaming; refusals and failures end up in the reply."""
+    files = [(e.path, e.name) for e in message.elements if getattr(e, "path", None)]
+    person = user_key(people_sign_in=sign_in.mode != "local")  # the local user: one per address
     async with runtime.sessions.turn(session) as request_id:
         try:
-            files = [(e.path, e.name) for e in message.elements if getattr(e, "path", None)]
-            if files and not await read_documents(session, files):
-                return
-            if files:  # a file with a message: the message is the request about the file
-                stream = chat.summarize(session, message.content, request_id, progress())
-            else:
-                prompt = chat.build_prompt(session, message.content)
-                if prompt.dropped_messages:
-                    await notice(
-                        f"{prompt.dropped_messages} older message(s) were left out to fit "
-                        f"the model's {runtime.engine.max_model_len:,}-token context."
-                    )
-                stream = chat.reply(session, prompt, request_id)
-            # Closed here, not by the garbage collector: a Stop that lands while a
-            # token is being sent must still end the engine request at once.
-            async with contextlib.aclosing(stream):
-                async for delta in stream:
-                    await reply.stream_token(delta)
+            async with runtime.admission.turn(person, documents=len(files)) as turn:
+                stream = await open_stream(session, message.content, files, request_id)
+                if stream is not None:
+                    await stream_into(reply, stream, runtime.admission.feedback(turn, StatusMessage().show))
+        except Refused as refusal:  # the service is full, or a per-user limit: say when to retry
+            runtime.chat.attachments.discard(files)
+            reply.content += ("\n\n" if reply.content else "") + f"⏳ {refusal}"
+            reply.metadata = {"refused": refusal.reason}
         except asyncio.CancelledError:
             if reply.content:
                 await asyncio.shield(reply.update())
@@ -183,6 +192,41 @@ async def run_turn(session: ChatSession, message: cl.Message, reply: cl.Message)
                 reply.metadata = {}  # nothing the model said: not part of its history
             reply.content += ("\n\n" if reply.content else "") + f"⚠️ {report_failure(error, request_id)}"
         await reply.send()
+
+
+async def open_stream(
+    session: ChatSession, text: str, files: list[tuple[str, str]], request_id: str
+) -> AsyncIterator[str] | None:
+    """The answer's stream: a summary when files came with the message (the message is the
+    request about them), else a chat reply; None when no file was readable."""
+    chat = runtime.chat
+    if files:
+        return (
+            chat.summarize(session, text, request_id, summary_progress())
+            if await read_documents(session, files)
+            else None
+        )
+    prompt = chat.build_prompt(session, text)
+    if prompt.dropped_messages:
+        await notice(
+            f"{prompt.dropped_messages} older message(s) were left out to fit "
+            f"the model's {runtime.engine.max_model_len:,}-token context."
+        )
+    return chat.reply(session, prompt, request_id)
+
+
+async def stream_into(reply: cl.Message, stream: AsyncIterator[str], feedback: WaitingFeedback) -> None:
+    """Stream the answer into `reply`; until its first token the user sees their place in line."""
+    feedback.start()
+    try:
+        # Closed here, not by the garbage collector: a Stop that lands while a
+        # token is being sent must still end the engine request at once.
+        async with contextlib.aclosing(stream):
+            async for delta in stream:
+                await feedback.stop()  # the answer takes the status message's place
+                await reply.stream_token(delta)
+    finally:
+        await asyncio.shield(feedback.stop())
 
 
 async def show_stats() -> None:
@@ -207,24 +251,6 @@ async def read_documents(session: ChatSession, files: list[tuple[str, str]]) -> 
     if result.document is not None and runtime.history.enabled:  # kept with the conversation
         await runtime.history.save_document(cl.context.session.thread_id, result.document)
     return result.document is not None
-
-
-def progress() -> Progress:
-    """Progress of a summary: one step, updated while the engine reads (tokens, parts, loops cut)."""
-    step = cl.Step(name="Summarizing", type="tool")
-    sent = False
-
-    async def report(update: SummaryProgress) -> None:
-        nonlocal sent
-        step.output = update.describe()
-        await (step.update() if sent else step.send())
-        sent = True
-
-    return report
-
-
-async def notice(text: str) -> None:
-    await cl.Message(author="notice", content=f"_{text}_").send()
 
 
 async def tell_history_state(session: ChatSession) -> None:

@@ -6,7 +6,9 @@ Against a running app (single Locust process; the knobs below are flags or env v
 Each user opens a chat session, sets its answer budget (`chat_settings_change`),
 sends 1..TURNS_PER_SESSION messages (short questions, or long documents with
 an instruction, from bench/data/prompts.json) with think time 0.1-0.5 s, then
-ends the session and opens a new one. Users picked by --vanish-fraction end
+ends the session and opens a new one. Each user is a person of their own to the app's per-person
+limits (its own X-Forwarded-For address, trusted from loopback; all sign in as the local user,
+whose share is counted per address). Users picked by --vanish-fraction end
 each session instead by vanishing mid-stream: the TCP connection is shut
 without a websocket close frame or socket.io disconnect packet, as when a
 browser tab is killed, so the server's cleanup path is exercised.
@@ -243,8 +245,9 @@ class SyncChat:
     final text in `new_message`/`update_message` of the same message id.
     """
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, address: str) -> None:
         self.base_url = base_url
+        self.address = address  # X-Forwarded-For: the person to the per-person limits
         self.session_id = str(uuid.uuid4())
         self.sio = socketio.Client(reconnection=False)
         self.turn: Turn | None = None
@@ -300,7 +303,7 @@ class SyncChat:
             transports=["websocket"],
             auth=auth,
             wait_timeout=timeout,
-            headers={"Cookie": cookie} if cookie else {},
+            headers={"X-Forwarded-For": self.address, **({"Cookie": cookie} if cookie else {})},
         )
         self.sio.emit("connection_successful")
 
@@ -352,6 +355,7 @@ class ChatUser(User):
         # Exactly floor(n * fraction) of the first n users vanish (no sampling noise).
         number, fraction = next(ChatUser._numbers), self.knobs.vanish_fraction
         self.vanishes = math.floor((number + 1) * fraction) > math.floor(number * fraction)
+        self.address = f"10.88.{number // 250}.{number % 250 + 1}"
         self.rng = random.Random()
         self.chat: SyncChat | None = None
         self.turns_left = 0
@@ -379,7 +383,7 @@ class ChatUser(User):
 
     # --- steps ---------------------------------------------------------------------
     def _open_session(self) -> bool:
-        chat = SyncChat(self.host)
+        chat = SyncChat(self.host, self.address)
         started = time.monotonic()
         try:
             chat.connect()

@@ -2,13 +2,21 @@
 
 Used by the server tests, the benchmarks and the load test. Protocol notes in
 ../shared/FIELD_NOTES.md: the first token arrives inside `stream_start.output`,
-later ones as `stream_token`; `new_message` carries the final text.
+later ones as `stream_token`; `new_message` carries the final text. While a turn
+waits for its place, a status message (`metadata.status`) says where it stands;
+it is deleted (`delete_message`) when the answer starts. A refused turn's reply
+carries `metadata.refused` (the reason).
+
+Each client connects with its own `X-Forwarded-For` address (the server trusts
+it from loopback), so each is a different person to the per-user limits; pass
+the same `address` to several clients to make them one person's tabs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import time
 import uuid
@@ -21,6 +29,13 @@ import socketio
 
 SOCKET_PATH = "/ws/socket.io"
 COOKIE_NAME = "access_token"  # Chainlit's sign-in cookie
+_addresses = itertools.count(1)
+
+
+def new_address() -> str:
+    """A client address of its own (10.x.y.z), for a client that should be a person of its own."""
+    number = next(_addresses)
+    return f"10.{(number >> 16) & 255}.{(number >> 8) & 255}.{number & 255}"
 
 
 class SignInError(RuntimeError):
@@ -97,6 +112,9 @@ class Reply:
     sent_at: float = 0.0
     first_token_at: float | None = None
     done_at: float | None = None
+    refused: str | None = None  # the reason, when the service refused the turn
+    status: list[tuple[float, str]] = field(default_factory=list)  # (when, text) of status updates
+    status_removed_at: float | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -122,8 +140,10 @@ class ChatClient:
         password: str | None = None,
         cookie: str | None = None,
         session_id: str | None = None,
+        address: str | None = None,
     ) -> None:
         self.base_url = base_url
+        self.address = address or new_address()  # X-Forwarded-For: the person to per-user limits
         self.username = username
         self.password = password
         self.cookie = cookie
@@ -137,11 +157,13 @@ class ChatClient:
         self.resume_error: str | None = None
         self.resume_done = asyncio.Event()
         self._reply: Reply | None = None
+        self._status_ids: set[str] = set()  # ids of status messages of the current turn
         for name in (
             "stream_start",
             "stream_token",
             "new_message",
             "update_message",
+            "delete_message",
             "task_end",
             "task_start",
             "first_interaction",
@@ -174,6 +196,8 @@ class ChatClient:
         if reply is None or reply.done.is_set():
             return
         now = time.monotonic()
+        if self._on_status(reply, name, data, now):
+            return
         if name == "stream_start" and data.get("type") == "assistant_message":
             reply.message_id = data["id"]
             reply.first_token_at = now
@@ -185,8 +209,22 @@ class ChatClient:
                 reply.message_id = data["id"]  # answered without streaming (e.g. an error)
             if data["id"] == reply.message_id:
                 reply.final = data.get("output", "")
+                reply.refused = (data.get("metadata") or {}).get("refused")
                 reply.done_at = now
                 reply.done.set()
+
+    def _on_status(self, reply: Reply, name: str, data: Any, now: float) -> bool:
+        """Record the turn's status messages (place in line); True when `data` was one."""
+        if not isinstance(data, dict):
+            return False
+        if name == "delete_message" and data.get("id") in self._status_ids:
+            reply.status_removed_at = now
+            return True
+        if name in ("new_message", "update_message") and (data.get("metadata") or {}).get("status"):
+            self._status_ids.add(data["id"])
+            reply.status.append((now, data.get("output") or ""))
+            return True
+        return False
 
     async def connect(self, thread_id: str = "") -> None:
         """Sign in (first time), open the socket; `thread_id` opens a stored conversation."""
@@ -205,7 +243,7 @@ class ChatClient:
             transports=["websocket"],
             auth=auth,
             wait_timeout=10,
-            headers={"Cookie": self.cookie} if self.cookie else {},
+            headers={"X-Forwarded-For": self.address, **({"Cookie": self.cookie} if self.cookie else {})},
         )
         if thread_id:
             self.thread_id = thread_id
@@ -223,6 +261,7 @@ class ChatClient:
         """Send a user message; the returned Reply fills in as the answer streams."""
         reply = Reply(sent_at=time.monotonic())
         self._reply = reply
+        self._status_ids.clear()
         await self.sio.emit("client_message", user_message_payload(text, file_ids))
         return reply
 

@@ -22,12 +22,15 @@ from prometheus_client import CollectorRegistry
 from services.accounts.secret import ensure_auth_secret
 from services.accounts.sign_in import SignIn, resolve_mode
 from services.accounts.store import AccountStore
+from services.admission.admission import Admission
+from services.admission.gate import CHAT, DOCUMENT
 from services.chat.service import ChatService
 from services.chat.store import SessionStore
 from services.config import Settings
 from services.engine.chat_engine import ChatEngine
 from services.engine.lifespan import engine_lifespan
 from services.engine.processes import engine_processes, is_running
+from services.engine.warmup import WarmUpReport
 from services.history.database import ensure_data_dir
 from services.history.service import History, HistoryCollector
 from services.observability.maintenance import Maintenance
@@ -47,6 +50,8 @@ class Runtime:
         self.sessions: SessionStore | None = None
         self.chat: ChatService | None = None
         self.maintenance: Maintenance | None = None
+        self.admission: Admission | None = None
+        self.warm_up: WarmUpReport | None = None
         self.requests: RequestMetrics | None = None
         self.engine_processes: list[psutil.Process] = []
         self.registry = CollectorRegistry()
@@ -91,6 +96,7 @@ class Runtime:
             self._stack.push_async_callback(self.history.stop)
         self.engine = await self._stack.enter_async_context(engine_lifespan(self.settings))
         atexit.register(self._shutdown_at_exit)
+        self.warm_up = self.engine.warm_up_report  # the lifespan warmed it up before yielding it
         # vLLM runs EngineCore and its workers as children of this process.
         self.engine_processes = engine_processes()
         self.requests = RequestMetrics(self.settings.latency_samples_kept)
@@ -98,7 +104,13 @@ class Runtime:
         self._stack.callback(self.registry.unregister, self.requests)
         self._stack.callback(self.engine.on_finish(self.requests.record))
         self.sessions = SessionStore(self.settings)
-        self.chat = ChatService(self.engine, self.settings)
+        self.admission = Admission(self.settings, self.engine.load, self._max_running())
+        if self.warm_up is not None:
+            self.admission.learn_from_warm_up(self.warm_up.decode_seconds_per_token)
+        self.admission.start()
+        self._stack.push_async_callback(self.admission.stop)
+        chat_engine, document_engine = (self.admission.engine(self.engine, kind) for kind in (CHAT, DOCUMENT))
+        self.chat = ChatService(chat_engine, self.settings, document_engine)
         retention = [self.history.retention_round] if self.history is not None else []
         self.maintenance = Maintenance(self.settings, self.sessions, self.engine, retention)
         self.maintenance.start()
@@ -116,11 +128,16 @@ class Runtime:
             self.sessions.close_all()
         self.sessions = self.chat = None
         await self._stack.aclose()
+        self.admission = None
         self.engine = None
         self.maintenance = None
         self.requests = None
         self.engine_processes = []
         atexit.unregister(self._shutdown_at_exit)
+
+    def _max_running(self) -> int:
+        """The most requests admission may ever run at once: the engine's batch, per server."""
+        return self.settings.max_num_seqs * max(1, len(self.settings.engine_url_list))
 
     def _shutdown_at_exit(self) -> None:
         if self.engine is not None:
@@ -140,10 +157,15 @@ class Runtime:
             "sessions_awaiting_reconnect": self.sessions.awaiting_reconnect(),
             "turns_in_flight": self.sessions.turns_in_flight(),
             "sessions_dropped_total": dict(self.sessions.dropped_total),
+            "sessions_refused_total": self.sessions.refused_total,
             "summary_cache": {"entries": len(summaries), "bytes": summaries.size_bytes},
             "history": self.history.status() if self.history is not None else {"enabled": False},
             "uptime_seconds": round(self.uptime_seconds, 1),
         }
+        if self.admission is not None:
+            status["admission"] = self.admission.status()
+        if self.warm_up is not None:
+            status["warm_up"] = self.warm_up.summary()
         if self.maintenance is not None:
             memory = self.maintenance.memory
             status.update(
@@ -157,7 +179,21 @@ class Runtime:
         return status
 
     async def health(self) -> tuple[bool, dict[str, Any]]:
-        """(healthy, detail): the engine is alive, its processes run, and it answers.
+        """(healthy, detail) for /healthz; detail["status"] is "ok", "overloaded" or "down".
+
+        Down: not started or warming up, or the engine is dead or does not answer.
+        Overloaded: serving, but turns wait in our queue or were refused for capacity
+        lately. Load balancers keep an overloaded replica (taking it out would push
+        its load onto the others); /healthz answers 503 only when it is down.
+        """
+        healthy, detail = await self._engine_health()
+        if not healthy:
+            return False, {"status": "down", **detail}
+        overloaded = self.admission is not None and self.admission.overloaded
+        return True, {"status": "overloaded" if overloaded else "ok", **detail}
+
+    async def _engine_health(self) -> tuple[bool, dict[str, Any]]:
+        """The engine is alive, its processes run, and it answers.
 
         "Answers" means it produced output in the last HEALTH_RECENT_OUTPUT_SECONDS,
         or a one-token ping succeeds now (concurrent checks share one ping).

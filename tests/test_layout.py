@@ -26,6 +26,7 @@ LAYERS = (
     "services.history",
     "services.chat",
     "services.documents",
+    "services.admission",
     "services.engine",
     "services.config",
 )

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from services.admission.errors import Refused
 from services.chat.service import ChatService
 from services.chat.store import SessionStore
 from services.config import Settings
@@ -82,14 +83,47 @@ async def assert_cancelled(task: asyncio.Task) -> None:
         await asyncio.wait_for(task, 1)
 
 
-async def test_lru_eviction_cancels_the_evicted_turn() -> None:
+async def test_session_pressure_evicts_the_idle_session_never_a_running_turn() -> None:
     store, chat, engine = make_store(max_sessions=2)
-    task = await start_turn(store, chat, "a")
+    task = await start_turn(store, chat, "a")  # "a" is the least recently used, but busy
     store.open("b")
-    store.open("c")  # evicts "a", the least recently used
+    store.open("c")  # evicts "b", the least recently used idle session
+    assert store.get("b") is None and store.get("a") is not None and len(store) == 2
+    assert not task.done() and not engine.aborted
+    assert store.dropped_total["evicted"] == 1
+    task.cancel()
+
+
+async def test_session_pressure_refuses_a_new_session_when_every_one_is_busy() -> None:
+    store, chat, engine = make_store(max_sessions=2)
+    first, second = await start_turn(store, chat, "a"), await start_turn(store, chat, "b")
+    with pytest.raises(Refused, match="all of them are answering right now") as refused:
+        store.open("c")
+    assert refused.value.reason == "sessions_full" and store.refused_total == 1
+    assert not first.done() and not second.done() and not engine.aborted
+    assert store.get("a") is not None and store.get("b") is not None
+    store.get("b").cancel_turn()
+    await asyncio.gather(second, return_exceptions=True)
+    assert store.open("c") is store.get("c"), "an idle session makes room again"
+    assert not first.done()
+    first.cancel()
+
+
+async def test_a_page_that_went_away_makes_room_first_and_is_dropped_after_its_window() -> None:
+    clock = Clock()
+    store, chat, engine = make_store(clock, max_sessions=3)
+    store.open("idle")
+    task = await start_turn(store, chat, "gone")
+    store.open("newest")
+    store.disconnect("gone", keep_seconds=120)  # its running turn ends now, its conversation stays
     await assert_cancelled(task)
-    assert store.get("a") is None and len(store) == 2
-    assert len(engine.aborted) == 1 and store.dropped_total["evicted"] == 1
+    assert store.get("gone") is not None and store.awaiting_reconnect() == 1 and len(engine.aborted) == 1
+    store.open("another")  # full: the page that went away goes before the older idle session
+    assert store.get("gone") is None and store.get("idle") is not None
+    store.disconnect("idle", keep_seconds=120)
+    clock.now += 121
+    assert store.expire() == 1 and store.get("idle") is None
+    assert store.dropped_total["not_reconnected"] == 1 and store.dropped_total["evicted"] == 1
 
 
 async def test_ttl_expiry_cancels_the_turn_and_frees_state() -> None:

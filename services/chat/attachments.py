@@ -65,6 +65,13 @@ class Attachments:
         session.document = SessionDocument(name=name, text=text, tokens=tokens)
         return AttachResult(session.document, tuple(errors), tuple(notes))
 
+    @staticmethod
+    def discard(files: list[tuple[str, str]]) -> None:
+        """Delete uploads that will not be read (their turn was refused); already gone is fine."""
+        for path, _ in files:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+
     def _read_file(self, path: str, name: str) -> Document:
         s = self.settings
         try:

@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
 
+from services.admission.errors import Refused
 from services.chat.attachments import Attachments, AttachResult
 from services.chat.prompt import PromptBuilder, TrimmedPrompt
 from services.chat.session import ChatSession, SessionDocument
@@ -21,12 +22,16 @@ from services.engine.errors import RepetitionError
 class ChatService:
     """The operations of a turn on a session, over one engine."""
 
-    def __init__(self, engine: ChatEngine, settings: Settings) -> None:
+    def __init__(
+        self, engine: ChatEngine, settings: Settings, document_engine: ChatEngine | None = None
+    ) -> None:
+        """`engine` answers chat turns; `document_engine` (default: the same) runs document summaries,
+        so that the two can be queued apart (services/admission)."""
         self.engine = engine
         self.settings = settings
         self.prompts = PromptBuilder(engine, settings)
         self.attachments = Attachments(engine, settings)
-        self.summarizer = Summarizer(engine, settings)
+        self.summarizer = Summarizer(document_engine or engine, settings)
 
     def build_prompt(self, session: ChatSession, user_text: str) -> TrimmedPrompt:
         """The messages for answering `user_text` in this session (see PromptBuilder.build)."""
@@ -80,8 +85,10 @@ async def _recorded(session: ChatSession, user_text: str, stream: AsyncIterator[
     """Pass `stream` through; afterwards (also when cut short) add the exchange to the history.
 
     An answer the loop guard stopped is recorded without its repetitions.
+    A turn refused before it started (the service was full) leaves no trace: its user sends it again.
     """
     parts: list[str] = []
+    refused = False
     try:
         async with contextlib.aclosing(stream):  # type: ignore[type-var]  (an async generator)
             async for delta in stream:
@@ -90,7 +97,11 @@ async def _recorded(session: ChatSession, user_text: str, stream: AsyncIterator[
     except RepetitionError as error:
         parts = [error.kept_text]
         raise
+    except Refused:
+        refused = not parts
+        raise
     finally:
-        session.history.append({"role": "user", "content": user_text})
+        if not refused:
+            session.history.append({"role": "user", "content": user_text})
         if any(parts):
             session.history.append({"role": "assistant", "content": "".join(parts)})

@@ -36,6 +36,12 @@ class ChatSession:
     user_identifier: str | None = None  # the signed-in user (None when anonymous): per-user limits, history
     reconnect_deadline: float | None = None  # set while disconnected: dropped when the page has not returned
     history_outage_told: int = 0  # the history outage this session was last told about (0 = none)
+    last_used: float = 0.0  # monotonic; opening the session or ending a turn refreshes it
+
+    @property
+    def busy(self) -> bool:
+        """A turn is running (or waiting for its place)."""
+        return self.turn_task is not None and not self.turn_task.done()
 
     def cancel_turn(self) -> asyncio.Task | None:
         """Cancel the running turn, if any; return it so the caller may await it."""

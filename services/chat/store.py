@@ -1,4 +1,5 @@
-"""Per-session chat state in a TTL-bounded LRU, and the lifetime of a chat turn.
+"""Per-session chat state, bounded by count (idle sessions evicted first) and idle time, and the
+lifetime of a chat turn.
 
 `SessionStore.turn` is the one place that ties a turn to its session: it
 cancels the previous turn (one generation in flight per session), registers
@@ -15,12 +16,11 @@ import logging
 import math
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
-from cachetools import TTLCache
-
+from services.admission.errors import SESSIONS_FULL, Refused
 from services.chat.session import ChatSession
 from services.config import Settings
 from services.engine.chat_engine import SamplingSettings
@@ -31,42 +31,31 @@ logger = logging.getLogger(__name__)
 PREVIOUS_TURN_GRACE_SECONDS = 2.0
 
 
-class _SessionCache(TTLCache):
-    """A TTLCache that hands every evicted or expired session to `on_drop`."""
-
-    def __init__(self, maxsize: int, ttl: float, timer: Callable[[], float], on_drop: Callable) -> None:
-        super().__init__(maxsize=maxsize, ttl=ttl, timer=timer)
-        self._on_drop = on_drop
-
-    def popitem(self):  # called by cachetools when the LRU bound is hit
-        key, session = super().popitem()
-        self._on_drop(session, "evicted")
-        return key, session
-
-    def expire(self, time=None):
-        expired = super().expire(time)
-        for _, session in expired:
-            self._on_drop(session, "expired")
-        return expired
-
-
 class SessionStore:
-    """All sessions of the process. Bounded by MAX_SESSIONS and SESSION_TTL_SECONDS."""
+    """All sessions of the process. Bounded by MAX_SESSIONS and SESSION_TTL_SECONDS.
+
+    At MAX_SESSIONS a new session takes the place of the least recently used idle
+    one; a session whose turn is running is never evicted. When every session is
+    busy, the new one is refused (`Refused`, with a message for its user).
+    """
 
     def __init__(self, settings: Settings, timer: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
-        self._sessions = _SessionCache(
-            settings.max_sessions, settings.session_ttl_seconds, timer, self._release
-        )
+        self.timer = timer
+        self._sessions: OrderedDict[str, ChatSession] = OrderedDict()  # least recently used first
         self.dropped_total: dict[str, int] = {"evicted": 0, "expired": 0, "closed": 0, "not_reconnected": 0}
-        self._timer = timer
+        self.refused_total = 0
 
     # --- lifecycle -----------------------------------------------------------
     def open(self, session_id: str, user_identifier: str | None = None) -> ChatSession:
-        """The session for `session_id`, created on first use; marks it as used now (and connected)."""
-        self._sessions.expire()
+        """The session for `session_id`, created on first use; marks it as used now (and connected).
+
+        Raises Refused when the store is full and no session is idle.
+        """
+        self.expire()
         session = self._sessions.get(session_id)
         if session is None:
+            self._make_room()
             s = self.settings
             session = ChatSession(
                 session_id=session_id,
@@ -78,8 +67,33 @@ class SessionStore:
                 user_identifier=user_identifier,
             )
         session.reconnect_deadline = None
-        self._sessions[session_id] = session  # (re)insert: refreshes TTL and LRU order
+        self._touch(session)
         return session
+
+    def _touch(self, session: ChatSession) -> None:
+        session.last_used = self.timer()
+        self._sessions[session.session_id] = session
+        self._sessions.move_to_end(session.session_id)
+
+    def _make_room(self) -> None:
+        """When full, evict a session whose page went away, else the least recently used idle one;
+        refuse when none is idle."""
+        if len(self._sessions) < self.settings.max_sessions:
+            return
+        idle = [s for s in self._sessions.values() if not s.busy]  # least recently used first
+        if idle:
+            gone = [s for s in idle if s.reconnect_deadline is not None]
+            victim = (gone or idle)[0]
+            del self._sessions[victim.session_id]
+            self._release(victim, "evicted")
+            return
+        self.refused_total += 1
+        raise Refused(
+            SESSIONS_FULL,
+            f"The service is holding its limit of {self.settings.max_sessions:,} conversations, and all "
+            "of them are answering right now. Please try again in a minute.",
+            60.0,
+        )
 
     def get(self, session_id: str) -> ChatSession | None:
         return self._sessions.get(session_id)
@@ -98,21 +112,32 @@ class SessionStore:
             return
         if session.cancel_turn() is not None:
             logger.info("session %s disconnected: cancelled its running turn", session_id[:8])
-        session.reconnect_deadline = self._timer() + keep_seconds
+        session.reconnect_deadline = self.timer() + keep_seconds
 
     def expire(self) -> int:
-        """Drop sessions idle past the TTL and disconnected ones not back in time; return how many."""
-        expired = len(self._sessions.expire())
-        now = self._timer()
+        """Drop sessions idle past the TTL and disconnected ones not back in time; return how many.
+
+        A turn that has run for longer than the TTL counts as abandoned: it is cancelled.
+        """
+        now = self.timer()
+        deadline = now - self.settings.session_ttl_seconds
+        expired = []
+        for session in self._sessions.values():  # least recently used first
+            if session.last_used > deadline:
+                break
+            expired.append(session)
+        expired_ids = {s.session_id for s in expired}
         gone = [
-            key
-            for key, s in self._sessions.items()
-            if s.reconnect_deadline is not None and s.reconnect_deadline <= now
+            s
+            for s in self._sessions.values()
+            if s.reconnect_deadline is not None
+            and s.reconnect_deadline <= now
+            and s.session_id not in expired_ids
         ]
-        for session_id in gone:
-            session = self._sessions.pop(session_id)
-            self._release(session, "not_reconnected")
-        return expired + len(gone)
+        for session, reason in [(s, "expired") for s in expired] + [(s, "not_reconnected") for s in gone]:
+            del self._sessions[session.session_id]
+            self._release(session, reason)
+        return len(expired) + len(gone)
 
     def close_all(self) -> None:
         for session_id in list(self._sessions.keys()):
@@ -131,7 +156,7 @@ class SessionStore:
         return sum(1 for s in self._sessions.values() if s.reconnect_deadline is not None)
 
     def turns_in_flight(self) -> int:
-        return sum(1 for s in self._sessions.values() if s.turn_task is not None and not s.turn_task.done())
+        return sum(1 for s in self._sessions.values() if s.busy)
 
     # --- settings ------------------------------------------------------------
     def update_settings(self, session: ChatSession, values: Mapping[str, Any]) -> None:
@@ -180,4 +205,4 @@ class SessionStore:
             if session.turn_task is task:
                 session.turn_task = None
             if self._sessions.get(session.session_id) is session:
-                self._sessions[session.session_id] = session  # activity refreshes the TTL
+                self._touch(session)  # activity refreshes the TTL

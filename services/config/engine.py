@@ -35,6 +35,30 @@ class EngineSettings:
         "streams keep flowing while a document is read.",
         16,
     )
+    long_prefill_token_threshold: int = setting(
+        512,
+        "LONG_PREFILL_TOKEN_THRESHOLD",
+        "vLLM's cap on the prompt tokens one request prefills per engine step: a document is read "
+        "in pieces this size, so a step, and the pause it puts on every running stream and on a chat "
+        "turn's first token, stays short. 0 = up to MAX_NUM_BATCHED_TOKENS.",
+        0,
+    )
+    max_num_queued_reqs: int = setting(
+        128,
+        "MAX_NUM_QUEUED_REQS",
+        "vLLM's own admission control: requests the engine holds (running + waiting) at most; "
+        "beyond it vLLM refuses (QueueOverflowError, 503 on servers) and the user is told the "
+        "service is busy. 0 = no limit.",
+        0,
+    )
+    max_num_queued_tokens: int = setting(
+        0,
+        "MAX_NUM_QUEUED_TOKENS",
+        "vLLM's own admission control: prompt tokens waiting for prefill at most "
+        "(MaxQueuedTokensError). 0 = no limit: the check is global and would refuse chat turns "
+        "behind a document's prefill, which our queue already orders chat-first.",
+        0,
+    )
     enable_prefix_caching: bool = setting(
         True, "ENABLE_PREFIX_CACHING", "Reuse KV of shared prompt prefixes (history, documents)."
     )
@@ -82,9 +106,22 @@ class EngineSettings:
         "ENGINE_URLS",
         "Comma-separated base URLs of `vllm serve` servers (e.g. http://10.0.0.5:8000); empty = the "
         "in-process engine. All must serve one model; MODEL then names its tokenizer (a folder or a "
-        "cached id), and the context window and engine options are the servers' own. Each request "
-        "goes to the healthy server with the fewest of ours in flight; a server that refuses the "
-        "connection is skipped.",
+        "cached id), and the context window and engine options are the servers' own. A conversation "
+        "stays on the server holding its prefix (ENGINE_AFFINITY), else requests go to the healthy "
+        "server with the fewest of ours in flight; a server that refuses the connection is skipped.",
+    )
+    engine_affinity: bool = setting(
+        True,
+        "ENGINE_AFFINITY",
+        "With ENGINE_URLS: send a request to the server that served its prompt's prefix (the "
+        "conversation's history, its document), whose prefix cache still holds it. false = by load only.",
+    )
+    engine_affinity_slack: int = setting(
+        4,
+        "ENGINE_AFFINITY_SLACK",
+        "A server counts as overloaded for affinity once it has this many more of our requests in "
+        "flight than the least busy one; the request then goes by load.",
+        0,
     )
     engine_connect_timeout_seconds: float = setting(
         10.0, "ENGINE_CONNECT_TIMEOUT_SECONDS", "Seconds to open a connection to a vLLM server.", 0.1

@@ -18,8 +18,10 @@ class LLMBackend(Protocol):
         """True once the engine can no longer serve (its process died)."""
         ...
 
-    def generate(self, prompt: Any, sampling_params: Any, request_id: str) -> AsyncIterator[Any]:
-        """Stream `RequestOutput`-shaped deltas for one request."""
+    def generate(
+        self, prompt: Any, sampling_params: Any, request_id: str, *, priority: int = 0
+    ) -> AsyncIterator[Any]:
+        """Stream `RequestOutput`-shaped deltas for one request (lower `priority` is scheduled earlier)."""
         ...
 
     async def abort(self, request_id: str) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 from services.engine.backend import LLMBackend
 from services.engine.errors import EngineUnavailableError, TokenBudgetError
+from services.engine.load import EngineLoad
 from services.engine.loop_guard import LoopGuardConfig, RepetitionDetector
 
 logger = logging.getLogger(__name__)
@@ -118,6 +119,8 @@ class ChatEngine:
         # Plain functions are held strongly, bound methods weakly (see on_finish).
         self._on_finish: list[FinishCallback | weakref.WeakMethod] = []
         self.last_output_at: float | None = None  # monotonic time of the engine's latest output
+        self.load = EngineLoad()  # the engine's own numbers; the lifespan connects them to the engine
+        self.warm_up_report: Any = None  # what the lifespan's warm-up measured (warmup.WarmUpReport)
         self._ping_prompt: list[int] | None = None
         self.loop_guard = LoopGuardConfig()  # see loop_guard.py; the lifespan applies the settings
 
@@ -178,12 +181,13 @@ class ChatEngine:
 
     # --- requests ------------------------------------------------------------
     async def generate(
-        self, messages: list[Message], sampling: SamplingSettings, request_id: str
+        self, messages: list[Message], sampling: SamplingSettings, request_id: str, *, priority: int = 0
     ) -> AsyncIterator[str]:
         """Stream the answer to `messages` as text deltas.
 
         The request is aborted in the engine on every early exit; the caller
         should close the iterator (``contextlib.aclosing``) when it stops early.
+        `priority` goes to vLLM's scheduler (lower is earlier; services/admission picks it).
         """
         if self._llm.errored:
             raise EngineUnavailableError("the engine is not running")
@@ -192,7 +196,7 @@ class ChatEngine:
         params = _sampling_params(sampling, max_tokens)
         stats = StreamStats(request_id, prompt_tokens=len(prompt_ids), submitted_at=time.monotonic())
         loops = RepetitionDetector(self.loop_guard, self.tokenizer.decode)
-        stream = self._llm.generate({"prompt_token_ids": prompt_ids}, params, request_id)
+        stream = self._llm.generate({"prompt_token_ids": prompt_ids}, params, request_id, priority=priority)
         try:
             async with contextlib.aclosing(stream):
                 async for output in stream:
@@ -207,12 +211,6 @@ class ChatEngine:
                 stats.finish_reason = "repetition" if loops.fired else "abort"
                 await self.abort(request_id)
             self._notify_finished(stats)
-
-    async def warm_up(self) -> None:
-        """One short request, so the first user does not pay for lazy initialisation."""
-        messages = [{"role": "user", "content": "Hello"}]
-        async for _ in self.generate(messages, SamplingSettings(0.0, 1.0, 4), "warm-up"):
-            pass
 
     async def ping(self, timeout_seconds: float) -> float:
         """Generate one token for a one-word prompt; return the seconds it took.

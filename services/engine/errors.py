@@ -31,12 +31,27 @@ class RepetitionError(RuntimeError):
         self.kept_text = kept_text  # the answer up to the end of the unit's first copy
 
 
+class EngineBusyError(RuntimeError):
+    """A vLLM server refused a request because its queue is full (HTTP 503)."""
+
+
+# vLLM's own admission control (MAX_NUM_QUEUED_REQS / MAX_NUM_QUEUED_TOKENS) raises these in process.
+ENGINE_QUEUE_ERRORS = ("QueueOverflowError", "MaxQueuedTokensError")
+
+
+def is_engine_busy(error: BaseException) -> bool:
+    """True when the engine refused a request because its own queue is full."""
+    return isinstance(error, EngineBusyError) or type(error).__name__ in ENGINE_QUEUE_ERRORS
+
+
 def describe_failure(error: BaseException) -> str:
     """The one short, user-facing sentence for any failure of a turn."""
     if isinstance(error, TokenBudgetError):
         return f"Your message is too long for this model. {error}"
     if isinstance(error, RepetitionError):
         return REPETITION_STOPPED
+    if is_engine_busy(error):
+        return "The service is busy right now. Please try again in a minute."
     if isinstance(error, EngineUnavailableError):
         return "The model is not available right now. Please try again in a moment."
     if type(error).__name__ == "EngineDeadError":
@@ -51,7 +66,9 @@ def sanitize(text: str) -> str:
 
 def report_failure(error: BaseException, request_id: str | None) -> str:
     """Log a failed turn for the operator; return the sentence the user sees."""
-    expected = isinstance(error, (TokenBudgetError, EngineUnavailableError, RepetitionError))
+    expected = isinstance(
+        error, (TokenBudgetError, EngineUnavailableError, RepetitionError)
+    ) or is_engine_busy(error)
     log = logger.warning if expected else logger.error
     log(
         "request %s failed: %s: %s",

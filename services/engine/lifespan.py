@@ -1,4 +1,4 @@
-"""The engine for the settings: in-process vLLM, or the vLLM servers of ENGINE_URLS."""
+"""The engine for the settings: in-process vLLM, or the vLLM servers of ENGINE_URLS, warmed up."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from services.engine.chat_engine import ChatEngine
 from services.engine.local import local_engine_lifespan
 from services.engine.loop_guard import LoopGuardConfig
 from services.engine.remote import remote_engine_lifespan
+from services.engine.warmup import warm_up
 
 
 @contextlib.asynccontextmanager
@@ -22,4 +23,6 @@ async def engine_lifespan(settings: Settings) -> AsyncIterator[ChatEngine]:
             settings.loop_guard_min_repeats,
             settings.loop_guard_max_period_tokens,
         )
+        # Ready only after the first shapes ran once (warmup.py); what it measured stays with the engine.
+        engine.warm_up_report = await warm_up(engine, settings)
         yield engine

@@ -2,7 +2,7 @@
 
 `local_engine_lifespan` is the engine's whole life in one async context:
 environment for vLLM's spawned processes, the default model, AsyncLLM, the
-orphan guard, a warm-up request; on every exit path the engine is shut down,
+orphan guard; on every exit path the engine is shut down,
 leftover processes are stopped and the private RPC folder is removed.
 """
 
@@ -21,6 +21,7 @@ from typing import Any
 
 from services.config import Settings
 from services.engine.chat_engine import ChatEngine
+from services.engine.load import EngineLoad, load_stat_logger
 from services.engine.model_prep import prepare_default_model
 from services.engine.processes import OrphanGuard, engine_processes, reap
 
@@ -28,9 +29,11 @@ logger = logging.getLogger(__name__)
 
 ENGINE_ARG_NAMES = (
     "model", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
+    "long_prefill_token_threshold", "max_num_queued_reqs", "max_num_queued_tokens",
     "enable_prefix_caching", "enable_chunked_prefill", "gpu_memory_utilization",
     "swap_space", "enforce_eager", "tensor_parallel_size", "quantization", "kv_cache_dtype",
 )  # fmt: skip
+NONE_WHEN_ZERO = ("max_num_queued_reqs", "max_num_queued_tokens")  # 0 = vLLM's None: no limit
 RPC_DIR_PREFIX = "vllm-chat-rpc-"
 
 
@@ -43,7 +46,7 @@ def engine_args(settings: Settings) -> Any:
     kwargs: dict[str, Any] = {}
     for name in ENGINE_ARG_NAMES:
         value = settings.model_path if name == "model" else getattr(settings, name)
-        if name == "quantization" and not value:
+        if (name == "quantization" or name in NONE_WHEN_ZERO) and not value:
             value = None
         if name == "dtype" and value == "auto":
             value = auto_dtype()
@@ -52,6 +55,8 @@ def engine_args(settings: Settings) -> Any:
                 logger.warning("%s is not an engine option of this vLLM version; ignored", name.upper())
             continue
         kwargs[name] = value
+    if "scheduling_policy" in known:  # chat before documents (services/admission picks the priorities)
+        kwargs["scheduling_policy"] = "priority" if settings.priority_scheduling else "fcfs"
     return AsyncEngineArgs(**kwargs)
 
 
@@ -85,7 +90,8 @@ def prepare_process_env(settings: Settings, rpc_dir: str) -> None:
     os.environ.setdefault("DO_NOT_TRACK", "1")
     # The worker on one core, the other free for the app and EngineCore.
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "auto")
-    # torch's compile cache, with the app's other caches instead of a folder left in /tmp.
+    # torch.compile's cache (vLLM compiles its CPU sampler on the first sampled request) next to the
+    # model: kept across starts, out of /tmp.
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(settings.cache_dir) / "torchinductor"))
     # ZMQ socket files go to a private folder, removed on shutdown (or by the orphan guard).
     os.environ["VLLM_RPC_BASE_PATH"] = rpc_dir
@@ -107,11 +113,12 @@ async def local_engine_lifespan(settings: Settings) -> AsyncIterator[ChatEngine]
         from vllm.v1.engine.async_llm import AsyncLLM
 
         started = time.monotonic()
-        llm = AsyncLLM.from_engine_args(engine_args(settings))
+        load = EngineLoad()
+        llm = AsyncLLM.from_engine_args(engine_args(settings), stat_loggers=[load_stat_logger(load)])
         guard = OrphanGuard(engine_processes(), rpc_dir)
         engine = ChatEngine(llm, llm.model_config.max_model_len)
-        await engine.warm_up()
-        logger.info("engine ready in %.1f s (model %s)", time.monotonic() - started, settings.model_path)
+        engine.load = load
+        logger.info("engine started in %.1f s (model %s)", time.monotonic() - started, settings.model_path)
         yield engine
     finally:
         children = engine_processes()

@@ -4,9 +4,12 @@ When one machine is not enough, operators run vLLM's own OpenAI-compatible
 servers (`vllm serve`, with tensor/pipeline parallelism and multi-node) and set
 ENGINE_URLS. `RemoteLLM` then stands where the in-process `AsyncLLM` stood:
 `ChatEngine` keeps the chat template, token budgets, streaming and aborts, and
-sends token ids to `/v1/completions`. Each request goes to the healthy server
-with the fewest of our requests in flight; when a server refuses the
-connection, the next one gets the request. Closing a stream closes its HTTP
+sends token ids to `/v1/completions`, with its priority where the server
+accepts one. A conversation stays on the server that holds its prefix while
+that server is healthy and not overloaded, else requests go by load
+(routing.py); when a server refuses the connection, the next one gets the
+request. A server whose queue is full answers 503: the user is told the
+service is busy. Closing a stream closes its HTTP
 response, and vLLM aborts a request whose client went away, so no KV cache
 outlives its reader on the server either.
 """
@@ -15,104 +18,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from services.config import Settings
 from services.engine.chat_engine import ChatEngine
-from services.engine.errors import EngineUnavailableError
+from services.engine.errors import EngineBusyError
+from services.engine.load import EngineLoad
 from services.engine.model_prep import prepare_default_model
+from services.engine.remote_load import poll_load_forever
+from services.engine.remote_protocol import (
+    Output,
+    RemoteEngineError,
+    ServerUnreachableError,
+    chunk_output,
+    completion_body,
+    parse_event,
+)
+from services.engine.routing import Server, prefix_hashes, servers_to_try
+
+__all__ = [
+    "RemoteEngineError", "RemoteLLM", "Server", "ServerUnreachableError", "chunk_output", "completion_body",
+    "parse_event", "remote_engine_lifespan", "servers_to_try",
+]  # fmt: skip
 
 logger = logging.getLogger(__name__)
-
-
-class RemoteEngineError(RuntimeError):
-    """A vLLM server refused or failed a request."""
-
-
-class ServerUnreachableError(EngineUnavailableError):
-    """No vLLM server could be reached (users see "the model is not available")."""
-
-
-@dataclass
-class Completion:
-    """One streamed delta, shaped like vLLM's `CompletionOutput` where ChatEngine reads it."""
-
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None
-
-
-@dataclass
-class Output:
-    """One streamed chunk, shaped like vLLM's `RequestOutput` where ChatEngine reads it."""
-
-    outputs: list[Completion]
-    finished: bool
-    metrics: None = None  # queue time is measured inside the server, not reported over HTTP
-
-
-@dataclass
-class Server:
-    """One vLLM server and what this app knows about it."""
-
-    url: str
-    model: str = ""
-    max_model_len: int = 0
-    healthy: bool = True
-    in_flight: set[str] = field(default_factory=set)  # ids of our requests it is serving
-
-
-def parse_event(line: str) -> dict[str, Any] | None:
-    """The JSON of one server-sent-events `data:` line; None for other lines and `[DONE]`."""
-    if not line.startswith("data:"):
-        return None
-    payload = line[len("data:") :].strip()
-    if not payload or payload == "[DONE]":
-        return None
-    return json.loads(payload)
-
-
-def completion_body(model: str, prompt_ids: list[int], params: Any) -> dict[str, Any]:
-    """The /v1/completions body for a SamplingParams: token ids in, text and token ids out."""
-    return {
-        "model": model,
-        "prompt": prompt_ids,
-        "max_tokens": params.max_tokens,
-        "temperature": params.temperature,
-        "top_p": params.top_p,
-        "frequency_penalty": getattr(params, "frequency_penalty", 0.0),
-        "repetition_penalty": getattr(params, "repetition_penalty", 1.0),  # vLLM's extension of the API
-        "stream": True,
-        "return_token_ids": True,
-    }
-
-
-def chunk_output(event: dict[str, Any]) -> Output:
-    """An Output from one streamed completion chunk; an error event raises."""
-    if "error" in event or not event.get("choices"):
-        detail = event.get("error") or event
-        message = detail.get("message", detail) if isinstance(detail, dict) else detail
-        raise RemoteEngineError(f"the vLLM server failed the request: {message}")
-    choice = event["choices"][0]
-    finish_reason = choice.get("finish_reason")
-    token_ids = list(choice.get("token_ids") or [])
-    completion = Completion(choice.get("text") or "", token_ids, finish_reason)
-    return Output([completion], finished=finish_reason is not None)
-
-
-def servers_to_try(servers: list[Server]) -> list[Server]:
-    """Every server, best first: healthy before failing, then fewest of our requests in flight.
-
-    Failing servers are still tried, last: a failure is per request, and a
-    server that came back is found by trying it.
-    """
-    return sorted(servers, key=lambda s: (not s.healthy, len(s.in_flight)))
 
 
 def unreachable(server: Server, what: str, error: Exception) -> ServerUnreachableError:
@@ -131,9 +64,13 @@ class RemoteLLM:
         connect_timeout: float,
         idle_timeout: float,
         max_connections: int,
+        affinity_slack: int | None = None,
     ) -> None:
         self.servers = [Server(url.rstrip("/")) for url in urls]
         self._tokenizer = tokenizer
+        self._affinity_slack = affinity_slack  # None: by load only
+        self.load = EngineLoad()
+        self._poller: asyncio.Task | None = None
         # One stream is one connection: more requests than the pool holds wait for
         # a free one. A stream may sit silent for `idle_timeout` while a long
         # prompt is prefilled behind others.
@@ -154,11 +91,25 @@ class RemoteLLM:
                 message = f"vLLM server {server.url} did not list a model: {error}"
                 raise ServerUnreachableError(message) from error
             server.model, server.max_model_len = card["id"], int(card.get("max_model_len") or 0)
+            server.accepts_priority = await self._accepts_priority(server)
         lengths = {s.max_model_len for s in self.servers}
         models = {s.model for s in self.servers}
         if len(models) > 1:
             raise RemoteEngineError(f"ENGINE_URLS serve different models: {sorted(models)}")
         logger.info("vLLM servers %s serve %s (context %s)", [s.url for s in self.servers], models, lengths)
+
+    async def _accepts_priority(self, server: Server) -> bool:
+        """Whether the server takes a request priority (servers without priority scheduling may not)."""
+        body = {"model": server.model, "prompt": [1], "max_tokens": 1, "priority": 1}
+        try:
+            response = await self._client.post(f"{server.url}/v1/completions", json=body)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    def start_load_polling(self) -> None:
+        """Read the servers' load once a second into `self.load` (stopped by aclose)."""
+        self._poller = asyncio.create_task(poll_load_forever(self._client, self.servers, self.load))
 
     @property
     def max_model_len(self) -> int:
@@ -173,15 +124,20 @@ class RemoteLLM:
     def get_tokenizer(self) -> Any:
         return self._tokenizer
 
-    async def generate(self, prompt: dict[str, Any], params: Any, request_id: str) -> AsyncIterator[Output]:
-        """Stream one request's deltas from the least busy healthy server that takes it."""
-        server, response = await self._open_stream(list(prompt["prompt_token_ids"]), params, request_id)
+    async def generate(
+        self, prompt: dict[str, Any], params: Any, request_id: str, *, priority: int = 0
+    ) -> AsyncIterator[Output]:
+        """Stream one request's deltas from the best server that takes it (see routing.py)."""
+        prompt_ids = list(prompt["prompt_token_ids"])
+        server, response = await self._open_stream(prompt_ids, params, request_id, priority)
         try:
             self._responses[request_id] = response
             try:
                 if response.status_code != 200:
                     await response.aread()
                     detail = response.text[:300]
+                    if response.status_code == 503:  # its queue is full (vLLM's admission control)
+                        raise EngineBusyError(f"vLLM server {server.url} is busy: {detail}")
                     raise RemoteEngineError(f"vLLM server answered {response.status_code}: {detail}")
                 # Held here until the response is closed: dropping httpx's nested line
                 # iterators first lets the garbage collector half-close the connection,
@@ -201,7 +157,7 @@ class RemoteLLM:
             server.in_flight.discard(request_id)
 
     async def _open_stream(
-        self, prompt_ids: list[int], params: Any, request_id: str
+        self, prompt_ids: list[int], params: Any, request_id: str, priority: int = 0
     ) -> tuple[Server, httpx.Response]:
         """Send the request to the best server that takes the connection; it counts as in flight there.
 
@@ -210,8 +166,11 @@ class RemoteLLM:
         running on that server, and sending it twice would double the work.
         """
         refused: ServerUnreachableError | None = None
-        for server in servers_to_try(self.servers):
-            body = completion_body(server.model, prompt_ids, params)
+        hashes = prefix_hashes(prompt_ids) if self._affinity_slack is not None else []
+        for server in servers_to_try(self.servers, hashes, self._affinity_slack):
+            body = completion_body(
+                server.model, prompt_ids, params, priority if server.accepts_priority else None
+            )
             headers = {"X-Request-Id": request_id}
             request = self._client.build_request(
                 "POST", f"{server.url}/v1/completions", json=body, headers=headers
@@ -228,6 +187,7 @@ class RemoteLLM:
                     raise unreachable(server, "is unreachable", error) from error
                 raise
             server.healthy = True
+            server.prefixes.add(hashes)  # its prefix cache holds them now
             return server, response
         assert refused is not None, "ENGINE_URLS lists at least one server"
         raise refused
@@ -256,7 +216,10 @@ class RemoteLLM:
             raise ServerUnreachableError("no vLLM server answered /health")
 
     async def aclose(self) -> None:
-        """Close open streams and the connection pool."""
+        """Stop polling, close open streams and the connection pool."""
+        if self._poller is not None:
+            self._poller.cancel()
+            await asyncio.gather(self._poller, return_exceptions=True)
         for request_id in list(self._responses):
             await self.abort(request_id)
         with contextlib.suppress(Exception):
@@ -279,11 +242,13 @@ async def remote_engine_lifespan(settings: Settings) -> AsyncIterator[ChatEngine
         connect_timeout=settings.engine_connect_timeout_seconds,
         idle_timeout=settings.engine_stream_timeout_seconds,
         max_connections=settings.engine_max_connections,
+        affinity_slack=settings.engine_affinity_slack if settings.engine_affinity else None,
     )
     try:
         await remote.connect()
+        remote.start_load_polling()
         engine = ChatEngine(remote, remote.max_model_len)
-        await engine.warm_up()
+        engine.load = remote.load
         yield engine
     finally:
         await remote.aclose()

@@ -22,6 +22,8 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from services.admission.admission import Admission
+from services.admission.errors import REASONS, SESSIONS_FULL
 from services.chat.store import SessionStore
 from services.config import Settings
 from services.engine.chat_engine import ChatEngine, StreamStats
@@ -140,6 +142,7 @@ class ServiceParts(Protocol):
     sessions: SessionStore | None
     maintenance: Maintenance | None
     requests: RequestMetrics | None
+    admission: Admission | None
 
     @property
     def ready(self) -> bool: ...
@@ -178,8 +181,40 @@ class ServiceCollector(Collector):
         for reason, count in sessions.dropped_total.items():
             dropped.add_metric([reason], count)
         yield dropped
+        if parts.admission is not None:
+            yield from _admission_metrics(parts.admission, sessions.refused_total)
         if maintenance is not None:
             yield from _maintenance_metrics(parts)
+
+
+def _admission_metrics(admission: Admission, sessions_refused: int) -> Iterator[Metric]:
+    gate = admission.gate
+    refusals = CounterMetricFamily(
+        "chat_admission_refusals",
+        "Turns and requests refused at once (queue full, wait too long, engine queue full, per-user "
+        "limits, sessions full), by reason.",
+        labels=["reason"],
+    )
+    for reason in REASONS:
+        refusals.add_metric([reason], sessions_refused if reason == SESSIONS_FULL else gate.refusals[reason])
+    yield refusals
+    running = GaugeMetricFamily(
+        "chat_admission_running", "Requests admitted to the engine, by kind.", labels=["kind"]
+    )
+    for kind, count in sorted(gate.running.items()):
+        running.add_metric([kind], count)
+    yield running
+    if gate.enabled:
+        yield _gauge(
+            "chat_admission_running_limit", "Requests allowed to run at once (reading pace).", gate.limit
+        )
+    yield _gauge("chat_admission_waiting", "Requests waiting in our queue.", len(gate.waiting))
+    yield _counter("chat_admission_admitted", "Requests admitted to the engine.", gate.admitted_total)
+    yield _counter(
+        "chat_admission_wait_seconds",
+        "Seconds admitted requests waited in our queue, summed.",
+        gate.waited_seconds_total,
+    )
 
 
 def _maintenance_metrics(parts: ServiceParts) -> Iterator[Metric]:

@@ -39,6 +39,7 @@ def install_routes(app: FastAPI, runtime: Runtime) -> None:
         return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     async def healthz_route() -> JSONResponse:
+        # 200 "ok" or "overloaded" (keep it in rotation), 503 "down" (take it out): see Runtime.health.
         healthy, detail = await runtime.health()
         return JSONResponse(detail, status_code=200 if healthy else 503)
 

@@ -1,0 +1,92 @@
+"""The running limit: how many requests the engine serves at once while every stream keeps a reading pace.
+
+A decode step costs about a + b*n seconds for n running requests (a fixed
+overhead plus a share per sequence), and each running request gets one token
+per step, so every stream keeps a pace p while a + b*n <= 1/p. `DecodeCapacity`
+learns the seconds per token at each batch size from the engine's own windows
+(services/engine/load.py), fits the line, and derives the limit. Prefill work in
+the same steps shows up as slower steps and lowers it; the warm-up's batches
+give the first points.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from services.engine.load import EngineLoad, LoadWindow
+
+# Busy seconds a batch-size bucket remembers: newer windows outweigh older ones beyond it.
+BUCKET_MEMORY_SECONDS = 30.0
+# Windows mostly idle say little about step time.
+MIN_BUSY_SHARE = 0.5
+
+
+class DecodeCapacity:
+    """Seconds per token per stream, by batch size, and the limit it implies for a reading pace."""
+
+    def __init__(self, pace_tokens_per_second: float, max_running: int) -> None:
+        self.pace = pace_tokens_per_second
+        self.max_running = max_running
+        self._mean = np.zeros(max_running + 1)  # seconds per token, per batch size
+        self._weight = np.zeros(max_running + 1)  # busy seconds behind each mean (capped)
+        self._seen_until = -math.inf
+
+    def update(self, load: EngineLoad) -> None:
+        """Take in the engine's windows that ended since the last update."""
+        for window in load.windows_after(self._seen_until):
+            self.observe(window)
+            self._seen_until = window.ended_at
+
+    def skip_until(self, moment: float) -> None:
+        """Ignore windows that ended before `moment` (already measured another way)."""
+        self._seen_until = max(self._seen_until, moment)
+
+    def observe(self, window: LoadWindow) -> None:
+        seconds_per_token = window.seconds_per_token
+        if seconds_per_token is None or window.busy_seconds < MIN_BUSY_SHARE * window.seconds:
+            return
+        size = min(self.max_running, max(1, round(window.running)))
+        self.observe_batch(size, seconds_per_token, window.busy_seconds)
+
+    def observe_batch(self, size: int, seconds_per_token: float, busy_seconds: float) -> None:
+        """Fold one measurement of `size` streams into its bucket."""
+        kept = min(self._weight[size], BUCKET_MEMORY_SECONDS)
+        total = kept + busy_seconds
+        self._mean[size] = (self._mean[size] * kept + seconds_per_token * busy_seconds) / total
+        self._weight[size] = total
+
+    def seconds_per_token(self) -> dict[int, float]:
+        """The learned points (batch size: seconds per token per stream), for /status."""
+        return {int(n): round(float(self._mean[n]), 4) for n in np.nonzero(self._weight)[0]}
+
+    def line(self) -> tuple[float, float] | None:
+        """(a, b) of seconds per token = a + b*n, fitted over the buckets; None below two sizes."""
+        sizes = np.nonzero(self._weight)[0]
+        if len(sizes) < 2:
+            return None
+        weights = np.sqrt(np.minimum(self._weight[sizes], BUCKET_MEMORY_SECONDS))
+        slope, intercept = np.polyfit(sizes.astype(float), self._mean[sizes], 1, w=weights)
+        return float(intercept), float(slope)
+
+    @property
+    def limit(self) -> int:
+        """Requests to run at once: the most for which every stream still keeps the pace."""
+        if self.pace <= 0:
+            return self.max_running
+        target = 1.0 / self.pace
+        sizes = np.nonzero(self._weight)[0]
+        if len(sizes) == 0:
+            return 1  # nothing measured yet: one at a time until the engine shows more
+        fit = self.line()
+        if fit is not None and fit[1] > 0:
+            intercept, slope = fit
+            estimate = math.floor((target - intercept) / slope)
+            ceiling = 2 * int(sizes.max()) + 1  # do not extrapolate far beyond what was seen
+            return max(1, min(self.max_running, estimate, ceiling))
+        # One size seen, or steps that did not slow with more streams: one past the largest good size,
+        # unless that one was seen too slow.
+        good = max((int(n) for n in sizes if self._mean[n] <= target), default=0)
+        next_seen_slow = good + 1 in sizes and self._mean[good + 1] > target
+        return max(1, min(self.max_running, good if next_seen_slow else good + 1))

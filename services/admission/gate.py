@@ -1,0 +1,189 @@
+"""Our waiting queue in front of the engine: admit while the running limit allows, chat first, bounded.
+
+Requests beyond the running limit (capacity.py) wait here, not inside vLLM,
+so that they can be counted, shown to their user with a place and an
+estimate, and refused at once when the queue is full or the wait too long.
+ADMISSION_QUEUE_MAX bounds the chat turns waiting; document parts wait besides
+them (each summary has at most SUMMARY_CONCURRENCY parts in flight, and each
+person a few turns, so they are bounded by the sessions).
+Order: chat turns by arrival; document parts as if they had arrived
+DOCUMENT_AGING_SECONDS later, so chat goes first but cannot starve them. The
+same order goes to vLLM as the request's priority (lower is earlier).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import heapq
+import itertools
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from services.admission.capacity import DecodeCapacity
+from services.admission.errors import QUEUE_FULL, WAIT_TOO_LONG, Refused, busy
+from services.config import Settings
+
+CHAT = "chat"
+DOCUMENT = "document"
+SERVICE_SMOOTHING = 0.1  # weight of each new measurement in the moving average
+MEASURED_AFTER = 3  # chat turns released before the estimate alone decides (until then: one round)
+
+
+def first_service_seconds(settings: Settings) -> dict[str, float]:
+    """What a request of each kind holds a slot for until measured: its answer budget at the pace."""
+    pace = settings.reading_pace_tokens_per_second or 5.0
+    return {CHAT: min(settings.max_new_tokens, 128) / pace, DOCUMENT: settings.summary_max_tokens / pace}
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One engine request's place: waiting in our queue, then running until released."""
+
+    kind: str
+    key: float  # queue order: seconds since the gate started, plus aging for documents
+    seq: int
+    entered_at: float
+    admitted: asyncio.Event = field(default_factory=asyncio.Event)
+    admitted_at: float | None = None
+    released: bool = False
+
+    def order(self) -> tuple[float, int]:
+        return self.key, self.seq
+
+
+class AdmissionGate:
+    """The running requests and our bounded queue of waiting ones."""
+
+    def __init__(
+        self, settings: Settings, capacity: DecodeCapacity, clock: Callable[[], float] = time.monotonic
+    ):
+        self.settings = settings
+        self.capacity = capacity
+        self.clock = clock
+        self.waiting: list[Ticket] = []  # sorted by Ticket.order
+        self.waiting_by_kind: Counter[str] = Counter()  # chat turns: at most ADMISSION_QUEUE_MAX
+        self.running: Counter[str] = Counter()
+        self._running_tickets: set[Ticket] = set()
+        self.refusals: Counter[str] = Counter()  # by reason (errors.REASONS)
+        self.admitted_total = 0
+        self.waited_seconds_total = 0.0
+        self.service_seconds = first_service_seconds(settings)
+        self.completed: Counter[str] = Counter()  # requests released, by kind
+        self._epoch = clock()
+        self._numbers = itertools.count()
+
+    @property
+    def enabled(self) -> bool:
+        return self.settings.reading_pace_tokens_per_second > 0
+
+    @property
+    def limit(self) -> int:
+        """Requests allowed to run at once (no limit when admission is off)."""
+        return self.capacity.limit if self.enabled else sys.maxsize
+
+    @property
+    def running_total(self) -> int:
+        return sum(self.running.values())
+
+    def ticket(self, kind: str) -> Ticket:
+        now = self.clock()
+        key = now - self._epoch
+        if kind == DOCUMENT and self.settings.priority_scheduling:
+            key += self.settings.document_aging_seconds
+        return Ticket(kind, key, next(self._numbers), now)
+
+    def engine_priority(self, ticket: Ticket) -> int:
+        """The ticket's place as vLLM's priority (whole seconds, lower first); 0 when priority is off."""
+        return int(ticket.key) if self.settings.priority_scheduling else 0
+
+    async def enter(self, ticket: Ticket) -> None:
+        """Return once `ticket` may run; raise Refused at once when the queue is full or the wait too long."""
+        ahead = bisect.bisect_left(self.waiting, ticket.order(), key=Ticket.order)
+        if ahead == 0 and self.running_total < self.limit:
+            self._admit(ticket)
+            return
+        if ticket.kind == CHAT:
+            if self.waiting_by_kind[CHAT] >= self.settings.admission_queue_max:
+                raise self.refuse(QUEUE_FULL, ahead, self.estimate_seconds(len(self.waiting)))
+            estimate = self.estimate_seconds(ahead)
+            # Until chat turns were measured the estimate is a guess from the answer budget: up to
+            # one round of the running limit may still wait (the overload run's first burst queued
+            # 45 turns behind a limit of 1 and waited minutes).
+            measured = self.completed[CHAT] >= MEASURED_AFTER
+            if estimate > self.settings.admission_max_wait_seconds and (measured or ahead >= self.limit):
+                raise self.refuse(WAIT_TOO_LONG, ahead, estimate)
+        self.waiting.insert(ahead, ticket)
+        self.waiting_by_kind[ticket.kind] += 1
+        try:
+            await ticket.admitted.wait()
+        except BaseException:
+            if ticket.admitted.is_set():
+                self.release(ticket)  # admitted while being cancelled: give the slot back
+            else:
+                self.waiting.remove(ticket)
+                self.waiting_by_kind[ticket.kind] -= 1
+            raise
+
+    def refuse(self, reason: str, ahead: int, wait_seconds: float) -> Refused:
+        self.refusals[reason] += 1
+        return busy(reason, ahead, wait_seconds)
+
+    def release(self, ticket: Ticket) -> None:
+        """The ticket's request ended: free its slot and admit whoever is next."""
+        if ticket.released or ticket.admitted_at is None:
+            return
+        ticket.released = True
+        self.running[ticket.kind] -= 1
+        self._running_tickets.discard(ticket)
+        self.completed[ticket.kind] += 1
+        served = self.clock() - ticket.admitted_at
+        mean = self.service_seconds[ticket.kind]
+        self.service_seconds[ticket.kind] = mean + SERVICE_SMOOTHING * (served - mean)
+        self.admit_waiting()
+
+    def admit_waiting(self) -> None:
+        """Admit waiting tickets, first in order, while the limit allows (also after the limit grew)."""
+        while self.waiting and self.running_total < self.limit:
+            ticket = self.waiting.pop(0)
+            self.waiting_by_kind[ticket.kind] -= 1
+            self._admit(ticket)
+
+    def _admit(self, ticket: Ticket) -> None:
+        ticket.admitted_at = self.clock()
+        self.running[ticket.kind] += 1
+        self._running_tickets.add(ticket)
+        self.admitted_total += 1
+        self.waited_seconds_total += ticket.admitted_at - ticket.entered_at
+        ticket.admitted.set()
+
+    def position(self, ticket: Ticket) -> int | None:
+        """Requests waiting ahead of `ticket` (None once it is no longer waiting)."""
+        if ticket.admitted.is_set():
+            return None
+        index = bisect.bisect_left(self.waiting, ticket.order(), key=Ticket.order)
+        return index if index < len(self.waiting) and self.waiting[index] is ticket else None
+
+    def estimate_seconds(self, ahead: int) -> float:
+        """Expected wait of the request with `ahead` requests waiting before it.
+
+        Replays the slots: each running request frees its slot after what its kind usually takes,
+        minus what it has run already; each request ahead takes the earliest free slot and holds it
+        for its kind's service time (measured per kind). The estimate counts down as requests age.
+        """
+        now = self.clock()
+        free_at = sorted(
+            max(
+                0.1 * self.service_seconds[t.kind],
+                self.service_seconds[t.kind] - (now - (t.admitted_at or now)),
+            )
+            for t in self._running_tickets
+        )
+        free_at = free_at[: max(1, min(self.limit, len(free_at)))] or [0.0]
+        heapq.heapify(free_at)
+        for ticket in self.waiting[:ahead]:
+            heapq.heappush(free_at, heapq.heappop(free_at) + self.service_seconds[ticket.kind])
+        return free_at[0]

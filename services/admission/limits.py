@@ -1,0 +1,141 @@
+"""Fair share between people: concurrent turns, answer tokens per minute, documents per hour, per user.
+
+A user is a key the handler passes in: the signed-in user's identifier when
+there is one, else the client's address. Usage lives in a TTL table bounded by
+USER_TABLE_ENTRIES; each record holds at most a minute of token counts (one
+entry per second) and at most USER_DOCUMENTS_PER_HOUR upload times.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from cachetools import TTLCache
+
+from services.admission.errors import (
+    USER_CONCURRENT_TURNS,
+    USER_DOCUMENTS_PER_HOUR,
+    USER_TOKENS_PER_MINUTE,
+    Refused,
+    rounded_seconds,
+)
+from services.config import Settings
+
+TOKEN_WINDOW_SECONDS = 60.0
+DOCUMENT_WINDOW_SECONDS = 3600.0
+
+
+@dataclass
+class UserUsage:
+    """What one person is using now and used lately."""
+
+    turns: int = 0  # running or waiting, across all their tabs
+    tokens: deque[tuple[int, int]] = field(default_factory=deque)  # (second, tokens), last minute only
+    documents: deque[float] = field(default_factory=deque)  # upload times, last hour only
+
+    def tokens_since(self, moment: float) -> int:
+        return sum(count for second, count in self.tokens if second >= moment)
+
+    def add_tokens(self, now: float, count: int) -> None:
+        second = int(now)
+        if self.tokens and self.tokens[-1][0] == second:
+            self.tokens[-1] = (second, self.tokens[-1][1] + count)
+        else:
+            self.tokens.append((second, count))
+        while self.tokens and self.tokens[0][0] < now - TOKEN_WINDOW_SECONDS:
+            self.tokens.popleft()
+
+
+class UserLimits:
+    """Checks and accounts each person's share; refusals say when to try again."""
+
+    def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings = settings
+        self.clock = clock
+        self._users: TTLCache[str, UserUsage] = TTLCache(
+            settings.user_table_entries, DOCUMENT_WINDOW_SECONDS, timer=clock
+        )
+
+    def __len__(self) -> int:
+        return len(self._users)
+
+    def usage(self, user_key: str) -> UserUsage:
+        """The user's record, created on first use; any use keeps it for another hour."""
+        usage = self._users.get(user_key)
+        if usage is None:
+            usage = UserUsage()
+        self._users[user_key] = usage
+        return usage
+
+    def check(self, usage: UserUsage, documents: int = 0) -> None:
+        """Raise Refused when starting a turn (with `documents` new uploads) would pass a limit."""
+        self._check_turns(usage)
+        self._check_tokens(usage)
+        if documents:
+            self._check_documents(usage, documents)
+
+    def _check_turns(self, usage: UserUsage) -> None:
+        limit = self.settings.user_max_concurrent_turns
+        if limit and usage.turns >= limit:
+            raise Refused(
+                USER_CONCURRENT_TURNS,
+                f"You already have {usage.turns} answer{'s' if usage.turns != 1 else ''} in progress "
+                f"(in this or another tab); the limit is {limit} at a time. Please try again when one "
+                "has finished, or stop it.",
+            )
+
+    def _check_tokens(self, usage: UserUsage) -> None:
+        limit = self.settings.user_tokens_per_minute
+        now = self.clock()
+        if not limit or usage.tokens_since(now - TOKEN_WINDOW_SECONDS) < limit:
+            return
+        # Retry once enough of the minute's tokens have aged out to be under the limit again.
+        excess = usage.tokens_since(now - TOKEN_WINDOW_SECONDS) - limit + 1
+        retry = TOKEN_WINDOW_SECONDS
+        for second, count in usage.tokens:
+            excess -= count
+            if excess <= 0:
+                retry = second + TOKEN_WINDOW_SECONDS + 1 - now
+                break
+        raise Refused(
+            USER_TOKENS_PER_MINUTE,
+            f"You have received over {limit:,} answer tokens in the last minute, the limit per person. "
+            f"Please try again in ~{rounded_seconds(retry)}.",
+            retry,
+        )
+
+    def _check_documents(self, usage: UserUsage, documents: int) -> None:
+        limit = self.settings.user_documents_per_hour
+        now = self.clock()
+        while usage.documents and usage.documents[0] <= now - DOCUMENT_WINDOW_SECONDS:
+            usage.documents.popleft()
+        if not limit or len(usage.documents) + documents <= limit:
+            return
+        if documents > limit:
+            raise Refused(
+                USER_DOCUMENTS_PER_HOUR,
+                f"You can upload at most {limit} document(s) per hour; please send fewer at once.",
+            )
+        needed = len(usage.documents) + documents - limit  # uploads that must age out first
+        retry = usage.documents[needed - 1] + DOCUMENT_WINDOW_SECONDS - now
+        raise Refused(
+            USER_DOCUMENTS_PER_HOUR,
+            f"You have uploaded {len(usage.documents)} document(s) in the last hour; the limit is "
+            f"{limit} per hour. Please try again in ~{rounded_seconds(retry)}.",
+            retry,
+        )
+
+    def record_documents(self, usage: UserUsage, documents: int) -> None:
+        limit = self.settings.user_documents_per_hour
+        if not limit:
+            return
+        usage.documents.extend([self.clock()] * documents)
+        while len(usage.documents) > limit:
+            usage.documents.popleft()
+
+    def record_tokens(self, usage: UserUsage, count: int) -> None:
+        if count > 0:
+            usage.add_tokens(self.clock(), count)

@@ -1,0 +1,77 @@
+"""Overload settings: priority, admission by capacity, our waiting queue, fair share per user."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.config.fields import setting
+
+
+@dataclass(frozen=True)
+class AdmissionSettings:
+    """How the service shares one engine between many people when demand exceeds it."""
+
+    priority_scheduling: bool = setting(
+        True,
+        "PRIORITY_SCHEDULING",
+        "Chat turns before document-summary parts, in our queue and in vLLM's scheduler "
+        "(`scheduling_policy=priority`; passed to ENGINE_URLS servers that accept it). "
+        "false = first come, first served.",
+    )
+    document_aging_seconds: float = setting(
+        30.0,
+        "DOCUMENT_AGING_SECONDS",
+        "A document part queues as if it had arrived this much later than it did: chat turns "
+        "go first, but no chat turn that arrives later than that overtakes it, so long jobs "
+        "cannot starve.",
+        0,
+    )
+    reading_pace_tokens_per_second: float = setting(
+        5.0,
+        "READING_PACE_TOKENS_PER_SECOND",
+        "Admit another request to the engine only while every running stream keeps this pace; "
+        "the running limit follows from the measured decode speed. 0 = admit everything at once "
+        "(no waiting queue).",
+        0,
+    )
+    admission_queue_max: int = setting(
+        64,
+        "ADMISSION_QUEUE_MAX",
+        "Chat turns waiting in our queue at most; more are refused at once. Document parts wait "
+        "besides them (at most SUMMARY_CONCURRENCY per summary in flight).",
+        1,
+    )
+    admission_max_wait_seconds: float = setting(
+        10.0,
+        "ADMISSION_MAX_WAIT_SECONDS",
+        "A chat turn whose estimated wait in our queue is longer is refused at once, with the "
+        "estimate (the target: accepted turns see their first token within ~10 s). Longer = fewer "
+        "refusals, longer waits (each shown with its place).",
+        1,
+    )
+    user_max_concurrent_turns: int = setting(
+        2,
+        "USER_MAX_CONCURRENT_TURNS",
+        "Turns one person (signed-in user, else client address) may have running or waiting "
+        "at once, across all tabs. 0 = no limit.",
+        0,
+    )
+    user_tokens_per_minute: int = setting(
+        4000,
+        "USER_TOKENS_PER_MINUTE",
+        "Answer tokens one person may receive per sliding minute; a turn starting beyond it is "
+        "refused with the time to retry. 0 = no limit.",
+        0,
+    )
+    user_documents_per_hour: int = setting(
+        20,
+        "USER_DOCUMENTS_PER_HOUR",
+        "Documents one person may upload per sliding hour. 0 = no limit.",
+        0,
+    )
+    user_table_entries: int = setting(
+        100_000,
+        "USER_TABLE_ENTRIES",
+        "People whose usage is remembered at once (an hour after their last request they are forgotten).",
+        1,
+    )

@@ -1,0 +1,111 @@
+"""Warm-up before ready: the engine meets typical prompt lengths and batch sizes once before users do.
+
+vLLM's CPU kernels are prepared the first time a batch shape appears, so the
+first request of a new shape is slow (BENCHMARKS.md, warm-up). The service
+reports ready (/healthz 200, Chainlit's port open) only after this pass: prompts
+of typical lengths one at a time, then short answers in batches of typical
+sizes. The batches also measure decode speed per batch size, which admission
+takes as its first estimate of how many streams keep a reading pace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.config import Settings
+from services.engine.chat_engine import ChatEngine, SamplingSettings
+
+logger = logging.getLogger(__name__)
+
+# A question, a long question or short document, a summary part (capped by the engine's step size).
+PROMPT_TOKENS = (48, 320, 1024)
+BATCH_SIZES = (1, 2, 4, 8, 16)  # streams decoding together (capped by MAX_NUM_SEQS)
+BATCH_ANSWER_TOKENS = 32  # the first few overlap the others' prefill; the rest measure decoding
+WORDS = (
+    "apple", "river", "mountain", "cloud", "stone", "garden", "window", "paper", "music", "silver",
+    "forest", "candle", "bridge", "ocean", "letter", "market", "winter", "summer", "yellow", "purple",
+    "engine", "planet", "rocket", "castle", "dragon", "pencil", "school",
+)  # fmt: skip
+
+
+@dataclass
+class WarmUpReport:
+    """What the warm-up ran and measured."""
+
+    seconds: float = 0.0
+    prompt_ttft_seconds: dict[int, float] = field(default_factory=dict)  # prompt tokens: first token
+    decode_seconds_per_token: dict[int, float] = field(default_factory=dict)  # batch size: per stream
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "seconds": round(self.seconds, 2),
+            "prompt_ttft_seconds": {n: round(s, 3) for n, s in self.prompt_ttft_seconds.items()},
+            "decode_seconds_per_token": {n: round(s, 4) for n, s in self.decode_seconds_per_token.items()},
+        }
+
+
+def filler(rng: random.Random, engine: ChatEngine, tokens: int) -> str:
+    """A user message of about `tokens` tokens under the chat template, its words drawn at random
+    (no two prompts share a prefix, so each is prefilled in full)."""
+    words = max(1, tokens - 12) * 3 // 4
+    text = " ".join(rng.choice(WORDS) for _ in range(words))
+    while len(engine.encode_chat([{"role": "user", "content": text}])) > tokens and len(text) > 8:
+        text = text[: int(len(text) * 0.9)]
+    return text
+
+
+async def _token_times(
+    engine: ChatEngine, text: str, sampling: SamplingSettings, request_id: str
+) -> list[float]:
+    """When each piece of one request's answer arrived (monotonic), starting with the send time."""
+    times = [time.monotonic()]
+    async for _ in engine.generate([{"role": "user", "content": text}], sampling, request_id):
+        times.append(time.monotonic())
+    return times
+
+
+def decode_seconds_per_token(batch: list[list[float]]) -> float | None:
+    """Seconds per token per stream while every request of the batch was decoding (after the last
+    first token), so that the prefill of the others does not count."""
+    all_decoding = max(times[1] for times in batch if len(times) > 1)
+    gaps = []
+    for times in batch:
+        later = [t for t in times[1:] if t > all_decoding]
+        if len(later) >= 2:
+            gaps.append((later[-1] - later[0]) / (len(later) - 1))
+    return sum(gaps) / len(gaps) if gaps else None
+
+
+async def warm_up(engine: ChatEngine, settings: Settings) -> WarmUpReport:
+    """Run the warm-up pass; return what it measured (logged, and shown in /status).
+
+    Requests are sampled as the service samples by default (TEMPERATURE, TOP_P): vLLM compiles its
+    CPU sampler (torch.compile) on the first sampled request.
+    """
+    started = time.monotonic()
+    rng = random.Random(0)
+    report = WarmUpReport()
+    prompt_sampling = SamplingSettings(settings.temperature, settings.top_p, 2)
+    batch_sampling = SamplingSettings(settings.temperature, settings.top_p, BATCH_ANSWER_TOKENS)
+    longest = min(settings.max_num_batched_tokens, engine.max_model_len // 2)
+    for tokens in sorted({min(t, longest) for t in PROMPT_TOKENS}):
+        times = await _token_times(engine, filler(rng, engine, tokens), prompt_sampling, f"warm-up-p{tokens}")
+        report.prompt_ttft_seconds[tokens] = (times[1] if len(times) > 1 else time.monotonic()) - times[0]
+    for size in sorted({min(s, settings.max_num_seqs) for s in BATCH_SIZES}):
+        texts = [filler(rng, engine, 24) for _ in range(size)]
+        batch = await asyncio.gather(
+            *(
+                _token_times(engine, text, batch_sampling, f"warm-up-b{size}-{i}")
+                for i, text in enumerate(texts)
+            )
+        )
+        if any(len(times) > 1 for times in batch) and (per_token := decode_seconds_per_token(batch)):
+            report.decode_seconds_per_token[size] = per_token
+    report.seconds = time.monotonic() - started
+    logger.info("warm-up took %.1f s: %s", report.seconds, report.summary())
+    return report

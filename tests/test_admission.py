@@ -1,0 +1,435 @@
+"""Admission rules (pure logic): queue order and bounds, the capacity model, per-user limits, feedback,
+prefix affinity. The real engine and server path of the same rules is in test_overload.py."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from services.admission.admission import Admission
+from services.admission.capacity import DecodeCapacity
+from services.admission.context import TurnContext
+from services.admission.errors import Refused, rounded_seconds
+from services.admission.feedback import WaitingFeedback, status_text
+from services.admission.gate import CHAT, DOCUMENT, AdmissionGate, Ticket
+from services.admission.limits import UserLimits
+from services.config import Settings
+from services.engine.chat_engine import SamplingSettings
+from services.engine.load import EngineLoad
+from services.engine.routing import Server, prefix_hashes, servers_to_try
+
+aio = pytest.mark.asyncio(loop_scope="function")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FixedCapacity(DecodeCapacity):
+    """A capacity whose limit the test sets."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(5.0, 64)
+        self.fixed = limit
+
+    @property
+    def limit(self) -> int:
+        return self.fixed
+
+
+def settings(**changes) -> Settings:
+    return Settings.from_env({}).replace(**changes)
+
+
+def gate_with(limit: int, clock: Clock | None = None, **changes) -> AdmissionGate:
+    changes.setdefault("admission_max_wait_seconds", 1000)  # these tests queue turns on purpose
+    return AdmissionGate(settings(**changes), FixedCapacity(limit), clock or Clock())
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+class Queue:
+    """Requests entering one gate; records the order in which they were admitted."""
+
+    def __init__(self, gate: AdmissionGate, clock: Clock) -> None:
+        self.gate, self.clock = gate, clock
+        self.admitted: list[str] = []
+        self.tickets: dict[str, Ticket] = {}
+        self.tasks: list[asyncio.Task] = []
+
+    async def submit(self, name: str, kind: str, after_seconds: float = 1.0) -> None:
+        self.clock.now += after_seconds
+        ticket = self.tickets[name] = self.gate.ticket(kind)
+
+        async def enter() -> None:
+            await self.gate.enter(ticket)
+            self.admitted.append(name)
+
+        self.tasks.append(asyncio.create_task(enter()))
+        await settle()
+
+    async def finish(self, *names: str) -> None:
+        for name in names:
+            self.gate.release(self.tickets[name])
+        await settle()
+
+
+@aio
+async def test_requests_beyond_the_limit_wait_and_chat_goes_before_documents() -> None:
+    clock = Clock()
+    queue = Queue(gate_with(2, clock), clock)
+    for name, kind in (("doc-1", DOCUMENT), ("doc-2", DOCUMENT), ("doc-3", DOCUMENT), ("chat-1", CHAT)):
+        await queue.submit(name, kind)
+    await queue.submit("doc-4", DOCUMENT)
+    await queue.submit("chat-2", CHAT)
+    assert queue.admitted == ["doc-1", "doc-2"] and len(queue.gate.waiting) == 4
+    assert queue.gate.running_total == 2
+    await queue.finish("doc-1", "doc-2")
+    assert queue.admitted[2:] == ["chat-1", "chat-2"], "chat turns take the freed slots first"
+    await queue.finish("chat-1", "chat-2")
+    assert queue.admitted[4:] == ["doc-3", "doc-4"]
+    await queue.finish("doc-3", "doc-4")
+    assert queue.gate.running_total == 0 and not queue.gate.waiting
+
+
+@aio
+async def test_aging_keeps_later_chat_from_starving_a_document_part() -> None:
+    clock = Clock()
+    queue = Queue(gate_with(1, clock, document_aging_seconds=30), clock)
+    await queue.submit("running", CHAT)
+    await queue.submit("doc", DOCUMENT)
+    await queue.submit("chat-soon", CHAT, after_seconds=10)  # 10 s later: still goes first
+    await queue.submit("chat-late", CHAT, after_seconds=25)  # 35 s after the doc: goes after it
+    await queue.finish("running")
+    await queue.finish("chat-soon")
+    await queue.finish("doc")
+    assert queue.admitted == ["running", "chat-soon", "doc", "chat-late"]
+    await queue.finish("chat-late")
+
+
+@aio
+async def test_with_priority_off_it_is_first_come_first_served() -> None:
+    clock = Clock()
+    gate = gate_with(1, clock, priority_scheduling=False)
+    queue = Queue(gate, clock)
+    for name, kind in (("a", CHAT), ("doc", DOCUMENT), ("b", CHAT)):
+        await queue.submit(name, kind)
+    await queue.finish("a")
+    await queue.finish("doc")
+    assert queue.admitted == ["a", "doc", "b"]
+    assert gate.engine_priority(queue.tickets["doc"]) == gate.engine_priority(queue.tickets["b"]) == 0
+    await queue.finish("b")
+
+
+@aio
+async def test_vllm_priority_puts_chat_before_a_document_part_of_the_same_moment() -> None:
+    gate = gate_with(8, document_aging_seconds=30)
+    chat, document = gate.ticket(CHAT), gate.ticket(DOCUMENT)
+    assert gate.engine_priority(chat) < gate.engine_priority(document) <= gate.engine_priority(chat) + 30
+
+
+@aio
+async def test_a_full_queue_refuses_at_once_with_place_and_retry_time() -> None:
+    clock = Clock()
+    queue = Queue(gate_with(1, clock, admission_queue_max=2), clock)
+    for name in ("running", "w1", "w2"):
+        await queue.submit(name, CHAT)
+    with pytest.raises(Refused) as refused:
+        await queue.gate.enter(queue.gate.ticket(CHAT))
+    message = str(refused.value)
+    assert refused.value.reason == "queue_full" and queue.gate.refusals["queue_full"] == 1
+    assert "busy: about 2 requests ahead of yours" in message and "try again in ~" in message
+    assert refused.value.retry_after_seconds and refused.value.retry_after_seconds > 0
+    await queue.finish("running")
+    await queue.finish("w1")
+    await queue.finish("w2")
+    assert queue.admitted == ["running", "w1", "w2"], "the waiting ones were not disturbed"
+
+
+@aio
+async def test_a_chat_turn_facing_too_long_a_wait_is_refused_once_turns_were_measured() -> None:
+    clock = Clock()
+    gate = gate_with(1, clock, admission_max_wait_seconds=30)
+    queue = Queue(gate, clock)
+    await queue.submit("running", CHAT)
+    await queue.submit("unmeasured", CHAT)
+    assert len(gate.waiting) == 1, "before turns were measured, one round of the limit may wait"
+    with pytest.raises(Refused, match="busy") as early:
+        await gate.enter(gate.ticket(CHAT))  # a second round on a guess: refused
+    assert early.value.reason == "wait_too_long"
+    clock.now += 20
+    await queue.finish("running")  # "unmeasured" runs
+    await queue.submit("next", CHAT, after_seconds=0)  # one round again: it may wait
+    assert len(gate.waiting) == 1
+    for name in ("unmeasured", "next"):
+        clock.now += 20
+        await queue.finish(name)
+    await queue.submit("long", CHAT)
+    await queue.submit("w1", CHAT)  # about one turn (~24 s) away: fine
+    assert len(gate.waiting) == 1
+    with pytest.raises(Refused, match="busy") as refused:
+        await gate.enter(gate.ticket(CHAT))  # two turns away
+    assert refused.value.reason == "wait_too_long" and refused.value.retry_after_seconds > 30
+    await queue.finish("long", "w1")
+
+
+@aio
+async def test_a_cancelled_waiter_leaves_the_queue_and_an_admitted_one_frees_its_slot() -> None:
+    clock = Clock()
+    queue = Queue(gate_with(1, clock), clock)
+    await queue.submit("running", CHAT)
+    await queue.submit("gone", CHAT)
+    queue.tasks[-1].cancel()
+    await settle()
+    assert not queue.gate.waiting
+    await queue.submit("next", CHAT)
+    queue.gate.release(queue.tickets["running"])  # admits "next"...
+    queue.tasks[-1].cancel()  # ...which is cancelled before it resumes
+    await settle()
+    assert queue.gate.running_total == 0, "the slot came back"
+
+
+@aio
+async def test_service_times_are_measured_per_kind_and_feed_the_estimate() -> None:
+    clock = Clock()
+    gate = gate_with(1, clock)
+    ticket = gate.ticket(CHAT)
+    await gate.enter(ticket)
+    clock.now += 100
+    gate.release(ticket)
+    assert gate.service_seconds[CHAT] > 15, "a slow chat turn raised the measured service time"
+    assert gate.estimate_seconds(0) == 0  # nothing running, nothing ahead
+    assert rounded_seconds(8.2) == "9 s" and rounded_seconds(41) == "45 s" and rounded_seconds(61) == "2 min"
+
+
+# --- the capacity model ----------------------------------------------------------------------
+def test_the_running_limit_follows_from_measured_step_times() -> None:
+    capacity = DecodeCapacity(pace_tokens_per_second=5.0, max_running=64)
+    assert capacity.limit == 1, "nothing measured: one at a time"
+    for size in (1, 2, 4, 8):  # 0.05 s + 0.02 s per stream: pace 5/s holds up to 7 streams
+        capacity.observe_batch(size, 0.05 + 0.02 * size, busy_seconds=5)
+    intercept, slope = capacity.line()
+    assert intercept == pytest.approx(0.05) and slope == pytest.approx(0.02)
+    assert capacity.limit == 7
+    capacity.observe_batch(8, 0.6, busy_seconds=30)  # a document's prefill slows the steps down
+    assert capacity.limit < 7
+
+
+def test_with_one_size_seen_the_limit_steps_up_past_it_while_the_pace_holds() -> None:
+    capacity = DecodeCapacity(pace_tokens_per_second=5.0, max_running=64)
+    capacity.observe_batch(1, 0.1, busy_seconds=5)
+    assert capacity.limit == 2
+    slow = DecodeCapacity(pace_tokens_per_second=5.0, max_running=64)
+    slow.observe_batch(3, 0.5, busy_seconds=5)
+    assert slow.limit == 1
+    assert DecodeCapacity(0, 64).limit == 64, "pace 0: admission is off"
+
+
+def test_engine_windows_give_seconds_per_token_per_stream() -> None:
+    load = EngineLoad(window_seconds=1.0)
+    now = 0.0
+    load.record(now, running=4, waiting=0, generation_tokens=0, prompt_tokens=100)
+    for _ in range(25):  # 4 streams, one token each per 0.1 s step
+        now += 0.1
+        load.record(now, running=4, waiting=2, generation_tokens=4, prompt_tokens=0)
+    windows = list(load.windows)
+    assert len(windows) == 2
+    assert windows[0].running == pytest.approx(4) and windows[0].waiting > 0
+    assert windows[0].seconds == pytest.approx(1.1)
+    assert windows[0].seconds_per_token == pytest.approx(0.1)
+    capacity = DecodeCapacity(5.0, 64)
+    capacity.update(load)
+    assert capacity.seconds_per_token() == {4: pytest.approx(0.1)}
+    assert load.generation_rate(10, now=now) == pytest.approx(40, rel=0.1)
+
+
+# --- per-user limits ----------------------------------------------------------------------------
+def test_concurrent_turns_are_limited_across_tabs() -> None:
+    limits = UserLimits(settings(user_max_concurrent_turns=2))
+    usage = limits.usage("address:10.0.0.1")
+    usage.turns = 2
+    with pytest.raises(Refused, match="limit is 2 at a time") as refused:
+        limits.check(usage)
+    assert refused.value.reason == "user_concurrent_turns"
+    limits.check(limits.usage("address:10.0.0.2")), "another person is not affected"
+
+
+def test_tokens_per_minute_refuse_with_the_time_to_retry() -> None:
+    clock = Clock()
+    limits = UserLimits(settings(user_tokens_per_minute=100), clock)
+    usage = limits.usage("u")
+    limits.record_tokens(usage, 60)
+    clock.now += 20
+    limits.record_tokens(usage, 50)
+    with pytest.raises(Refused, match="try again in ~") as refused:
+        limits.check(usage)
+    assert refused.value.reason == "user_tokens_per_minute"
+    assert refused.value.retry_after_seconds == pytest.approx(41, abs=1.5), "when the first 60 age out"
+    clock.now += 42
+    limits.check(usage)
+
+
+def test_documents_per_hour_refuse_with_the_time_to_retry() -> None:
+    clock = Clock()
+    limits = UserLimits(settings(user_documents_per_hour=2), clock)
+    usage = limits.usage("u")
+    limits.check(usage, documents=2)
+    limits.record_documents(usage, 2)
+    clock.now += 600
+    with pytest.raises(Refused, match="limit is 2 per hour") as refused:
+        limits.check(usage, documents=1)
+    assert refused.value.retry_after_seconds == pytest.approx(3000)
+    assert "50 min" in str(refused.value)
+    limits.check(usage), "chat without a document is still fine"
+    with pytest.raises(Refused, match="at most 2"):
+        limits.check(limits.usage("v"), documents=3)
+
+
+def test_no_limits_when_set_to_zero_and_records_stay_bounded() -> None:
+    limits = UserLimits(
+        settings(user_max_concurrent_turns=0, user_tokens_per_minute=0, user_documents_per_hour=0)
+    )
+    usage = limits.usage("u")
+    usage.turns = 99
+    for _ in range(1000):
+        limits.record_tokens(usage, 1000)
+        limits.record_documents(usage, 1)
+    limits.check(usage, documents=50)
+    assert len(usage.tokens) <= 61 and len(usage.documents) == 0
+
+
+# --- feedback -------------------------------------------------------------------------------
+
+
+@aio
+async def test_a_waiting_turn_is_told_its_place_then_the_status_goes_away() -> None:
+    clock = Clock()
+    queue = Queue(gate_with(1, clock), clock)
+    await queue.submit("running", CHAT)
+    await queue.submit("ahead", CHAT)
+    turn = TurnContext("u", None, started_at=clock.now)
+    await queue.submit("mine", CHAT)
+    turn.waiting.add(queue.tickets["mine"])
+    text = status_text(queue.gate, turn, clock.now)
+    assert text is not None and "1 request ahead of yours" in text and "to wait" in text
+    shown: list[str | None] = []
+
+    async def show(value: str | None) -> None:
+        shown.append(value)
+
+    feedback = WaitingFeedback(queue.gate, turn, show)
+    feedback.start()
+    await settle()
+    await queue.finish("running")
+    assert "you are next in line" in (status_text(queue.gate, turn, clock.now) or "")
+    await feedback.stop()
+    assert shown[0] == text and shown[-1] is None, "shown while waiting, removed at the answer"
+    await queue.finish("ahead", "mine")
+
+
+# --- the whole path on a fake engine ---------------------------------------------------------------
+class WordEngine:
+    """Streams one word per 10 ms; counts words as tokens."""
+
+    max_model_len = 1000
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split())
+
+    async def generate(self, messages, sampling, request_id, *, priority: int = 0) -> AsyncIterator[str]:
+        for _ in range(sampling.max_new_tokens):
+            await asyncio.sleep(0.01)
+            yield "word "
+
+
+@aio
+async def test_admitted_engine_queues_streams_and_accounts_tokens_to_the_user() -> None:
+    admission = Admission(
+        settings(user_tokens_per_minute=1000, admission_max_wait_seconds=1000), EngineLoad(), max_running=64
+    )
+    admission.capacity = admission.gate.capacity = FixedCapacity(1)
+    engine = admission.engine(WordEngine(), CHAT)  # type: ignore[arg-type]
+    sampling = SamplingSettings(0.0, 1.0, 20)
+
+    async def turn(user: str) -> tuple[str, set]:
+        async with admission.turn(user) as context:
+            return "".join([d async for d in engine.generate([], sampling, "r")]), context.waiting
+
+    first = asyncio.create_task(turn("alice"))
+    await asyncio.sleep(0.02)
+    second = asyncio.create_task(turn("bob"))
+    await asyncio.sleep(0.02)
+    assert len(admission.gate.waiting) == 1, "bob waits while alice streams"
+    assert admission.overloaded
+    (a, _), (b, _) = await asyncio.gather(first, second)
+    assert a == b == "word " * 20
+    assert admission.limits.usage("alice").tokens_since(0) == 20
+    assert admission.limits.usage("alice").turns == 0
+    assert admission.status()["admitted_total"] == 2
+
+
+class QueueOverflowError(Exception):
+    """Named as vllm.exceptions' (matched by name, as the app does: importing vLLM takes seconds)."""
+
+
+class FullEngine(WordEngine):
+    """An engine whose own queue is full: vLLM's admission control refuses every request."""
+
+    async def generate(self, messages, sampling, request_id, *, priority: int = 0) -> AsyncIterator[str]:
+        raise QueueOverflowError()
+        yield ""  # an async generator, as the engine's
+
+
+@aio
+async def test_vllms_own_queue_limit_becomes_a_busy_message_counted_in_metrics() -> None:
+    admission = Admission(settings(), EngineLoad(), max_running=64)
+    admission.capacity = admission.gate.capacity = FixedCapacity(4)
+    engine = admission.engine(FullEngine(), CHAT)  # type: ignore[arg-type]
+    with pytest.raises(Refused, match="The service is busy") as refused:
+        async with admission.turn("u"):
+            [d async for d in engine.generate([], SamplingSettings(0.0, 1.0, 8), "r")]
+    assert refused.value.reason == "engine_queue_full"
+    assert admission.status()["refusals_total"] == {"engine_queue_full": 1}
+    assert admission.gate.running_total == 0 and admission.overloaded
+
+
+# --- prefix affinity (ENGINE_URLS) -------------------------------------------------------------------
+def test_a_conversation_goes_to_the_server_holding_its_prefix_unless_it_is_overloaded() -> None:
+    a, b = Server("http://a"), Server("http://b")
+    history = list(range(300))
+    a.prefixes.add(prefix_hashes(history))
+    follow_up = prefix_hashes([*history, 7, 8, 9, *range(1000, 1100)])
+    assert servers_to_try([b, a], follow_up, affinity_slack=4)[0] is a
+    a.in_flight.update({"1", "2", "3"})
+    assert servers_to_try([b, a], follow_up, affinity_slack=4)[0] is a, "busier, but within the slack"
+    a.in_flight.update({"4", "5"})
+    assert servers_to_try([b, a], follow_up, affinity_slack=4)[0] is b, "overloaded: by load"
+    assert servers_to_try([b, a], follow_up, affinity_slack=None)[0] is b, "affinity off: by load"
+    a.healthy = False
+    a.in_flight.clear()
+    assert servers_to_try([a, b], follow_up, affinity_slack=4)[0] is b, "an unhealthy holder is passed over"
+
+
+def test_prefix_index_is_bounded() -> None:
+    server = Server("http://a")
+    server.prefixes.max_blocks = 100
+    for start in range(0, 100_000, 640):
+        server.prefixes.add(prefix_hashes(list(range(start, start + 640))))
+    assert len(server.prefixes) == 100
+
+
+# --- health for load balancers ----------------------------------------------------------------------
+def test_the_docker_healthcheck_asks_healthz() -> None:
+    dockerfile = (Path(__file__).resolve().parent.parent / "Dockerfile").read_text()
+    check = dockerfile[dockerfile.index("HEALTHCHECK") :].split("CMD ", 1)[1].splitlines()[0]
+    assert "/healthz" in check and "/status" not in check
