@@ -21,6 +21,24 @@ pip_quiet() {
   return "$rc"
 }
 
+# Debian packages, installed once with apt (sudo when not root).
+apt_install() {
+  local sudo=""
+  [[ "$(id -u)" == 0 ]] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
+}
+missing_debs() { for pkg in "$@"; do dpkg -s "$pkg" >/dev/null 2>&1 || echo "$pkg"; done; }
+
+# The malloc of vLLM's processes (ENGINE_ALLOCATOR) preloads one of these; jeprof reads jemalloc's
+# heap profiles (memory probe, tests).
+debs=$(missing_debs libjemalloc2 libtcmalloc-minimal4)
+[[ "$WITH_TEST" == 1 ]] && debs="$debs $(missing_debs libjemalloc-dev)"
+if [[ -n "${debs// /}" ]]; then
+  echo "[setup] installing Debian's $debs"
+  apt_install $debs
+fi
+
 if [[ ! -x "$VENV/bin/python" ]]; then
   "$PY" -m venv "$VENV"
 fi
@@ -48,11 +66,9 @@ if [[ "$WITH_TEST" == 1 ]]; then
   fi
   if ! command -v chromium >/dev/null 2>&1; then
     echo "[setup] installing Debian's chromium for the browser test"
-    if [[ "$(id -u)" == 0 ]]; then SUDO=""; else SUDO="sudo"; fi
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+    apt_install chromium
   fi
 fi
 
 # Convert the bundled GGUF into a folder vLLM loads (once; atomic).
-"$VENV/bin/python" -m services.model_prep
+"$VENV/bin/python" -m services.engine.model_prep

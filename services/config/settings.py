@@ -20,7 +20,7 @@ from typing import Any
 
 from services.config.chat import ChatSettings
 from services.config.documents import DocumentSettings
-from services.config.engine import EngineSettings
+from services.config.engine import ENGINE_ALLOCATORS, EngineSettings
 from services.config.fields import SettingsError, parse
 from services.config.observability import ObservabilitySettings
 
@@ -63,6 +63,10 @@ class Settings(ObservabilitySettings, DocumentSettings, ChatSettings, EngineSett
         for url in self.engine_url_list:
             if not url.startswith(("http://", "https://")):
                 raise SettingsError(f"ENGINE_URLS entry {url!r} is not an http:// or https:// URL")
+        if self.engine_allocator not in ENGINE_ALLOCATORS:
+            raise SettingsError(
+                f"ENGINE_ALLOCATOR={self.engine_allocator!r} is not one of {ENGINE_ALLOCATORS}"
+            )
 
     def non_default(self) -> dict[str, Any]:
         """Settings that differ from the defaults, secrets redacted (for the start-up log)."""
