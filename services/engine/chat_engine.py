@@ -113,6 +113,7 @@ class ChatEngine:
         self._on_finish: list[FinishCallback | weakref.WeakMethod] = []
         self.last_output_at: float | None = None  # monotonic time of the engine's latest output
         self._ping_prompt: list[int] | None = None
+        self.requests_finished_total = 0  # chat requests ended (any reason): memory per request
 
     def on_finish(self, callback: FinishCallback) -> Callable[[], None]:
         """Register a function that receives every request's stats; return its unregister function.
@@ -141,6 +142,7 @@ class ChatEngine:
         ]
 
     def _notify_finished(self, stats: StreamStats) -> None:
+        self.requests_finished_total += 1
         for entry in list(self._on_finish):
             callback = entry() if isinstance(entry, weakref.WeakMethod) else entry
             if callback is None:
