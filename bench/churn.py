@@ -5,6 +5,8 @@
     .venv/bin/python bench/churn.py --tiny --requests 20000 \\
         --allocators glibc,tcmalloc,jemalloc,glibc-arena2                  # allocators side by side
     .venv/bin/python bench/churn.py --tiny --requests 6000 --attribute     # who keeps it: probe snapshots
+    .venv/bin/python bench/churn.py --requests 20000 --arm-seconds 600 \
+        --allocators glibc,tcmalloc,jemalloc,glibc-arena2                  # each arm bounded in time too
 
 No app and no network: `ChatEngine` over vLLM's AsyncLLM in this process,
 `--concurrency` requests in flight, as fast as the machine serves them. Each
@@ -19,7 +21,10 @@ process = "app", vLLM's EngineCore and worker, helpers) are recorded. The
 bytes kept per request are the Theil-Sen slope of memory against requests
 served, after `--warmup` requests, with Sen's 95% interval. Arms
 (`--allocators`) run one after the other in one invocation, each on a fresh
-engine, never two engines at once. Exit code 1 when a process keeps more than
+engine, never two engines at once. `--arm-seconds` bounds each arm's load
+in time: it stops at the first memory sample after that (the report gives
+the requests it served). The summary is rewritten after every arm, so a run
+cut short keeps the arms it finished. Exit code 1 when a process keeps more than
 `--max-bytes-per-request` (anonymous memory) in any arm.
 """
 
@@ -86,6 +91,7 @@ class ChurnOptions:
     allocators: list[str] = field(default_factory=lambda: ["configured"])
     attribute: bool = False
     max_bytes_per_request: float | None = None
+    arm_seconds: float | None = None  # each arm stops at the first sample after this much load
     out: Path | None = None
 
     @property
@@ -277,6 +283,9 @@ async def run_arm(base: Settings, arm: str, options: ChurnOptions, out: Path) ->
             if probe_dir is not None:
                 await probe_snapshots(probe_dir, f"r{last:06d}")
             print(f"[churn] {arm}: {last} requests, {_progress(rows[-1], busy_seconds, tally)}", flush=True)
+            if options.arm_seconds is not None and busy_seconds >= options.arm_seconds:
+                print(f"[churn] {arm}: time budget of {options.arm_seconds:.0f} s spent", flush=True)
+                break
         unfinished = engine.unfinished_requests()
     return arm_report(arm, settings, options, rows, tally, busy_seconds, unfinished, probe_dir)
 
@@ -328,21 +337,21 @@ async def run(options: ChurnOptions, base: Settings | None = None) -> dict[str, 
     base = base or Settings.from_env()
     if options.tiny:
         base = base.replace(**tiny_model_settings(base))
-    began, machine_before = datetime.now(), machine_info()
-    arms = [await run_arm(base, arm, options, out) for arm in options.allocators]
     options_dict = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(options).items()}
-    summary = {
-        "started_at": began.isoformat(timespec="seconds"),
+    summary: dict[str, Any] = {
+        "started_at": datetime.now().isoformat(timespec="seconds"),
         "options": options_dict,
         "model": base.model_path,
-        "machine_before": machine_before,
-        "machine_after": machine_info(),
-        "arms": arms,
+        "machine_before": machine_info(),
+        "arms": [],
     }
-    if options.max_bytes_per_request is not None:
-        summary["passed"] = all(arm["passed"] for arm in arms)
-    (out / "churn-summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"[churn] wrote {out / 'churn-summary.json'}", flush=True)
+    for arm in options.allocators:  # the summary after each arm: a run cut short keeps what it finished
+        summary["arms"].append(await run_arm(base, arm, options, out))
+        summary["machine_after"] = machine_info()
+        if options.max_bytes_per_request is not None:
+            summary["passed"] = all(arm["passed"] for arm in summary["arms"])
+        (out / "churn-summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        print(f"[churn] wrote {out / 'churn-summary.json'}", flush=True)
     return summary
 
 
@@ -402,6 +411,9 @@ def parse_args(argv: list[str] | None = None) -> ChurnOptions:
         "--max-bytes-per-request", type=float, default=None, help="fail above this (anon, any process)"
     )
     parser.add_argument(
+        "--arm-seconds", type=float, default=None, help="stop each arm at the next sample after this"
+    )
+    parser.add_argument(
         "--out", type=Path, default=None, help="report folder (default bench/out/churn-<time>)"
     )
     args = parser.parse_args(argv)
@@ -414,7 +426,7 @@ def parse_args(argv: list[str] | None = None) -> ChurnOptions:
         concurrency=args.concurrency, abort_fraction=args.abort_fraction,
         max_prompt_words=args.max_prompt_words, max_answer_tokens=args.max_answer_tokens, seed=args.seed,
         tiny=args.tiny, allocators=arms, attribute=args.attribute,
-        max_bytes_per_request=args.max_bytes_per_request, out=args.out,
+        max_bytes_per_request=args.max_bytes_per_request, arm_seconds=args.arm_seconds, out=args.out,
     )  # fmt: skip
 
 
