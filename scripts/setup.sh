@@ -21,6 +21,24 @@ pip_quiet() {
   return "$rc"
 }
 
+# Debian packages, installed once with apt (sudo when not root).
+apt_install() {
+  local sudo=""
+  [[ "$(id -u)" == 0 ]] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
+}
+missing_debs() { for pkg in "$@"; do dpkg -s "$pkg" >/dev/null 2>&1 || echo "$pkg"; done; }
+
+# The malloc of vLLM's processes (ENGINE_ALLOCATOR) preloads one of these; jeprof reads jemalloc's
+# heap profiles (memory probe, tests).
+debs=$(missing_debs libjemalloc2 libtcmalloc-minimal4)
+[[ "$WITH_TEST" == 1 ]] && debs="$debs $(missing_debs libjemalloc-dev)"
+if [[ -n "${debs// /}" ]]; then
+  echo "[setup] installing Debian's $debs"
+  apt_install $debs
+fi
+
 if [[ ! -x "$VENV/bin/python" ]]; then
   "$PY" -m venv "$VENV"
 fi
@@ -51,12 +69,6 @@ if [[ ! -e "$assets_stamp" ]]; then
     echo "[setup] npm not found: the page will use the system font (install Node.js and npm, rerun)" >&2
   fi
 fi
-
-if [[ "$(id -u)" == 0 ]]; then SUDO=""; else SUDO="sudo"; fi
-apt_install() {
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "$@" >/dev/null
-}
 
 if [[ "$WITH_TEST" == 1 ]]; then
   test_stamp="$VENV/.test-$(stamp_of requirements-test.txt)"

@@ -13,6 +13,7 @@ import pytest_asyncio
 
 from bench.shapes import distinct_size_prompts, sweep, worker_rss_mb
 from services.config import Settings
+from services.engine.allocators import PRELOAD_LIBRARIES
 from services.engine.chat_engine import ChatEngine, SamplingSettings, StreamStats
 from services.engine.errors import TokenBudgetError
 from services.engine.lifespan import engine_lifespan
@@ -135,13 +136,20 @@ async def test_answer_budget_is_capped_by_context(engine: ChatEngine, finished: 
     assert finished[-1].output_tokens <= engine.max_model_len - prompt_tokens
 
 
-async def test_engine_processes_start_with_bounded_allocators(engine: ChatEngine) -> None:
-    # Without these, glibc's threshold drifts up (the worker's heap grows under varying lengths)
-    # and oneDNN keeps 1024 compiled primitives. vLLM spawns its processes from this environment;
-    # their own /proc/<pid>/environ cannot be read back (setproctitle overwrites it).
-    assert len(engine_processes()) >= 2, "EngineCore and a worker"
-    assert os.environ["MALLOC_MMAP_THRESHOLD_"] == str(Settings().engine_mmap_threshold_bytes)
-    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(Settings().engine_onednn_cache_capacity)
+async def test_engine_processes_start_with_the_configured_allocator(engine: ChatEngine) -> None:
+    # vLLM spawns its processes from this environment; their own /proc/<pid>/environ cannot be
+    # read back (setproctitle overwrites it), but the preloaded malloc shows in their mappings.
+    settings = Settings()
+    processes = engine_processes()
+    assert len(processes) >= 2, "EngineCore and a worker"
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(settings.engine_onednn_cache_capacity)
+    preloaded = PRELOAD_LIBRARIES.get(settings.engine_allocator)
+    for process in processes:
+        maps = Path(f"/proc/{process.pid}/maps").read_text()
+        for name in PRELOAD_LIBRARIES.values():
+            assert (name in maps) == (name == preloaded), f"{process.name()} maps {name}: {name in maps}"
+    if settings.engine_allocator == "glibc":  # without it glibc's threshold drifts up to 32 MB
+        assert os.environ["MALLOC_MMAP_THRESHOLD_"] == str(settings.engine_mmap_threshold_bytes)
 
 
 async def test_new_batch_sizes_do_not_grow_the_worker(engine: ChatEngine) -> None:

@@ -136,6 +136,8 @@ async def test_stats_summarises_latency_memory_and_uptime(tiny_server: AppServer
         assert 0 <= percentiles["p50"] <= percentiles["p95"] <= percentiles["p99"], (key, percentiles)
     memory = stats["memory"]
     assert {p["role"] for p in memory["processes"]} >= {"app", "EngineCore", "Worker"}
+    # Growth per process, in MB/hour and bytes per request: None until the warm-up has passed.
+    assert all({"mb_per_hour", "bytes_per_request"} <= set(p) for p in memory["processes"])
     assert memory["tree_mb"]["anon_swap"] > 0
     assert memory["growth_mb_per_hour"] is None and memory["leak_alarm"] is False
     assert stats["event_loop_lag_seconds"]["max_last_minute"] >= 0

@@ -9,6 +9,7 @@ from pathlib import Path
 from services.config.fields import setting
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+ENGINE_ALLOCATORS = ("glibc", "jemalloc", "tcmalloc")
 
 
 def default_cache_dir() -> str:
@@ -96,6 +97,42 @@ class EngineSettings:
         "processes. Each new batch size compiles 4 matmul primitives (~1.2 MB with the default "
         "model); oneDNN's default keeps 1024 (~300 MB), filled slowly as traffic brings new sizes. "
         "vLLM keeps its own 32 sizes per layer shape in front of it. 1024 = oneDNN's default.",
+        0,
+    )
+    engine_allocator: str = setting(
+        "glibc",
+        "ENGINE_ALLOCATOR",
+        "malloc of vLLM's processes (EngineCore and the worker, not the app): glibc, jemalloc or "
+        "tcmalloc. jemalloc and tcmalloc are Debian's libjemalloc2 and libtcmalloc-minimal4, "
+        "installed by scripts/setup.sh and preloaded (LD_PRELOAD) into those processes only; when "
+        "the library is missing the engine starts on glibc with a warning.",
+    )
+    engine_malloc_arena_max: int = setting(
+        0,
+        "ENGINE_MALLOC_ARENA_MAX",
+        "glibc's MALLOC_ARENA_MAX in vLLM's processes (with ENGINE_ALLOCATOR=glibc); 0 = glibc's "
+        "default (8 per core).",
+        0,
+    )
+    engine_jemalloc_conf: str = setting(
+        "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0",
+        "ENGINE_JEMALLOC_CONF",
+        "MALLOC_CONF of vLLM's processes with ENGINE_ALLOCATOR=jemalloc: free pages go back to the "
+        "OS after dirty_decay_ms, by a background thread rather than inside the engine's steps.",
+    )
+    engine_memory_probe_dir: str = setting(
+        "",
+        "ENGINE_MEMORY_PROBE_DIR",
+        "For finding leaks (slows the engine): when set, EngineCore and the worker trace their "
+        "Python allocations (tracemalloc) and write a snapshot into this folder on SIGUSR2 and "
+        "every ENGINE_MEMORY_PROBE_SECONDS; under jemalloc with `prof:true` in "
+        "ENGINE_JEMALLOC_CONF, a heap profile too (read them with `python -m "
+        "services.observability.attribution`). Empty = off.",
+    )
+    engine_memory_probe_seconds: float = setting(
+        0.0,
+        "ENGINE_MEMORY_PROBE_SECONDS",
+        "Seconds between the memory probe's snapshots; 0 = only on SIGUSR2.",
         0,
     )
     cache_dir: str = setting(default_cache_dir(), "CACHE_DIR", "Where the prepared default model is kept.")

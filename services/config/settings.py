@@ -23,7 +23,7 @@ from services.config.accounts import AUTH_MODES, AccountSettings
 from services.config.admission import AdmissionSettings
 from services.config.chat import ChatSettings
 from services.config.documents import DocumentSettings
-from services.config.engine import EngineSettings
+from services.config.engine import ENGINE_ALLOCATORS, EngineSettings
 from services.config.fields import SettingsError, parse
 from services.config.history import HistorySettings
 from services.config.observability import ObservabilitySettings
@@ -78,6 +78,10 @@ class Settings(
         for url in self.engine_url_list:
             if not url.startswith(("http://", "https://")):
                 raise SettingsError(f"ENGINE_URLS entry {url!r} is not an http:// or https:// URL")
+        if self.engine_allocator not in ENGINE_ALLOCATORS:
+            raise SettingsError(
+                f"ENGINE_ALLOCATOR={self.engine_allocator!r} is not one of {ENGINE_ALLOCATORS}"
+            )
         self._check_sign_in()
 
     def _check_sign_in(self) -> None:

@@ -123,6 +123,7 @@ class ChatEngine:
         self.warm_up_report: Any = None  # what the lifespan's warm-up measured (warmup.WarmUpReport)
         self._ping_prompt: list[int] | None = None
         self.loop_guard = LoopGuardConfig()  # see loop_guard.py; the lifespan applies the settings
+        self.requests_finished_total = 0  # chat requests ended (any reason): memory per request
 
     def on_finish(self, callback: FinishCallback) -> Callable[[], None]:
         """Register a function that receives every request's stats; return its unregister function.
@@ -151,6 +152,7 @@ class ChatEngine:
         ]
 
     def _notify_finished(self, stats: StreamStats) -> None:
+        self.requests_finished_total += 1
         for entry in list(self._on_finish):
             callback = entry() if isinstance(entry, weakref.WeakMethod) else entry
             if callback is None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from services.config import Settings
+from services.engine.allocators import apply_engine_memory_env
 from services.engine.chat_engine import ChatEngine
 from services.engine.load import EngineLoad, load_stat_logger
 from services.engine.model_prep import prepare_default_model
@@ -95,9 +96,9 @@ def prepare_process_env(settings: Settings, rpc_dir: str) -> None:
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(settings.cache_dir) / "torchinductor"))
     # ZMQ socket files go to a private folder, removed on shutdown (or by the orphan guard).
     os.environ["VLLM_RPC_BASE_PATH"] = rpc_dir
-    # Their glibc reads this at start (the app's own heap is unaffected).
-    if settings.engine_mmap_threshold_bytes:
-        os.environ["MALLOC_MMAP_THRESHOLD_"] = str(settings.engine_mmap_threshold_bytes)
+    # Their malloc (glibc tuned, or jemalloc/tcmalloc preloaded) and the memory probe when asked.
+    allocator = apply_engine_memory_env(settings)
+    logger.info("vLLM's processes start with %s", allocator or "glibc's defaults")
     # Read by the oneDNN inside vLLM's CPU kernels when its cache is first used (in the worker).
     os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = str(settings.engine_onednn_cache_capacity)
 

@@ -242,6 +242,7 @@ class Maintenance:
             turns_in_flight=self.sessions.turns_in_flight(),
             asyncio_tasks=len(asyncio.all_tasks()),
             event_loop_lag_seconds=self.loop_lag.max_seconds,
+            requests_total=self.engine.requests_finished_total,
         )
         self.memory.record(sample)
         return sample

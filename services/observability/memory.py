@@ -32,7 +32,10 @@ KV_CACHE_GAUGE = "vllm:kv_cache_usage_perc"
 SAMPLE_FIELDS = (
     "tree_rss", "tree_uss", "tree_anon_swap", "gpu_allocated", "gpu_reserved", "kv_cache_usage",
     "sessions", "engine_unfinished_requests", "turns_in_flight", "asyncio_tasks", "event_loop_lag_seconds",
+    "requests_total",
 )  # fmt: skip
+# Bytes per request needs this many requests served within the window, or idle noise looks like retention.
+RETENTION_MIN_REQUESTS = 200
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,7 @@ class MemorySample:
     turns_in_flight: int = 0
     asyncio_tasks: int = 0
     event_loop_lag_seconds: float = 0.0
+    requests_total: int = 0  # chat requests the engine has finished since start
 
     def tree(self, kind: str) -> int:
         """Sum over the tree of `kind` (rss, uss, anon_swap, ...), unknown values as 0."""
@@ -88,6 +92,7 @@ class MemorySample:
             "turns_in_flight": self.turns_in_flight,
             "asyncio_tasks": self.asyncio_tasks,
             "event_loop_lag_seconds": self.event_loop_lag_seconds,
+            "requests_total": self.requests_total,
         }
 
 
@@ -198,25 +203,57 @@ class MemoryMonitor:
         self.slope_mb_per_hour = self.leak_slope_mb_per_hour(sample.at)
         self._update_alarm(sample.at)
 
+    def _window(self, now: float | None) -> np.ndarray:
+        """Mask of the ring rows inside the leak window: after warm-up, within LEAK_WINDOW_SECONDS."""
+        now = self._clock() if now is None else now
+        s = self.settings
+        since = max(self.started_at + s.leak_warmup_seconds, now - s.leak_window_seconds)
+        return self.ring.times() >= since
+
+    def _enough(self, times: np.ndarray) -> bool:
+        return len(times) >= LEAK_SLOPE_MIN_POINTS and (
+            times[-1] - times[0] >= LEAK_SLOPE_MIN_WINDOW_SHARE * self.settings.leak_window_seconds
+        )
+
     def leak_slope_mb_per_hour(self, now: float | None = None) -> float | None:
         """Theil-Sen slope of the tree's anon+swap memory over the window after warm-up.
 
         None until the window holds LEAK_SLOPE_MIN_POINTS samples spanning at
         least half of LEAK_WINDOW_SECONDS.
         """
-        now = self._clock() if now is None else now
-        s = self.settings
-        times = self.ring.times()
         values = self.ring.column("tree_anon_swap")
-        since = max(self.started_at + s.leak_warmup_seconds, now - s.leak_window_seconds)
-        chosen = (times >= since) & ~np.isnan(values)
-        times, values = times[chosen], values[chosen]
-        if len(times) < LEAK_SLOPE_MIN_POINTS:
-            return None
-        if times[-1] - times[0] < LEAK_SLOPE_MIN_WINDOW_SHARE * s.leak_window_seconds:
+        chosen = self._window(now) & ~np.isnan(values)
+        times, values = self.ring.times()[chosen], values[chosen]
+        if not self._enough(times):
             return None
         slope = theil_sen_slope(times, values / MB)
         return None if math.isnan(slope) else slope * 3600.0
+
+    def process_growth(self, now: float | None = None) -> dict[str, dict[str, float | None]]:
+        """Per process, over the leak window: anon+swap growth in MB/hour and in bytes per request served.
+
+        Bytes per request is the slope against the engine's finished-request count, so
+        it reads the same at any load; None until RETENTION_MIN_REQUESTS were served.
+        """
+        chosen = self._window(now)
+        times, served = self.ring.times()[chosen], self.ring.column("requests_total")[chosen]
+        growth: dict[str, dict[str, float | None]] = {}
+        for slot, role in enumerate(self.roles):
+            values = self._anon_swap(slot)[chosen]
+            known = ~np.isnan(values)
+            per_hour = per_request = None
+            if self._enough(times[known]):
+                per_hour = _finite(theil_sen_slope(times[known], values[known] / MB) * 3600.0)
+                counted = known & ~np.isnan(served)
+                if counted.any() and np.ptp(served[counted]) >= RETENTION_MIN_REQUESTS:
+                    per_request = _finite(theil_sen_slope(served[counted], values[counted]))
+            growth[role] = {"mb_per_hour": per_hour, "bytes_per_request": per_request}
+        return growth
+
+    def _anon_swap(self, slot: int) -> np.ndarray:
+        """anon + swap of one slot (RSS where anon is unknown), as ProcessMemory.anon_swap."""
+        anon, rss = self.ring.column(f"p{slot}.anon"), self.ring.column(f"p{slot}.rss")
+        return np.where(np.isnan(anon), rss, anon) + np.nan_to_num(self.ring.column(f"p{slot}.swap"))
 
     def _update_alarm(self, now: float) -> None:
         slope, limit = self.slope_mb_per_hour, self.settings.leak_alarm_mb_per_hour
@@ -242,6 +279,10 @@ class MemoryMonitor:
     def process_series(self, kind: str = "rss") -> dict[str, np.ndarray]:
         """Per-process series of `kind` in bytes, oldest first, keyed by role."""
         return {role: self.ring.column(f"p{slot}.{kind}") for slot, role in enumerate(self.roles)}
+
+
+def _finite(value: float) -> float | None:
+    return None if math.isnan(value) else value
 
 
 def _fmt(value: float | None) -> str:

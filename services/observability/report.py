@@ -103,11 +103,17 @@ def _memory_summary(maintenance: Maintenance, alarm_mb_per_hour: float) -> dict[
         "leak_alarm_mb_per_hour": alarm_mb_per_hour,
     }
     if sample is not None:
+        growth = memory.process_growth()  # per process: mb_per_hour, bytes_per_request
         summary.update(
             {
                 "sampled_seconds_ago": round(time.monotonic() - sample.at, 1),
                 "processes": [
-                    {"role": p.role, "pid": p.pid, **{f"{k}_mb": _mb(getattr(p, k)) for k in PROCESS_KINDS}}
+                    {
+                        "role": p.role,
+                        "pid": p.pid,
+                        **{f"{k}_mb": _mb(getattr(p, k)) for k in PROCESS_KINDS},
+                        **_rounded(growth.get(p.role, {})),
+                    }
                     for p in sample.processes
                 ],
                 "tree_mb": {k: _mb(sample.tree(k)) for k in ("rss", "uss", "anon_swap")},
@@ -116,6 +122,12 @@ def _memory_summary(maintenance: Maintenance, alarm_mb_per_hour: float) -> dict[
             }
         )
     return summary
+
+
+def _rounded(growth: dict[str, float | None]) -> dict[str, float | None]:
+    return {
+        key: None if value is None else round(value, 2 if "mb" in key else 0) for key, value in growth.items()
+    }
 
 
 def _maintenance_summary(maintenance: Maintenance) -> dict[str, Any]:
@@ -199,6 +211,10 @@ def _memory_lines(memory: dict[str, Any]) -> list[str]:
         per_process = ", ".join(f"{p['role']} {p['rss_mb']:,.0f} MB" for p in memory["processes"])
         tree = memory["tree_mb"]["anon_swap"]
         lines.append(f"Memory (RSS): {per_process}; whole tree anon+swap {tree:,.0f} MB.")
+    if any(p.get("mb_per_hour") is not None for p in memory.get("processes", [])):
+        lines.append(
+            "Growth per process (anon+swap): " + ", ".join(map(_growth_text, memory["processes"])) + "."
+        )
     growth = memory["growth_mb_per_hour"]
     alarm = " ⚠️ **leak alarm**" if memory["leak_alarm"] else ""
     lines.append(
@@ -207,6 +223,13 @@ def _memory_lines(memory: dict[str, Any]) -> list[str]:
         else f"Growth: {growth:+.1f} MB/hour (alarm above {memory['leak_alarm_mb_per_hour']:g}){alarm}."
     )
     return lines
+
+
+def _growth_text(process: dict[str, Any]) -> str:
+    per_hour, per_request = process.get("mb_per_hour"), process.get("bytes_per_request")
+    hourly = "–" if per_hour is None else f"{per_hour:+.1f} MB/hour"
+    requests = "" if per_request is None else f" ({per_request:+,.0f} B/request)"
+    return f"{process['role']} {hourly}{requests}"
 
 
 def _duration(seconds: float) -> str:

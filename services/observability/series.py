@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from statistics import NormalDist
 
 import numpy as np
 
@@ -68,3 +69,31 @@ def theil_sen_slope(times: np.ndarray, values: np.ndarray, max_points: int = LEA
     if not usable.any():
         return math.nan
     return float(np.median((values[second] - values[first])[usable] / dt[usable]))
+
+
+def theil_sen_interval(
+    xs: np.ndarray, ys: np.ndarray, confidence: float = 0.95, max_points: int = LEAK_SLOPE_MAX_POINTS
+) -> tuple[float, float, float]:
+    """(slope, low, high): the Theil-Sen slope and Sen's confidence interval for it.
+
+    The interval is read off the sorted pairwise slopes at the ranks that
+    Kendall's tau statistic allows at `confidence` (Sen 1968, as in
+    scipy.stats.theilslopes, without the correction for ties). NaNs without
+    two distinct x.
+    """
+    xs, ys = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
+    if len(xs) > max_points:
+        keep = np.unique(np.linspace(0, len(xs) - 1, max_points).round().astype(int))
+        xs, ys = xs[keep], ys[keep]
+    first, second = np.triu_indices(len(xs), k=1)
+    dx = xs[second] - xs[first]
+    usable = dx != 0
+    if not usable.any():
+        return math.nan, math.nan, math.nan
+    slopes = np.sort((ys[second] - ys[first])[usable] / dx[usable])
+    n, pairs = len(xs), len(slopes)
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    sigma = math.sqrt(n * (n - 1) * (2 * n + 5) / 18)
+    low = max(round((pairs - z * sigma) / 2), 0)
+    high = min(round((pairs + z * sigma) / 2) - 1, pairs - 1)
+    return float(np.median(slopes)), float(slopes[min(low, pairs - 1)]), float(slopes[max(high, 0)])

@@ -1,0 +1,108 @@
+"""The malloc of vLLM's processes: glibc tuned, or jemalloc/tcmalloc preloaded, and the memory probe.
+
+Everything here becomes environment of EngineCore and its worker: vLLM
+spawns them (never forks them on CPU), so what `engine_memory_env` returns,
+set before AsyncLLM is created, reaches them at start. The app process keeps
+the malloc it started with. The libraries are Debian's packages, installed by
+`scripts/setup.sh`; a missing one falls back to glibc with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sysconfig
+from pathlib import Path
+
+from services.config import Settings
+
+logger = logging.getLogger(__name__)
+
+PRELOAD_LIBRARIES = {"jemalloc": "libjemalloc.so.2", "tcmalloc": "libtcmalloc_minimal.so.4"}
+DEBIAN_PACKAGES = {"jemalloc": "libjemalloc2", "tcmalloc": "libtcmalloc-minimal4"}
+LIBRARY_DIRS = ("/usr/lib/{multiarch}", "/lib/{multiarch}", "/usr/lib64", "/usr/lib", "/usr/local/lib")
+# The folder holding the probe's sitecustomize.py, put first on the engine processes' PYTHONPATH.
+PROBE_DIR = Path(__file__).resolve().parent / "probe"
+# Variables this module may set; the rest of the environment is left alone.
+MEMORY_ENV_NAMES = (
+    "LD_PRELOAD", "MALLOC_CONF", "MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_",
+    "PYTHONPATH", "ENGINE_MEMORY_PROBE_DIR", "ENGINE_MEMORY_PROBE_SECONDS",
+)  # fmt: skip
+
+
+def find_library(file_name: str) -> Path | None:
+    """The installed shared library `file_name` in the system's library folders, or None."""
+    multiarch = sysconfig.get_config_var("MULTIARCH") or ""
+    for pattern in LIBRARY_DIRS:
+        candidate = Path(pattern.format(multiarch=multiarch)) / file_name
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def allocator_in_use(settings: Settings) -> tuple[str, Path | None]:
+    """(allocator, library to preload): the configured one, or glibc when its library is missing."""
+    name = settings.engine_allocator
+    if name == "glibc":
+        return name, None
+    library = find_library(PRELOAD_LIBRARIES[name])
+    if library is None:
+        logger.warning(
+            "ENGINE_ALLOCATOR=%s but %s is not installed (Debian: apt-get install %s, or run "
+            "scripts/setup.sh); vLLM's processes use glibc",
+            name,
+            PRELOAD_LIBRARIES[name],
+            DEBIAN_PACKAGES[name],
+        )
+        return "glibc", None
+    return name, library
+
+
+def engine_memory_env(settings: Settings, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The variables to set for vLLM's processes: allocator, its tuning, and the memory probe."""
+    environ = dict(os.environ if environ is None else environ)
+    name, library = allocator_in_use(settings)
+    env: dict[str, str] = {}
+    if library is not None:
+        preloaded = [part for part in environ.get("LD_PRELOAD", "").split(":") if part]
+        env["LD_PRELOAD"] = ":".join([str(library), *[p for p in preloaded if p != str(library)]])
+    if name == "jemalloc" and settings.engine_jemalloc_conf:
+        env["MALLOC_CONF"] = settings.engine_jemalloc_conf
+    if name == "glibc":
+        # Their glibc reads these at start (the app's own heap is unaffected).
+        if settings.engine_mmap_threshold_bytes:
+            env["MALLOC_MMAP_THRESHOLD_"] = str(settings.engine_mmap_threshold_bytes)
+        if settings.engine_malloc_arena_max:
+            env["MALLOC_ARENA_MAX"] = str(settings.engine_malloc_arena_max)
+    if settings.engine_memory_probe_dir:
+        Path(settings.engine_memory_probe_dir).mkdir(parents=True, exist_ok=True)
+        paths = [str(PROBE_DIR), *[p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+        env["ENGINE_MEMORY_PROBE_DIR"] = str(Path(settings.engine_memory_probe_dir).resolve())
+        env["ENGINE_MEMORY_PROBE_SECONDS"] = str(settings.engine_memory_probe_seconds)
+    return env
+
+
+def apply_engine_memory_env(settings: Settings) -> dict[str, str]:
+    """Set `engine_memory_env` in os.environ over what was there before the first engine; return it.
+
+    Bench and test processes start several engines in turn with different
+    allocators: each start begins from the environment as it was before ours.
+    """
+    for name in MEMORY_ENV_NAMES:
+        _before_us.setdefault(name, os.environ.get(name))
+    base = {**os.environ, **{k: v for k, v in _before_us.items() if v is not None}}
+    for name, value in _before_us.items():
+        if value is None:
+            base.pop(name, None)
+    env = engine_memory_env(settings, base)
+    for name in MEMORY_ENV_NAMES:
+        value = env.get(name, base.get(name))
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    return env
+
+
+_before_us: dict[str, str | None] = {}  # the memory variables as they were before the first engine

@@ -1,0 +1,116 @@
+"""Memory probe inside vLLM's spawned processes: tracemalloc snapshots and jemalloc heap profiles.
+
+Python imports this file as `sitecustomize` when its folder is on PYTHONPATH,
+which services/engine/allocators.py arranges for vLLM's processes when
+ENGINE_MEMORY_PROBE_DIR is set. It uses the standard library only (it runs
+before the process has its sys.path) and does nothing outside multiprocessing
+children, so the app, the orphan guard and tools that inherit the variables
+are left alone.
+
+In EngineCore and the worker it writes, on SIGUSR2 and every
+ENGINE_MEMORY_PROBE_SECONDS (0 = signal only):
+    <dir>/<role>-<pid>-<seq>-<label>.tracemalloc   a tracemalloc snapshot (after gc.collect())
+    <dir>/<role>-<pid>-<seq>-<label>.heap          jemalloc's heap profile, when jemalloc runs with prof:true
+<label> is the text of <dir>/label when present (the churn bench writes its
+request count there). The first snapshot and the newest KEEP_NEWEST are kept.
+tracemalloc starts with the first snapshot (tracing vLLM's imports would take
+minutes), so Python growth is counted from the first snapshot on.
+`python -m services.observability.attribution <dir>` diffs them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+TRACEMALLOC_FRAMES = 16
+KEEP_NEWEST = 12
+SUFFIXES = (".tracemalloc", ".heap")
+
+
+def process_role() -> str:
+    """EngineCore, Worker_TP0, ... from the title vLLM gives its processes (setproctitle)."""
+    try:
+        with open("/proc/self/cmdline", "rb") as file:
+            title = file.read().split(b"\0")[0].decode(errors="replace").split()[0]
+    except (OSError, IndexError):
+        title = "process"
+    title = title.removeprefix("VLLM::") if title.startswith("VLLM::") else os.path.basename(title)
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in title)[:40] or "process"
+
+
+def jemalloc_dump(path: str) -> bool:
+    """Ask jemalloc (when it is this process's malloc and profiling is on) to write its heap profile."""
+    import ctypes
+
+    try:
+        mallctl = ctypes.CDLL(None).mallctl
+    except (OSError, AttributeError):
+        return False
+    name = ctypes.c_char_p(path.encode())
+    return mallctl(b"prof.dump", None, None, ctypes.byref(name), ctypes.sizeof(name)) == 0
+
+
+def read_label(directory: str) -> str:
+    try:
+        with open(os.path.join(directory, "label"), encoding="utf-8") as file:
+            text = file.read().strip()
+    except OSError:
+        return "t"
+    return "".join(c for c in text if c.isalnum() or c in "_.")[:40] or "t"
+
+
+def prune(directory: str, prefix: str) -> None:
+    """Keep the first snapshot of this process and its KEEP_NEWEST latest."""
+    sequences = sorted(
+        {name[len(prefix) :].split("-")[0] for name in os.listdir(directory) if name.startswith(prefix)}
+    )
+    for old in sequences[1:-KEEP_NEWEST]:
+        for name in os.listdir(directory):
+            if name.startswith(f"{prefix}{old}-"):
+                os.remove(os.path.join(directory, name))
+
+
+def snapshot(directory: str, sequence: int) -> None:
+    """Write one tracemalloc snapshot (and a jemalloc profile) of this process."""
+    import gc
+    import tracemalloc
+
+    if not tracemalloc.is_tracing():  # from the first snapshot on: tracing imports would take minutes
+        tracemalloc.start(TRACEMALLOC_FRAMES)
+    prefix = f"{process_role()}-{os.getpid()}-"
+    base = os.path.join(directory, f"{prefix}{sequence:05d}-{read_label(directory)}")
+    gc.collect()
+    jemalloc_dump(base + ".heap")
+    partial = base + ".tracemalloc.partial"
+    tracemalloc.take_snapshot().dump(partial)
+    os.replace(partial, base + ".tracemalloc")
+    prune(directory, prefix)
+
+
+def run(directory: str, interval_seconds: float | None, wake: threading.Event) -> None:
+    sequence = 0
+    while True:
+        wake.wait(interval_seconds)
+        wake.clear()
+        try:
+            snapshot(directory, sequence)
+        except Exception as error:  # a failed snapshot must not stop the engine
+            print(f"memory probe: snapshot failed: {error!r}", file=sys.stderr)
+        sequence += 1
+
+
+def install() -> None:
+    directory = os.environ.get("ENGINE_MEMORY_PROBE_DIR")
+    if not directory or "--multiprocessing-fork" not in sys.orig_argv:
+        return
+    import signal
+
+    wake = threading.Event()
+    signal.signal(signal.SIGUSR2, lambda *_: wake.set())
+    interval = float(os.environ.get("ENGINE_MEMORY_PROBE_SECONDS") or 0) or None
+    threading.Thread(target=run, args=(directory, interval, wake), name="memory-probe", daemon=True).start()
+
+
+install()

@@ -1,0 +1,224 @@
+"""Which allocation sites grew inside vLLM's processes: diffs of the memory probe's snapshots.
+
+The probe (services/engine/probe) writes tracemalloc snapshots, and jemalloc
+heap profiles when jemalloc profiles, into ENGINE_MEMORY_PROBE_DIR. This
+module pairs each process's first kept snapshot (or the first at or after a
+label) with its newest and names the sites that grew, each with its share of
+the growth:
+
+    python -m services.observability.attribution DIR [--since LABEL] [--top 10]
+
+Python allocations are grouped by traceback; native ones by the function
+jeprof (libjemalloc-dev) attributes them to.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tracemalloc
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SNAPSHOT_NAME = re.compile(
+    r"^(?P<role>[A-Za-z0-9_]+)-(?P<pid>\d+)-(?P<seq>\d+)-(?P<label>[^.]*)\.(?P<kind>tracemalloc|heap)$"
+)
+JEPROF_TIMEOUT_SECONDS = 600.0
+# Frames of the Python interpreter and libc that every native stack goes through: not a site.
+INTERPRETER_FRAMES = (
+    "Py", "_Py", "py", "cfunction", "method_vectorcall", "_start", "__libc", "main", "slot_tp", "vectorcall",
+    "object_vacall", "builtin_", "func_", "partial_", "wrapper_", "call_", "start_thread", "clone",
+    "t_bootstrap",
+    "thread_run", "torch::autograd", "c10::BoxedKernel", "c10::impl", "torch::jit",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One file written by the probe."""
+
+    path: Path
+    role: str
+    pid: int
+    sequence: int
+    label: str
+    kind: str
+
+
+def find_snapshots(directory: Path) -> dict[tuple[str, int], list[Snapshot]]:
+    """The probe's files by (role, pid), each list in the order they were taken."""
+    found: dict[tuple[str, int], list[Snapshot]] = {}
+    for path in sorted(directory.iterdir()):
+        match = SNAPSHOT_NAME.match(path.name)
+        if match:
+            snap = Snapshot(
+                path, match["role"], int(match["pid"]), int(match["seq"]), match["label"], match["kind"]
+            )
+            found.setdefault((snap.role, snap.pid), []).append(snap)
+    for snaps in found.values():
+        snaps.sort(key=lambda s: (s.sequence, s.kind))
+    return found
+
+
+def pick_pair(snaps: list[Snapshot], kind: str, since: str | None = None) -> tuple[Snapshot, Snapshot] | None:
+    """(before, after) of one kind: the first at or after label `since` (or the first), and the newest."""
+    of_kind = [s for s in snaps if s.kind == kind]
+    if since is not None:
+        later = [s for s in of_kind if s.label >= since]
+        of_kind = later if len(later) >= 2 else of_kind
+    return (of_kind[0], of_kind[-1]) if len(of_kind) >= 2 else None
+
+
+def tracemalloc_growth(before: Path, after: Path, top: int = 10) -> dict[str, Any]:
+    """Net growth of Python allocations between two snapshots and the tracebacks that grew most."""
+    old, new = tracemalloc.Snapshot.load(str(before)), tracemalloc.Snapshot.load(str(after))
+    differences = new.compare_to(old, "traceback")
+    net = sum(d.size_diff for d in differences)
+    sites = []
+    for difference in sorted(differences, key=lambda d: d.size_diff, reverse=True)[:top]:
+        if difference.size_diff <= 0:
+            break
+        frames = [f"{frame.filename}:{frame.lineno}" for frame in difference.traceback]
+        sites.append({
+            "bytes": difference.size_diff, "blocks": difference.count_diff,
+            "share_of_growth": round(difference.size_diff / net, 3) if net > 0 else None,
+            "site": _short(frames[-1]) if frames else "?",
+            "traceback": [_short(f) for f in reversed(frames)],
+        })  # fmt: skip
+    return {"net_bytes": net, "sites": sites}
+
+
+def jemalloc_growth(before: Path, after: Path, top: int = 10, binary: str | None = None) -> dict[str, Any]:
+    """Net growth of native allocations between two jemalloc profiles, by function (jeprof --text)."""
+    jeprof = shutil.which("jeprof")
+    if jeprof is None:
+        return {"error": "jeprof not found (Debian package libjemalloc-dev)"}
+    command = [jeprof, "--text", "--show_bytes", f"--base={before}", binary or sys.executable, str(after)]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=JEPROF_TIMEOUT_SECONDS)
+    except subprocess.TimeoutExpired:
+        return {"error": f"jeprof took longer than {JEPROF_TIMEOUT_SECONDS:.0f} s"}
+    return parse_jeprof_text(result.stdout, top) | (
+        {"stderr": result.stderr[-500:]} if result.returncode else {}
+    )
+
+
+def parse_jeprof_text(text: str, top: int = 10) -> dict[str, Any]:
+    """The total, the top functions by flat bytes (where memory was allocated) and the native
+    callers most of it went through (cumulative, interpreter frames left out), from
+    `jeprof --text --show_bytes` output."""
+    total = None
+    rows: list[tuple[int, int, str]] = []
+    for line in text.splitlines():
+        if line.startswith("Total:"):
+            total = int(line.split()[1])
+            continue
+        parts = line.split(None, 5)
+        if len(parts) == 6 and parts[1].endswith("%"):
+            rows.append((int(parts[0]), int(parts[3]), parts[5]))
+
+    def share(value: int) -> float | None:
+        return round(value / total, 3) if total else None
+
+    sites = [
+        {"bytes": flat, "share_of_growth": share(flat), "cumulative_bytes": cumulative, "site": name}
+        for flat, cumulative, name in sorted(rows, key=lambda row: -row[0])[:top]
+        if flat > 0
+    ]
+    callers = sorted(
+        (row for row in rows if row[0] < row[1] and not row[2].startswith(INTERPRETER_FRAMES)),
+        key=lambda row: -row[1],
+    )[:top]
+    through = [
+        {"cumulative_bytes": cum, "share_of_growth": share(cum), "site": name} for _, cum, name in callers
+    ]
+    return {"net_bytes": total, "sites": sites, "through": through}
+
+
+def attribute(directory: Path, since: str | None = None, top: int = 10) -> dict[str, Any]:
+    """For every process that left two snapshots: what grew between them, Python and native."""
+    report: dict[str, Any] = {}
+    for (role, pid), snaps in find_snapshots(directory).items():
+        entry: dict[str, Any] = {}
+        if pair := pick_pair(snaps, "tracemalloc", since):
+            entry["python"] = {
+                "from": pair[0].label,
+                "to": pair[1].label,
+                **tracemalloc_growth(*(s.path for s in pair), top),
+            }
+        if pair := pick_pair(snaps, "heap", since):
+            entry["native"] = {
+                "from": pair[0].label,
+                "to": pair[1].label,
+                **jemalloc_growth(*(s.path for s in pair), top),
+            }
+        if entry:
+            report[f"{role}-{pid}"] = entry
+    return report
+
+
+def mapping_categories(pid: int) -> dict[str, int]:
+    """Anonymous resident bytes of a process by kind of mapping (from /proc/<pid>/smaps).
+
+    Where memory that neither tracemalloc nor a heap profile sees lives: glibc's
+    brk heap, JIT-compiled code (executable anonymous mappings, e.g. oneDNN
+    kernels), thread stacks, and anonymous mmaps by size (malloc arenas are 64 MB,
+    pymalloc arenas 1 MB, large blocks their own size).
+    """
+    found: dict[str, int] = {}
+    kind = None
+    try:
+        with open(f"/proc/{pid}/smaps", encoding="ascii", errors="replace") as smaps:
+            for line in smaps:
+                head = line.split(None, 5)
+                if "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+                    kind = _mapping_kind(head)
+                elif head[0] == "Anonymous:" and kind is not None:
+                    found[kind] = found.get(kind, 0) + int(head[1]) * 1024
+    except OSError:
+        return {}
+    return found
+
+
+def _mapping_kind(head: list[str]) -> str:
+    start, end = (int(part, 16) for part in head[0].split("-"))
+    name = head[5].strip() if len(head) > 5 else ""
+    if name in ("[heap]", "[stack]"):
+        return name.strip("[]")
+    if name and not name.startswith("["):
+        return "file-backed"
+    if "x" in head[1]:
+        return "anon-exec"
+    size = end - start
+    return "anon<1MB" if size < 2**20 else "anon<64MB" if size < 2**26 else "anon>=64MB"
+
+
+def _short(location: str) -> str:
+    """A file path from site-packages (or the standard library) on, so reports stay readable."""
+    for marker in ("site-packages/", "/lib/python3.11/"):
+        if marker in location:
+            return location.split(marker, 1)[1]
+    return location
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("directory", type=Path, help="ENGINE_MEMORY_PROBE_DIR of the run")
+    parser.add_argument(
+        "--since", help="compare from the first snapshot with this label or later (e.g. r002000)"
+    )
+    parser.add_argument("--top", type=int, default=10)
+    args = parser.parse_args(argv)
+    print(json.dumps(attribute(args.directory, args.since, args.top), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

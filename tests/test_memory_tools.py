@@ -1,0 +1,256 @@
+"""The memory tools without an engine: bytes per request, the allocator environment, the probe in a child.
+
+The probe tests start real spawned Python children (as vLLM starts EngineCore
+and its worker) with the probe's environment, signal them, and read what
+they wrote: tracemalloc snapshots, and jemalloc heap profiles through jeprof.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from services.config import Settings, SettingsError
+from services.engine import allocators
+from services.engine.allocators import PROBE_DIR, apply_engine_memory_env, engine_memory_env, find_library
+from services.observability.attribution import attribute, find_snapshots, parse_jeprof_text
+from services.observability.memory import MB, MemoryMonitor, MemorySample, ProcessMemory
+from services.observability.report import report_text
+from services.observability.series import theil_sen_interval
+
+JEMALLOC = "libjemalloc.so.2"
+SNAPSHOT_WAIT_SECONDS = 60
+
+
+# --- Theil-Sen with an interval ------------------------------------------------------
+def test_theil_sen_interval_holds_the_true_slope_and_narrows_with_more_points() -> None:
+    rng = np.random.default_rng(7)
+    widths = []
+    for points in (10, 40):
+        xs = np.arange(points) * 1000.0
+        ys = 50.0 * xs + rng.normal(0, 200_000, points)  # 50 B/request under ±0.2 MB of noise
+        slope, low, high = theil_sen_interval(xs, ys)
+        assert low <= 50.0 <= high
+        assert low <= slope <= high
+        widths.append(high - low)
+    assert widths[1] < widths[0] / 2
+
+
+def test_theil_sen_interval_of_a_flat_series_is_zero_and_tight() -> None:
+    xs = np.arange(20) * 1000.0
+    assert theil_sen_interval(xs, np.full(20, 5e8)) == (0.0, 0.0, 0.0)
+
+
+# --- bytes per request in the leak alarm -----------------------------------------------
+def sample(at: float, requests: int, app_mb: float, worker_mb: float) -> MemorySample:
+    def process(pid: int, role: str, mb: float) -> ProcessMemory:
+        return ProcessMemory(pid, role, rss=int(mb * MB), vms=0, uss=None, anon=int(mb * MB), swap=0)
+
+    return MemorySample(
+        at, (process(1, "app", app_mb), process(2, "Worker", worker_mb)), requests_total=requests
+    )
+
+
+def test_growth_per_process_in_mb_per_hour_and_bytes_per_request() -> None:
+    settings = Settings.from_env({}).replace(leak_warmup_seconds=0.0, leak_window_seconds=3600.0)
+    monitor = MemoryMonitor(settings, clock=lambda: 0.0)
+    for minute in range(61):  # 10 requests a second; the worker keeps 3,500 B of each
+        requests = minute * 600
+        monitor.record(sample(minute * 60.0, requests, 700.0, 2000.0 + requests * 3500 / MB))
+    growth = monitor.process_growth(now=3600.0)
+    assert growth["app"] == {"mb_per_hour": 0.0, "bytes_per_request": 0.0}
+    assert growth["Worker"]["bytes_per_request"] == pytest.approx(3500, rel=0.01)
+    assert growth["Worker"]["mb_per_hour"] == pytest.approx(36_000 * 3500 / MB, rel=0.01)
+
+
+def test_bytes_per_request_waits_for_enough_requests() -> None:
+    settings = Settings.from_env({}).replace(leak_warmup_seconds=0.0, leak_window_seconds=3600.0)
+    monitor = MemoryMonitor(settings, clock=lambda: 0.0)
+    for minute in range(61):  # idle: 60 requests in an hour
+        monitor.record(sample(minute * 60.0, minute, 700.0, 2000.0 + minute * 0.1))
+    growth = monitor.process_growth(now=3600.0)
+    assert growth["Worker"]["mb_per_hour"] == pytest.approx(6.0)
+    assert growth["Worker"]["bytes_per_request"] is None
+
+
+def test_stats_text_shows_each_process_growth_per_hour_and_per_request() -> None:
+    processes = [
+        {"role": "app", "rss_mb": 700.0, "mb_per_hour": 0.4, "bytes_per_request": 3.0},
+        {"role": "Worker", "rss_mb": 2000.0, "mb_per_hour": 4.8, "bytes_per_request": 3500.0},
+        {"role": "EngineCore", "rss_mb": 600.0, "mb_per_hour": None, "bytes_per_request": None},
+    ]
+    memory = {"processes": processes, "tree_mb": {"anon_swap": 3000.0}, "growth_mb_per_hour": 5.2,
+              "leak_alarm": False, "leak_alarm_mb_per_hour": 10.0}  # fmt: skip
+    summary = {"ready": True, "uptime_seconds": 7200, "memory": memory, "sessions": 0,
+               "turns_in_flight": 0, "engine_unfinished_requests": 0}  # fmt: skip
+    text = report_text(summary)
+    assert "app +0.4 MB/hour (+3 B/request), Worker +4.8 MB/hour (+3,500 B/request), EngineCore –" in text
+
+
+# --- the allocator of vLLM's processes -----------------------------------------------------
+def test_glibc_keeps_the_pinned_mmap_threshold_and_can_cap_arenas() -> None:
+    settings = Settings.from_env({}).replace(engine_allocator="glibc", engine_malloc_arena_max=2)
+    env = engine_memory_env(settings, {})
+    assert env == {
+        "MALLOC_MMAP_THRESHOLD_": str(settings.engine_mmap_threshold_bytes),
+        "MALLOC_ARENA_MAX": "2",
+    }
+
+
+@pytest.mark.parametrize("name", ["jemalloc", "tcmalloc"])
+def test_preloaded_allocators_come_from_the_installed_debian_library(name: str) -> None:
+    library = find_library(allocators.PRELOAD_LIBRARIES[name])
+    assert library is not None, f"run scripts/setup.sh: it installs {allocators.DEBIAN_PACKAGES[name]}"
+    env = engine_memory_env(Settings.from_env({}).replace(engine_allocator=name), {"LD_PRELOAD": "libx.so"})
+    assert env["LD_PRELOAD"] == f"{library}:libx.so"  # an operator's own preload stays
+    assert "MALLOC_MMAP_THRESHOLD_" not in env
+    assert ("MALLOC_CONF" in env) == (name == "jemalloc")
+
+
+def test_a_missing_allocator_library_falls_back_to_glibc_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(allocators, "find_library", lambda name: None)
+    env = engine_memory_env(Settings.from_env({}).replace(engine_allocator="jemalloc"), {})
+    assert "LD_PRELOAD" not in env and "MALLOC_MMAP_THRESHOLD_" in env
+    assert "apt-get install libjemalloc2" in caplog.text
+
+
+def test_an_unknown_allocator_is_refused_at_start() -> None:
+    with pytest.raises(SettingsError, match="ENGINE_ALLOCATOR='hoard'"):
+        Settings.from_env({"ENGINE_ALLOCATOR": "hoard"})
+
+
+def test_each_engine_start_begins_from_the_environment_before_the_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(allocators, "_before_us", {})
+    monkeypatch.setenv("LD_PRELOAD", "libmine.so")
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    base = Settings.from_env({})
+    apply_engine_memory_env(base.replace(engine_allocator="tcmalloc"))
+    assert os.environ["LD_PRELOAD"].endswith(":libmine.so")
+    apply_engine_memory_env(base.replace(engine_allocator="glibc", engine_malloc_arena_max=2))
+    assert os.environ["LD_PRELOAD"] == "libmine.so"
+    assert os.environ["MALLOC_ARENA_MAX"] == "2"
+    apply_engine_memory_env(base.replace(engine_allocator="glibc"))
+    assert "MALLOC_ARENA_MAX" not in os.environ
+
+
+# --- the probe inside spawned processes -------------------------------------------------
+KEPT: list[str] = []
+
+
+def child_that_grows_on_command(connection: Connection) -> None:
+    """A spawned child (like vLLM's worker): grows by 20,000 strings each time it is told to."""
+    connection.send("ready")
+    while (command := connection.recv()) != "stop":
+        if command == "grow":
+            KEPT.extend(f"kept by the probe test {i}" * 4 for i in range(20_000))
+        connection.send("done")
+
+
+def probe_env(monkeypatch: pytest.MonkeyPatch, directory: Path, **extra: str) -> None:
+    monkeypatch.setenv("ENGINE_MEMORY_PROBE_DIR", str(directory))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(PROBE_DIR), os.environ.get("PYTHONPATH", "")]))
+    for name, value in extra.items():
+        monkeypatch.setenv(name, value)
+
+
+def wait_for_snapshots(directory: Path, count: int, suffix: str = ".tracemalloc") -> None:
+    deadline = time.monotonic() + SNAPSHOT_WAIT_SECONDS
+    while len(list(directory.glob(f"*{suffix}"))) < count:
+        assert time.monotonic() < deadline, f"the probe wrote {list(directory.iterdir())}"
+        time.sleep(0.1)
+
+
+def snapshot_grow_snapshot(directory: Path) -> None:
+    """Start the child, snapshot it, let it grow, snapshot it again, stop it."""
+    parent, child_end = multiprocessing.get_context("spawn").Pipe()
+    child = multiprocessing.get_context("spawn").Process(
+        target=child_that_grows_on_command, args=(child_end,)
+    )
+    child.start()
+    try:
+        assert parent.poll(60) and parent.recv() == "ready"
+        (directory / "label").write_text("before")
+        os.kill(child.pid, signal.SIGUSR2)
+        wait_for_snapshots(directory, 1)
+        parent.send("grow")
+        assert parent.poll(60) and parent.recv() == "done"
+        (directory / "label").write_text("after")
+        os.kill(child.pid, signal.SIGUSR2)
+        wait_for_snapshots(directory, 2)
+        parent.send("stop")
+    finally:
+        child.join(10)
+        if child.is_alive():
+            child.kill()
+
+
+def test_probe_snapshots_on_signal_and_names_the_site_that_grew(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    probe_env(monkeypatch, tmp_path)
+    snapshot_grow_snapshot(tmp_path)
+    (process,) = attribute(tmp_path).values()
+    python = process["python"]
+    assert (python["from"], python["to"]) == ("before", "after")
+    top = python["sites"][0]
+    assert top["site"].endswith(
+        f"test_memory_tools.py:{child_that_grows_on_command.__code__.co_firstlineno + 5}"
+    )
+    assert top["blocks"] >= 20_000 and top["share_of_growth"] > 0.8
+    assert python["net_bytes"] > 2 * MB
+
+
+@pytest.mark.slow  # jeprof symbolizes the interpreter and its libraries: 10-100 s, no model
+def test_probe_writes_jemalloc_profiles_that_jeprof_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    library = find_library(JEMALLOC)
+    assert library is not None, "run scripts/setup.sh: it installs libjemalloc2"
+    probe_env(monkeypatch, tmp_path, LD_PRELOAD=str(library), MALLOC_CONF="prof:true,lg_prof_sample:10")
+    snapshot_grow_snapshot(tmp_path)
+    assert len(list(tmp_path.glob("*.heap"))) == 2
+    (process,) = attribute(tmp_path, top=5).values()
+    native = process["native"]
+    assert "error" not in native, native
+    # 20,000 strings of ~100 bytes, sampled (lg_prof_sample:10): about 2-3 MB, most in pymalloc.
+    assert 1 * MB < native["net_bytes"] < 20 * MB
+    assert any("Malloc" in site["site"] or "malloc" in site["site"] for site in native["sites"])
+
+
+def test_probe_stays_off_outside_multiprocessing_children(tmp_path: Path) -> None:
+    env = {**os.environ, "ENGINE_MEMORY_PROBE_DIR": str(tmp_path), "PYTHONPATH": str(PROBE_DIR)}
+    code = (
+        "import tracemalloc, signal; "
+        "print(tracemalloc.is_tracing(), signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["False", "True"]
+    assert find_snapshots(tmp_path) == {}
+
+
+def test_jeprof_text_is_read_into_sites_with_their_share() -> None:
+    text = (
+        "Using local file python.\nTotal: 4000 B\n"
+        "    3000  75.0%  75.0%     3000  75.0% c10::alloc_cpu\n"
+        "    1000  25.0% 100.0%     1000  25.0% _PyObject_Malloc (inline)\n"
+        "       0   0.0% 100.0%     4000 100.0% Py_RunMain\n"
+    )
+    parsed = parse_jeprof_text(text, top=2)
+    assert parsed["net_bytes"] == 4000
+    assert [(s["site"], s["share_of_growth"]) for s in parsed["sites"]] == [
+        ("c10::alloc_cpu", 0.75),
+        ("_PyObject_Malloc (inline)", 0.25),
+    ]
