@@ -18,7 +18,7 @@ from services.admission.gate import CHAT, DOCUMENT, AdmissionGate, Ticket
 from services.admission.limits import UserLimits
 from services.config import Settings
 from services.engine.chat_engine import SamplingSettings
-from services.engine.load import EngineLoad
+from services.engine.load import EngineLoad, LoadWindow
 from services.engine.routing import Server, prefix_hashes, servers_to_try
 
 aio = pytest.mark.asyncio(loop_scope="function")
@@ -87,7 +87,7 @@ class Queue:
 @aio
 async def test_requests_beyond_the_limit_wait_and_chat_goes_before_documents() -> None:
     clock = Clock()
-    queue = Queue(gate_with(2, clock), clock)
+    queue = Queue(gate_with(2, clock, document_slot_share=1.0), clock)
     for name, kind in (("doc-1", DOCUMENT), ("doc-2", DOCUMENT), ("doc-3", DOCUMENT), ("chat-1", CHAT)):
         await queue.submit(name, kind)
     await queue.submit("doc-4", DOCUMENT)
@@ -99,6 +99,24 @@ async def test_requests_beyond_the_limit_wait_and_chat_goes_before_documents() -
     await queue.finish("chat-1", "chat-2")
     assert queue.admitted[4:] == ["doc-3", "doc-4"]
     await queue.finish("doc-3", "doc-4")
+    assert queue.gate.running_total == 0 and not queue.gate.waiting
+
+
+@aio
+async def test_document_parts_hold_only_their_share_and_chat_passes_the_rest() -> None:
+    clock = Clock()
+    queue = Queue(gate_with(4, clock, document_slot_share=0.25, document_aging_seconds=0), clock)
+    for name in ("doc-1", "doc-2", "doc-3"):
+        await queue.submit(name, DOCUMENT)
+    assert queue.admitted == ["doc-1"], "one of four slots for documents"
+    await queue.submit("chat-1", CHAT, after_seconds=60)  # behind the waiting parts, yet it runs
+    await queue.submit("chat-2", CHAT)
+    assert queue.admitted == ["doc-1", "chat-1", "chat-2"]
+    assert queue.gate.estimate_seconds(queue.gate.position(queue.tickets["doc-3"])) > 0
+    await queue.finish("doc-1")
+    assert queue.admitted[3:] == ["doc-2"], "the next part takes the documents' slot"
+    await queue.finish("chat-1", "chat-2", "doc-2")
+    await queue.finish("doc-3")
     assert queue.gate.running_total == 0 and not queue.gate.waiting
 
 
@@ -251,6 +269,20 @@ def test_engine_windows_give_seconds_per_token_per_stream() -> None:
     capacity.update(load)
     assert capacity.seconds_per_token() == {4: pytest.approx(0.1)}
     assert load.generation_rate(10, now=now) == pytest.approx(40, rel=0.1)
+
+
+def test_windows_spent_reading_prompts_do_not_teach_the_decode_pace() -> None:
+    capacity = DecodeCapacity(5.0, 64)
+    capacity.observe_batch(4, 0.1, busy_seconds=5)
+    # A document part's 512-token prefill step: 3 s for one token per stream.
+    prefill = LoadWindow(ended_at=1.0, seconds=3.0, busy_seconds=3.0, running=4, waiting=0,
+                         generation_tokens=4, prompt_tokens=512)  # fmt: skip
+    capacity.observe(prefill)
+    assert capacity.seconds_per_token() == {4: pytest.approx(0.1)}
+    decode = LoadWindow(ended_at=2.0, seconds=1.0, busy_seconds=1.0, running=4, waiting=0,
+                        generation_tokens=20, prompt_tokens=12)  # fmt: skip
+    capacity.observe(decode)
+    assert capacity.seconds_per_token()[4] > 0.1, "a decode window with a short prompt still counts"
 
 
 # --- per-user limits ----------------------------------------------------------------------------

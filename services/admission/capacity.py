@@ -4,9 +4,11 @@ A decode step costs about a + b*n seconds for n running requests (a fixed
 overhead plus a share per sequence), and each running request gets one token
 per step, so every stream keeps a pace p while a + b*n <= 1/p. `DecodeCapacity`
 learns the seconds per token at each batch size from the engine's own windows
-(services/engine/load.py), fits the line, and derives the limit. Prefill work in
-the same steps shows up as slower steps and lowers it; the warm-up's batches
-give the first points.
+(services/engine/load.py), fits the line, and derives the limit. Windows where
+the engine mostly read prompts (more prompt tokens than generated ones) are left
+out: a document part's prefill makes steps seconds long on a CPU, and learning
+from them once collapsed the limit to 1 for everyone (BENCHMARKS.md, "Overload").
+The warm-up's batches give the first points.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ class DecodeCapacity:
     def observe(self, window: LoadWindow) -> None:
         seconds_per_token = window.seconds_per_token
         if seconds_per_token is None or window.busy_seconds < MIN_BUSY_SHARE * window.seconds:
+            return
+        if window.prompt_tokens > window.generation_tokens:  # mostly prefill: not a decode pace
             return
         size = min(self.max_running, max(1, round(window.running)))
         self.observe_batch(size, seconds_per_token, window.busy_seconds)

@@ -9,6 +9,8 @@ person a few turns, so they are bounded by the sessions).
 Order: chat turns by arrival; document parts as if they had arrived
 DOCUMENT_AGING_SECONDS later, so chat goes first but cannot starve them. The
 same order goes to vLLM as the request's priority (lower is earlier).
+Document parts hold at most DOCUMENT_SLOT_SHARE of the running limit at once:
+a part that may not run yet keeps its place while chat turns behind it go.
 """
 
 from __future__ import annotations
@@ -86,6 +88,16 @@ class AdmissionGate:
         return self.capacity.limit if self.enabled else sys.maxsize
 
     @property
+    def document_slots(self) -> int:
+        """Document parts allowed to run at once: a share of the limit, at least one."""
+        limit = self.limit
+        return limit if limit == sys.maxsize else max(1, int(limit * self.settings.document_slot_share))
+
+    def may_run(self, ticket: Ticket, documents_before: int = 0) -> bool:
+        """Whether `ticket`'s kind has a slot (after `documents_before` parts admitted ahead of it)."""
+        return ticket.kind != DOCUMENT or self.running[DOCUMENT] + documents_before < self.document_slots
+
+    @property
     def running_total(self) -> int:
         return sum(self.running.values())
 
@@ -103,7 +115,7 @@ class AdmissionGate:
     async def enter(self, ticket: Ticket) -> None:
         """Return once `ticket` may run; raise Refused at once when the queue is full or the wait too long."""
         ahead = bisect.bisect_left(self.waiting, ticket.order(), key=Ticket.order)
-        if ahead == 0 and self.running_total < self.limit:
+        if ahead == 0 and self.running_total < self.limit and self.may_run(ticket):
             self._admit(ticket)
             return
         if ticket.kind == CHAT:
@@ -118,6 +130,7 @@ class AdmissionGate:
                 raise self.refuse(WAIT_TOO_LONG, ahead, estimate)
         self.waiting.insert(ahead, ticket)
         self.waiting_by_kind[ticket.kind] += 1
+        self.admit_waiting()  # those ahead may be parts over the documents' share
         try:
             await ticket.admitted.wait()
         except BaseException:
@@ -147,8 +160,13 @@ class AdmissionGate:
 
     def admit_waiting(self) -> None:
         """Admit waiting tickets, first in order, while the limit allows (also after the limit grew)."""
-        while self.waiting and self.running_total < self.limit:
-            ticket = self.waiting.pop(0)
+        index = 0
+        while index < len(self.waiting) and self.running_total < self.limit:
+            ticket = self.waiting[index]
+            if not self.may_run(ticket):
+                index += 1  # keeps its place; whoever may run goes
+                continue
+            del self.waiting[index]
             self.waiting_by_kind[ticket.kind] -= 1
             self._admit(ticket)
 
@@ -184,6 +202,10 @@ class AdmissionGate:
         )
         free_at = free_at[: max(1, min(self.limit, len(free_at)))] or [0.0]
         heapq.heapify(free_at)
+        documents = 0
         for ticket in self.waiting[:ahead]:
+            if not self.may_run(ticket, documents):
+                continue  # over the documents' share: it waits for a part, not for a slot
+            documents += ticket.kind == DOCUMENT
             heapq.heappush(free_at, heapq.heappop(free_at) + self.service_seconds[ticket.kind])
         return free_at[0]

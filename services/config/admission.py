@@ -26,6 +26,14 @@ class AdmissionSettings:
         "cannot starve.",
         0,
     )
+    document_slot_share: float = setting(
+        0.25,
+        "DOCUMENT_SLOT_SHARE",
+        "Share of the running limit that document-summary parts may hold at once (at least one): "
+        "the rest stays for chat, so a burst of uploads cannot fill every slot with long parts. "
+        "1 = documents may take every slot.",
+        0,
+    )
     reading_pace_tokens_per_second: float = setting(
         5.0,
         "READING_PACE_TOKENS_PER_SECOND",
