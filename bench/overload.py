@@ -280,7 +280,9 @@ def plot(out: Path, names: list[str]) -> Path:
         axis.set_xlabel("minutes into the arm (turn sent)")
         axis.grid(alpha=0.3)
     axes[0][0].set_ylabel("seconds after sending")
-    axes[0][-1].legend(loc="upper left", fontsize=8)
+    axes[0][-1].legend(
+        loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8
+    )  # beside the plot, not on its points
     figure.tight_layout()
     path = out / "overload.png"
     figure.savefig(path, dpi=110)
