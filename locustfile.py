@@ -38,7 +38,7 @@ from typing import Any
 import socketio
 from locust import User, between, events, task
 
-from harness.chat_client import SOCKET_PATH, user_message_payload
+from harness.chat_client import SOCKET_PATH, sign_in_sync, user_message_payload
 
 PROMPTS_FILE = Path(__file__).resolve().parent / "bench" / "data" / "prompts.json"
 ERROR_MARK = "⚠️"  # app.py prefixes every failed turn's message with it
@@ -51,6 +51,15 @@ REQUESTS_CSV_HEADER = (
     "ok",
     "error",
 )
+
+
+_COOKIES: dict[str, str | None] = {}  # one sign-in per server (the local user), shared by all users
+
+
+def session_cookie(base_url: str) -> str | None:
+    if base_url not in _COOKIES:
+        _COOKIES[base_url] = sign_in_sync(base_url)
+    return _COOKIES[base_url]
 
 
 # --- options ---------------------------------------------------------------------
@@ -277,6 +286,7 @@ class SyncChat:
 
     # actions
     def connect(self, timeout: float = 10.0) -> None:
+        cookie = session_cookie(self.base_url)
         auth = {
             "sessionId": self.session_id,
             "clientType": "webapp",
@@ -290,6 +300,7 @@ class SyncChat:
             transports=["websocket"],
             auth=auth,
             wait_timeout=timeout,
+            headers={"Cookie": cookie} if cookie else {},
         )
         self.sio.emit("connection_successful")
 
@@ -303,7 +314,9 @@ class SyncChat:
         return turn
 
     def close(self) -> None:
-        """End the session politely (socket.io disconnect packet, websocket close)."""
+        """End the session politely, as "New chat" does (the server frees it at once)."""
+        with contextlib.suppress(Exception):
+            self.sio.call("clear_session", timeout=5)  # acknowledged: the server frees it at once
         with contextlib.suppress(Exception):
             self.sio.disconnect()
 

@@ -259,9 +259,11 @@ def locust_command(options: SoakOptions, host: str, out: Path) -> list[str]:
 
 
 def idle_after_load(status: dict[str, Any]) -> bool:
+    """No request, no turn, and no session but those a vanished page may still reconnect to
+    (kept until Chainlit's session_timeout, then dropped by maintenance)."""
     return (
         status.get("engine_unfinished_requests") == 0
-        and status.get("sessions") == 0
+        and status.get("sessions") == status.get("sessions_awaiting_reconnect", 0)
         and status.get("turns_in_flight") == 0
     )
 
@@ -339,7 +341,15 @@ def drain(server: AppServer, options: SoakOptions) -> dict[str, Any]:
         time.sleep(0.5)
     idle = idle_after_load(status)
     return {
-        **{name: status.get(name) for name in (*STATUS_FIELDS, "engine_alive", "sessions_dropped_total")},
+        **{
+            name: status.get(name)
+            for name in (
+                *STATUS_FIELDS,
+                "engine_alive",
+                "sessions_dropped_total",
+                "sessions_awaiting_reconnect",
+            )
+        },
         "idle": idle,
         "seconds_to_idle": round(time.monotonic() - started, 1) if idle else None,
     }

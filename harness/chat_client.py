@@ -20,6 +20,55 @@ import httpx
 import socketio
 
 SOCKET_PATH = "/ws/socket.io"
+COOKIE_NAME = "access_token"  # Chainlit's sign-in cookie
+
+
+class SignInError(RuntimeError):
+    """The server refused the sign-in (status and detail as the page would get them)."""
+
+    def __init__(self, status: int, detail: str, retry_after: str | None = None) -> None:
+        super().__init__(f"sign-in refused ({status}): {detail}")
+        self.status = status
+        self.detail = detail
+        self.retry_after = retry_after
+
+
+def _cookie_from(response: httpx.Response) -> str | None:
+    if response.status_code != 200:
+        try:
+            detail = response.json().get("detail", "")
+        except ValueError:
+            detail = response.text
+        raise SignInError(response.status_code, str(detail), response.headers.get("retry-after"))
+    token = response.cookies.get(COOKIE_NAME)
+    return f"{COOKIE_NAME}={token}" if token else None
+
+
+def _sign_in_request(
+    config: dict[str, Any], username: str | None, password: str | None
+) -> dict[str, Any] | None:
+    """How to sign in as the page would: the password form, or header sign-in (the local user)."""
+    if not config.get("requireLogin"):
+        return None
+    if username is not None:
+        return {"url": "/login", "data": {"username": username, "password": password or ""}}
+    if config.get("headerAuth"):
+        return {"url": "/auth/header", "json": {}}
+    raise SignInError(401, "this server needs a username and password")
+
+
+async def sign_in(base_url: str, username: str | None = None, password: str | None = None) -> str | None:
+    """The Cookie header value of a signed-in session (None when the server needs no sign-in)."""
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+        request = _sign_in_request((await http.get("/auth/config")).json(), username, password)
+        return None if request is None else _cookie_from(await http.post(**request))
+
+
+def sign_in_sync(base_url: str, username: str | None = None, password: str | None = None) -> str | None:
+    """`sign_in` for synchronous clients (the load test)."""
+    with httpx.Client(base_url=base_url, timeout=30) as http:
+        request = _sign_in_request(http.get("/auth/config").json(), username, password)
+        return None if request is None else _cookie_from(http.post(**request))
 
 
 def user_message_payload(text: str, file_ids: list[str] | None = None) -> dict[str, Any]:
@@ -60,14 +109,33 @@ class Reply:
 
 
 class ChatClient:
-    """One chat session over socket.io (async)."""
+    """One chat session over socket.io (async), signed in as the page would be.
 
-    def __init__(self, base_url: str) -> None:
+    With no username, it signs in as the local user (header sign-in) when the server asks for
+    sign-in; pass `cookie` to act as an already signed-in browser (a reload, another tab).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        username: str | None = None,
+        password: str | None = None,
+        cookie: str | None = None,
+        session_id: str | None = None,
+    ) -> None:
         self.base_url = base_url
-        self.session_id = str(uuid.uuid4())
+        self.username = username
+        self.password = password
+        self.cookie = cookie
+        self.session_id = session_id or str(uuid.uuid4())  # the same id again = the same page reconnecting
+        self.settings_widgets: list[dict[str, Any]] = []  # the chat settings the server offered last
         self.sio = socketio.AsyncClient(reconnection=False)
         self.events: list[tuple[str, Any]] = []
         self.messages: dict[str, dict] = {}
+        self.thread_id: str | None = None  # the conversation, once the first message made it
+        self.resumed: dict[str, Any] | None = None  # the stored conversation the server sent back
+        self.resume_error: str | None = None
+        self.resume_done = asyncio.Event()
         self._reply: Reply | None = None
         for name in (
             "stream_start",
@@ -76,6 +144,10 @@ class ChatClient:
             "update_message",
             "task_end",
             "task_start",
+            "first_interaction",
+            "resume_thread",
+            "resume_thread_error",
+            "chat_settings",
         ):
             self.sio.on(name, self._handler(name))
 
@@ -88,6 +160,14 @@ class ChatClient:
         return handle
 
     def _on_event(self, name: str, data: Any) -> None:
+        if name == "chat_settings" and isinstance(data, list):
+            self.settings_widgets = data
+        if name == "first_interaction" and isinstance(data, dict):
+            self.thread_id = data.get("thread_id")
+        elif name in ("resume_thread", "resume_thread_error"):
+            self.resumed = data if name == "resume_thread" else None
+            self.resume_error = data if name == "resume_thread_error" else None
+            self.resume_done.set()
         reply = self._reply
         if name in ("new_message", "update_message", "stream_start") and isinstance(data, dict):
             self.messages[data["id"]] = data
@@ -108,18 +188,36 @@ class ChatClient:
                 reply.done_at = now
                 reply.done.set()
 
-    async def connect(self) -> None:
+    async def connect(self, thread_id: str = "") -> None:
+        """Sign in (first time), open the socket; `thread_id` opens a stored conversation."""
+        if self.cookie is None:
+            self.cookie = await sign_in(self.base_url, self.username, self.password)
         auth = {
             "sessionId": self.session_id,
             "clientType": "webapp",
-            "threadId": "",
+            "threadId": thread_id,
             "userEnv": "{}",
             "chatProfile": "",
         }
         await self.sio.connect(
-            self.base_url, socketio_path=SOCKET_PATH, transports=["websocket"], auth=auth, wait_timeout=10
+            self.base_url,
+            socketio_path=SOCKET_PATH,
+            transports=["websocket"],
+            auth=auth,
+            wait_timeout=10,
+            headers={"Cookie": self.cookie} if self.cookie else {},
         )
+        if thread_id:
+            self.thread_id = thread_id
         await self.sio.emit("connection_successful")
+
+    async def resume(self, thread_id: str, timeout: float = 30) -> dict[str, Any]:
+        """Open a stored conversation as a reloaded page does; return what the server sent back."""
+        await self.connect(thread_id)
+        await asyncio.wait_for(self.resume_done.wait(), timeout)
+        if self.resumed is None:
+            raise AssertionError(f"resume refused: {self.resume_error}")
+        return self.resumed
 
     async def send(self, text: str, file_ids: list[str] | None = None) -> Reply:
         """Send a user message; the returned Reply fills in as the answer streams."""
@@ -130,7 +228,8 @@ class ChatClient:
 
     async def upload(self, name: str, data: bytes, mime: str = "application/octet-stream") -> str:
         """Upload a file as the page does; return its id for `send(..., file_ids=[...])`."""
-        async with httpx.AsyncClient(base_url=self.base_url, timeout=60) as http:
+        headers = {"Cookie": self.cookie} if self.cookie else {}
+        async with httpx.AsyncClient(base_url=self.base_url, timeout=60, headers=headers) as http:
             response = await http.post(
                 "/project/file", params={"session_id": self.session_id}, files={"file": (name, data, mime)}
             )
@@ -161,10 +260,36 @@ class ChatClient:
     async def stop(self) -> None:
         await self.sio.emit("stop")
 
+    def notices(self) -> list[str]:
+        """The texts of the notices the app sent (recent events only)."""
+        return [
+            data.get("output", "")
+            for name, data in self.events
+            if name == "new_message" and isinstance(data, dict) and data.get("name") == "notice"
+        ]
+
+    async def http(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """An HTTP request to the app as this signed-in browser (REST routes of the sidebar, feedback)."""
+        headers = {"Cookie": self.cookie} if self.cookie else {}
+        async with httpx.AsyncClient(base_url=self.base_url, timeout=30, headers=headers) as http:
+            return await http.request(method, path, **kwargs)
+
     async def update_settings(self, **values: Any) -> None:
         await self.sio.emit("chat_settings_change", values)
 
     async def close(self) -> None:
+        """End the conversation as the page's "New chat" does, so the server frees it at once.
+
+        The page emits clear_session and disconnects straight away, and the server may handle the
+        disconnect first (then it keeps the conversation for session_timeout); waiting for the
+        event's acknowledgement makes the ending deterministic.
+        """
+        with contextlib.suppress(Exception):
+            await self.sio.call("clear_session", timeout=5)
+        await self.sio.disconnect()
+
+    async def leave(self) -> None:
+        """Close the socket without ending the conversation (a closed tab): it stays for a reconnect."""
         await self.sio.disconnect()
 
     async def drop(self) -> None:

@@ -88,6 +88,12 @@ class AppServer:
 
     def _start_once(self, timeout: float) -> AppServer:
         self.env.setdefault("CHAINLIT_APP_ROOT", self._private_app_root())
+        # Its own database and sign-in secret, unless the test shares them on purpose (replicas).
+        self.env.setdefault("DATA_DIR", str(Path(self.env["CHAINLIT_APP_ROOT"]) / "data"))
+        # torch's compile cache (torchinductor_<user>) would otherwise land in the shared temp folder.
+        self.env.setdefault(
+            "TORCHINDUCTOR_CACHE_DIR", str(Path(self.env["CHAINLIT_APP_ROOT"]) / "torchinductor")
+        )
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("wb")
         chainlit = str(Path(sys.executable).with_name("chainlit"))

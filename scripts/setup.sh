@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up: a venv with the exact pins, the default model prepared.
 #   scripts/setup.sh          runtime only (what scripts/run.sh needs)
-#   scripts/setup.sh --test   plus test tools and Debian's chromium
+#   scripts/setup.sh --test   plus test tools, Debian's chromium and postgresql
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,24 +21,6 @@ pip_quiet() {
   return "$rc"
 }
 
-# Debian packages, installed once with apt (sudo when not root).
-apt_install() {
-  local sudo=""
-  [[ "$(id -u)" == 0 ]] || sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
-}
-missing_debs() { for pkg in "$@"; do dpkg -s "$pkg" >/dev/null 2>&1 || echo "$pkg"; done; }
-
-# The malloc of vLLM's processes (ENGINE_ALLOCATOR) preloads one of these; jeprof reads jemalloc's
-# heap profiles (memory probe, tests).
-debs=$(missing_debs libjemalloc2 libtcmalloc-minimal4)
-[[ "$WITH_TEST" == 1 ]] && debs="$debs $(missing_debs libjemalloc-dev)"
-if [[ -n "${debs// /}" ]]; then
-  echo "[setup] installing Debian's $debs"
-  apt_install $debs
-fi
-
 if [[ ! -x "$VENV/bin/python" ]]; then
   "$PY" -m venv "$VENV"
 fi
@@ -57,6 +39,35 @@ if [[ ! -e "$runtime_stamp" ]]; then
   touch "$runtime_stamp"
 fi
 
+# The page's font (Inter) and KaTeX's CSS, served by the app instead of CDNs: from the npm
+# registry, at the versions of assets/package-lock.json (once per lock file).
+assets_stamp="assets/node_modules/.stamp-$(stamp_of assets/package-lock.json)"
+if [[ ! -e "$assets_stamp" ]]; then
+  if command -v npm >/dev/null 2>&1; then
+    echo "[setup] installing the page's font and styles (npm)"
+    (cd assets && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error >/dev/null)
+    touch "$assets_stamp"
+  else
+    echo "[setup] npm not found: the page will use the system font (install Node.js and npm, rerun)" >&2
+  fi
+fi
+
+if [[ "$(id -u)" == 0 ]]; then SUDO=""; else SUDO="sudo"; fi
+apt_install() {
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "$@" >/dev/null
+}
+missing_debs() { for pkg in "$@"; do dpkg -s "$pkg" >/dev/null 2>&1 || echo "$pkg"; done; }
+
+# The malloc of vLLM's processes (ENGINE_ALLOCATOR) preloads one of these; jeprof reads jemalloc's
+# heap profiles (memory probe, tests).
+debs=$(missing_debs libjemalloc2 libtcmalloc-minimal4)
+[[ "$WITH_TEST" == 1 ]] && debs="$debs $(missing_debs libjemalloc-dev)"
+if [[ -n "${debs// /}" ]]; then
+  echo "[setup] installing Debian's $debs"
+  apt_install $debs
+fi
+
 if [[ "$WITH_TEST" == 1 ]]; then
   test_stamp="$VENV/.test-$(stamp_of requirements-test.txt)"
   if [[ ! -e "$test_stamp" ]]; then
@@ -67,6 +78,17 @@ if [[ "$WITH_TEST" == 1 ]]; then
   if ! command -v chromium >/dev/null 2>&1; then
     echo "[setup] installing Debian's chromium for the browser test"
     apt_install chromium
+  fi
+  # The PostgreSQL tests start a throwaway cluster of their own (initdb on a free port).
+  if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+    echo "[setup] installing Debian's postgresql for the database tests"
+    apt_install postgresql
+  fi
+  if ! command -v npm >/dev/null 2>&1; then
+    echo "[setup] installing Debian's npm for the page's font and styles"
+    apt_install npm
+    (cd assets && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error >/dev/null)
+    touch "$assets_stamp"
   fi
 fi
 

@@ -19,12 +19,17 @@ from typing import Any
 import psutil
 from prometheus_client import CollectorRegistry
 
+from services.accounts.secret import ensure_auth_secret
+from services.accounts.sign_in import SignIn, resolve_mode
+from services.accounts.store import AccountStore
 from services.chat.service import ChatService
 from services.chat.store import SessionStore
 from services.config import Settings
 from services.engine.chat_engine import ChatEngine
 from services.engine.lifespan import engine_lifespan
 from services.engine.processes import engine_processes, is_running
+from services.history.database import ensure_data_dir
+from services.history.service import History, HistoryCollector
 from services.observability.maintenance import Maintenance
 from services.observability.metrics import RequestMetrics, ServiceCollector
 from services.observability.report import StatsReport
@@ -49,6 +54,25 @@ class Runtime:
         self.started_at = time.time()
         self.report = StatsReport(self)
         self._ping: asyncio.Task | None = None
+        self.history: History | None = None
+        self.sign_in: SignIn | None = None
+
+    def set_up_people(self, bind_host: str, oauth_providers: list[str]) -> SignIn:
+        """Sign-in and history for this bind address (at import, before Chainlit reads its callbacks).
+
+        Raises SettingsError when a public address has no sign-in. Creates the sign-in secret once.
+        """
+        mode = resolve_mode(self.settings, bind_host, oauth_providers)
+        keep = self.settings.chat_history and mode != "anonymous"
+        self.history = History(self.settings, keep_conversations=keep, use_database=mode != "anonymous")
+        accounts = AccountStore(self.history.engine) if self.history.engine is not None else None
+        self.sign_in = SignIn(self.settings, mode, accounts)
+        self.history.on_ready(self.sign_in.ensure_first_admin)
+        if mode != "anonymous":
+            source = ensure_auth_secret(ensure_data_dir(self.settings))
+            logger.info("sign-in: %s mode; cookies signed with the secret from %s", mode, source)
+        self.registry.register(HistoryCollector(self.history))
+        return self.sign_in
 
     @property
     def ready(self) -> bool:
@@ -62,6 +86,9 @@ class Runtime:
         """Start the engine, create the session store, start maintenance (`settings` overrides)."""
         self.settings = settings or self.settings
         logger.info("settings differing from defaults: %s", self.settings.non_default() or "none")
+        if self.history is not None:
+            await self.history.start()
+            self._stack.push_async_callback(self.history.stop)
         self.engine = await self._stack.enter_async_context(engine_lifespan(self.settings))
         atexit.register(self._shutdown_at_exit)
         # vLLM runs EngineCore and its workers as children of this process.
@@ -72,7 +99,8 @@ class Runtime:
         self._stack.callback(self.engine.on_finish(self.requests.record))
         self.sessions = SessionStore(self.settings)
         self.chat = ChatService(self.engine, self.settings)
-        self.maintenance = Maintenance(self.settings, self.sessions, self.engine)
+        retention = [self.history.retention_round] if self.history is not None else []
+        self.maintenance = Maintenance(self.settings, self.sessions, self.engine, retention)
         self.maintenance.start()
         self._stack.push_async_callback(self.maintenance.stop)
 
@@ -109,9 +137,11 @@ class Runtime:
             "engine_alive": self.engine.alive,
             "engine_unfinished_requests": self.engine.unfinished_requests(),
             "sessions": len(self.sessions),
+            "sessions_awaiting_reconnect": self.sessions.awaiting_reconnect(),
             "turns_in_flight": self.sessions.turns_in_flight(),
             "sessions_dropped_total": dict(self.sessions.dropped_total),
             "summary_cache": {"entries": len(summaries), "bytes": summaries.size_bytes},
+            "history": self.history.status() if self.history is not None else {"enabled": False},
             "uptime_seconds": round(self.uptime_seconds, 1),
         }
         if self.maintenance is not None:

@@ -15,9 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from harness.postgres import PostgresCluster
 from harness.server import ROOT, AppServer
 from harness.tiny_model import build_tiny_model
 from services.config import Settings
+from services.config.engine import default_cache_dir
 from services.engine.model_prep import ensure_default_model
 
 ARTIFACTS = ROOT / "artifacts"
@@ -71,6 +73,14 @@ def default_server(default_model_dir: Path) -> Iterator[AppServer]:
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresCluster]:
+    """A throwaway PostgreSQL cluster (Debian's postgresql) on a free loopback port, for the session."""
+    cluster = PostgresCluster().start()
+    yield cluster
+    cluster.remove()
+
+
 # Each test session gets a temp folder of its own (TMPDIR, inherited by every server and
 # engine it starts), so that concurrent sessions do not see each other's files; the
 # session checks that it leaves that folder as it found it, then removes it.
@@ -80,6 +90,9 @@ SESSION_TEMP = Path(tempfile.mkdtemp(prefix="chat-tests-"))
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ["TMPDIR"] = tempfile.tempdir = str(SESSION_TEMP)
+    # Importing transformers' models (the tiny model's build) creates torch.compile's cache folder in
+    # TMPDIR; keep it where the app keeps it (services/engine/local.py), out of the session's folder.
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(default_cache_dir()) / "torchinductor"))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -432,10 +432,3 @@ def test_cache_entries_expire_after_ttl() -> None:
     timer.now += 2
     assert cache.get("k") is None
     assert len(cache) == 0 and cache.size_bytes == 0
-
-
-def test_cache_clear_empties_it() -> None:
-    cache = SummaryCache(max_entries=10, max_bytes=1000, ttl_seconds=30)
-    cache.put("k", "v")
-    cache.clear()
-    assert len(cache) == 0 and cache.get("k") is None

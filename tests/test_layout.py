@@ -22,6 +22,8 @@ LAYERS = (
     "services.web",
     "services.runtime",
     "services.observability",
+    "services.accounts",
+    "services.history",
     "services.chat",
     "services.documents",
     "services.engine",

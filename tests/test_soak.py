@@ -61,9 +61,9 @@ def test_nothing_is_held_after_the_clients_left(soak: dict[str, Any]) -> None:
     after = soak["after_clients_left"]
     assert after["idle"], after
     assert after["engine_unfinished_requests"] == 0
-    assert after["sessions"] == 0
+    # Vanished pages' conversations wait for a reconnect (Chainlit's session_timeout), idle.
+    assert after["sessions"] == after["sessions_awaiting_reconnect"]
     assert after["turns_in_flight"] == 0
-    assert after["sessions_dropped_total"]["closed"] >= soak["turns_vanished"]
     assert soak["engine_processes_left_after_stop"] == 0
 
 

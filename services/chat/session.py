@@ -30,6 +30,9 @@ class ChatSession:
     history: deque[Message]
     turn_task: asyncio.Task | None = None
     document: SessionDocument | None = None
+    user_identifier: str | None = None  # the signed-in user (None when anonymous): per-user limits, history
+    reconnect_deadline: float | None = None  # set while disconnected: dropped when the page has not returned
+    history_outage_told: int = 0  # the history outage this session was last told about (0 = none)
 
     def cancel_turn(self) -> asyncio.Task | None:
         """Cancel the running turn, if any; return it so the caller may await it."""

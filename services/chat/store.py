@@ -57,11 +57,12 @@ class SessionStore:
         self._sessions = _SessionCache(
             settings.max_sessions, settings.session_ttl_seconds, timer, self._release
         )
-        self.dropped_total: dict[str, int] = {"evicted": 0, "expired": 0, "closed": 0}
+        self.dropped_total: dict[str, int] = {"evicted": 0, "expired": 0, "closed": 0, "not_reconnected": 0}
+        self._timer = timer
 
     # --- lifecycle -----------------------------------------------------------
-    def open(self, session_id: str) -> ChatSession:
-        """The session for `session_id`, created on first use; marks it as used now."""
+    def open(self, session_id: str, user_identifier: str | None = None) -> ChatSession:
+        """The session for `session_id`, created on first use; marks it as used now (and connected)."""
         self._sessions.expire()
         session = self._sessions.get(session_id)
         if session is None:
@@ -71,7 +72,9 @@ class SessionStore:
                 sampling=SamplingSettings(s.temperature, s.top_p, s.max_new_tokens),
                 system_prompt=s.system_prompt,
                 history=deque(maxlen=s.max_history_messages),
+                user_identifier=user_identifier,
             )
+        session.reconnect_deadline = None
         self._sessions[session_id] = session  # (re)insert: refreshes TTL and LRU order
         return session
 
@@ -84,9 +87,29 @@ class SessionStore:
         if session is not None:
             self._release(session, "closed")
 
+    def disconnect(self, session_id: str, keep_seconds: float) -> None:
+        """The page went away: cancel the running turn now (aborting its engine request), but keep
+        the conversation `keep_seconds` (Chainlit's session_timeout) for the page to reconnect."""
+        session = self._sessions.get(session_id)
+        if session is None:
+            return
+        if session.cancel_turn() is not None:
+            logger.info("session %s disconnected: cancelled its running turn", session_id[:8])
+        session.reconnect_deadline = self._timer() + keep_seconds
+
     def expire(self) -> int:
-        """Drop sessions idle for longer than the TTL; return how many."""
-        return len(self._sessions.expire())
+        """Drop sessions idle past the TTL and disconnected ones not back in time; return how many."""
+        expired = len(self._sessions.expire())
+        now = self._timer()
+        gone = [
+            key
+            for key, s in self._sessions.items()
+            if s.reconnect_deadline is not None and s.reconnect_deadline <= now
+        ]
+        for session_id in gone:
+            session = self._sessions.pop(session_id)
+            self._release(session, "not_reconnected")
+        return expired + len(gone)
 
     def close_all(self) -> None:
         for session_id in list(self._sessions.keys()):
@@ -99,6 +122,10 @@ class SessionStore:
 
     def __len__(self) -> int:
         return len(self._sessions)
+
+    def awaiting_reconnect(self) -> int:
+        """Sessions whose page went away, kept until their reconnect deadline."""
+        return sum(1 for s in self._sessions.values() if s.reconnect_deadline is not None)
 
     def turns_in_flight(self) -> int:
         return sum(1 for s in self._sessions.values() if s.turn_task is not None and not s.turn_task.done())

@@ -1,7 +1,7 @@
 """The one settings object: every limit and engine option, read from env vars.
 
 Each concern declares its settings in its own section (engine, chat,
-documents, observability); `Settings` joins them into one frozen object.
+documents, observability, history, accounts); `Settings` joins them into one frozen object.
 Engine options carry the names of vLLM's ``AsyncEngineArgs`` fields
 (upper-cased as env vars), so vLLM's own documentation explains them. Values
 are parsed and validated once, at startup, and a bad value stops the app with
@@ -18,19 +18,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from services.config.accounts import AUTH_MODES, AccountSettings
 from services.config.chat import ChatSettings
 from services.config.documents import DocumentSettings
 from services.config.engine import ENGINE_ALLOCATORS, EngineSettings
 from services.config.fields import SettingsError, parse
+from services.config.history import HistorySettings
 from services.config.observability import ObservabilitySettings
 
 SENSITIVE_SUFFIXES = ("_TOKEN", "_SECRET", "PASSWORD", "_KEY")
+SENSITIVE_NAMES = ("DATABASE_URL",)  # may carry a password
 
 
 # Sections are listed last-first: a dataclass orders inherited fields from the
 # last base to the first, and the README table follows that order.
 @dataclass(frozen=True)
-class Settings(ObservabilitySettings, DocumentSettings, ChatSettings, EngineSettings):
+class Settings(
+    AccountSettings, HistorySettings, ObservabilitySettings, DocumentSettings, ChatSettings, EngineSettings
+):
     """All settings of the service. Field names are the env vars, lower-cased."""
 
     @classmethod
@@ -67,6 +72,17 @@ class Settings(ObservabilitySettings, DocumentSettings, ChatSettings, EngineSett
             raise SettingsError(
                 f"ENGINE_ALLOCATOR={self.engine_allocator!r} is not one of {ENGINE_ALLOCATORS}"
             )
+        self._check_sign_in()
+
+    def _check_sign_in(self) -> None:
+        if self.auth_mode not in AUTH_MODES:
+            raise SettingsError(f"AUTH_MODE={self.auth_mode!r} is not one of {', '.join(AUTH_MODES)}")
+        if self.auth_mode == "header" and not (self.auth_header and self.auth_proxy_addresses):
+            raise SettingsError("AUTH_MODE=header needs AUTH_HEADER and AUTH_PROXY_ADDRESSES")
+        if bool(self.admin_username) != bool(self.admin_password):
+            raise SettingsError("ADMIN_USERNAME and ADMIN_PASSWORD are set together (or neither)")
+        if self.database_url and not self.database_url.startswith(("postgresql", "postgres", "sqlite")):
+            raise SettingsError("DATABASE_URL must start with postgresql:// (or sqlite:///path)")
 
     def non_default(self) -> dict[str, Any]:
         """Settings that differ from the defaults, secrets redacted (for the start-up log)."""
@@ -75,7 +91,8 @@ class Settings(ObservabilitySettings, DocumentSettings, ChatSettings, EngineSett
             value = getattr(self, f.name)
             if value != f.default:
                 env = f.metadata["env"]
-                changed[env] = "***" if env.endswith(SENSITIVE_SUFFIXES) else value
+                secret = env.endswith(SENSITIVE_SUFFIXES) or env in SENSITIVE_NAMES
+                changed[env] = "***" if secret else value
         return changed
 
     def replace(self, **changes: Any) -> Settings:
@@ -87,7 +104,9 @@ def settings_table() -> str:
     """The README's settings table, generated from the fields (one source of truth)."""
     rows = ["| Variable | Default | Meaning |", "|---|---|---|"]
     for f in fields(Settings):
-        default = "~/.cache/vllm-chat" if f.name == "cache_dir" else f.default
+        default = {"cache_dir": "~/.cache/vllm-chat", "data_dir": "~/.local/share/vllm-chat"}.get(
+            f.name, f.default
+        )
         shown = f"`{default}`" if default != "" else "(empty)"
         rows.append(f"| `{f.metadata['env']}` | {shown} | {f.metadata['doc']} |")
     return "\n".join(rows)

@@ -16,6 +16,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from services.config import Settings
@@ -85,6 +86,8 @@ def prepare_process_env(settings: Settings, rpc_dir: str) -> None:
     os.environ.setdefault("DO_NOT_TRACK", "1")
     # The worker on one core, the other free for the app and EngineCore.
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "auto")
+    # torch's compile cache, with the app's other caches instead of a folder left in /tmp.
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(settings.cache_dir) / "torchinductor"))
     # ZMQ socket files go to a private folder, removed on shutdown (or by the orphan guard).
     os.environ["VLLM_RPC_BASE_PATH"] = rpc_dir
     # Their malloc (glibc tuned, or jemalloc/tcmalloc preloaded) and the memory probe when asked.

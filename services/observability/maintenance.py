@@ -21,7 +21,7 @@ import platform
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,10 +127,17 @@ class RoundReport:
 class Maintenance:
     """Owns the maintenance, memory-sampling and loop-lag tasks for the life of the runtime."""
 
-    def __init__(self, settings: Settings, sessions: SessionStore, engine: ChatEngine) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        sessions: SessionStore,
+        engine: ChatEngine,
+        extra_steps: Sequence[Callable[[], Awaitable[object]]] = (),
+    ) -> None:
         self.settings = settings
         self.sessions = sessions
         self.engine = engine
+        self.extra_steps = tuple(extra_steps)  # owners' own round work (e.g. history retention)
         self.memory = MemoryMonitor(settings)
         self.loop_lag = LoopLagMonitor()
         self.rounds = 0
@@ -191,6 +198,11 @@ class Maintenance:
         cancelling_before = _cancelling_tasks()
         expired = self.sessions.expire()
         aborted = _cancelling_tasks() - cancelling_before
+        for step in self.extra_steps:
+            try:
+                await step()
+            except Exception:  # one failed step must not cost the round its gc and trim
+                logger.exception("maintenance step %s failed", getattr(step, "__name__", step))
         gc_started = time.perf_counter()
         collected = gc.collect()
         gc_seconds = time.perf_counter() - gc_started

@@ -7,7 +7,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from chainlit.chat_context import chat_contexts
-from chainlit.context import init_ws_context
+from chainlit.context import ChainlitContextException, context, init_ws_context
 from chainlit.message import ErrorMessage
 from chainlit.session import WebsocketSession, ws_sessions_id
 from chainlit.user_session import user_sessions
@@ -23,6 +23,19 @@ def forget_chat_context(session_id: str) -> None:
     this copy is dropped after each turn and when the chat ends.
     """
     chat_contexts.pop(session_id, None)
+
+
+def current_user_identifier() -> str | None:
+    """The signed-in user of the Chainlit session being served; None when anonymous or outside one.
+
+    The stable identity for anything per user (history, limits); ChatSession.user_identifier holds
+    the same value for code that has the session instead of Chainlit's context.
+    """
+    try:
+        user = context.session.user
+    except ChainlitContextException:
+        return None
+    return getattr(user, "identifier", None)
 
 
 def chainlit_session_counts() -> dict[str, int]:

@@ -1,0 +1,111 @@
+"""Manage accounts in the app's database (the same DATA_DIR / DATABASE_URL settings as the app).
+
+    python -m services.accounts add alice [--admin] [--generate | --no-password]
+    python -m services.accounts list [--all]
+    python -m services.accounts remove alice          # deletes her conversations too
+    python -m services.accounts reset-password alice [--generate]
+    python -m services.accounts set-role alice admin|user
+
+Passwords are asked for on a terminal, read from the first line of stdin otherwise, or generated
+(`--generate`, printed once). Safe to run while the app runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import sys
+
+from services.accounts.passwords import generated_password
+from services.accounts.store import ROLES, AccountError, AccountStore
+from services.config import Settings, SettingsError
+from services.history.database import create_engine
+from services.history.migrations import migrate
+
+
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m services.accounts", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    add = commands.add_parser("add", help="create an account")
+    add.add_argument("username")
+    add.add_argument("--admin", action="store_true", help="give it the admin role")
+    add.add_argument("--generate", action="store_true", help="generate the password and print it")
+    add.add_argument("--no-password", action="store_true", help="header or OAuth sign-in only")
+    listing = commands.add_parser("list", help="list accounts")
+    listing.add_argument("--all", action="store_true", help="include removed accounts")
+    remove = commands.add_parser("remove", help="remove an account and delete its conversations")
+    remove.add_argument("username")
+    reset = commands.add_parser("reset-password", help="set a new password")
+    reset.add_argument("username")
+    reset.add_argument("--generate", action="store_true", help="generate the password and print it")
+    role = commands.add_parser("set-role", help="make an account admin or user")
+    role.add_argument("username")
+    role.add_argument("role", choices=ROLES)
+    return parser.parse_args(argv)
+
+
+def read_password(generate: bool) -> tuple[str, bool]:
+    """(password, was generated)."""
+    if generate:
+        return generated_password(), True
+    if sys.stdin.isatty():
+        first = getpass.getpass("Password: ")
+        if first != getpass.getpass("Again: "):
+            raise AccountError("the two passwords differ")
+        return first, False
+    return sys.stdin.readline().rstrip("\n"), False
+
+
+async def run(arguments: argparse.Namespace, settings: Settings) -> str:
+    """Do the command; return what to print."""
+    engine = create_engine(settings)
+    try:
+        await migrate(engine)
+        return await _command(arguments, AccountStore(engine))
+    finally:
+        await engine.dispose()
+
+
+async def _command(arguments: argparse.Namespace, store: AccountStore) -> str:
+    command = arguments.command
+    if command == "list":
+        rows = await store.list(include_removed=arguments.all)
+        lines = [f"{'username':<32} {'role':<6} {'sign-in':<9} conversations"]
+        for account, count in rows:
+            kind = "removed" if account.disabled else ("password" if account.has_password else "external")
+            lines.append(f"{account.identifier:<32} {account.role:<6} {kind:<9} {count}")
+        return "\n".join(lines)
+    if command == "remove":
+        deleted = await store.remove(arguments.username)
+        return (
+            f"removed {arguments.username} and deleted {deleted} conversation(s); its sign-ins stop working"
+        )
+    if command == "set-role":
+        await store.set_role(arguments.username, arguments.role)
+        return f"{arguments.username} is now {arguments.role}"
+    generate = arguments.generate
+    if command == "add" and arguments.no_password:
+        account = await store.add(arguments.username, None, "admin" if arguments.admin else "user")
+        return f"added {account.identifier} ({account.role}, sign-in by header or OAuth only)"
+    password, generated = read_password(generate)
+    shown = f"; password: {password}" if generated else ""
+    if command == "add":
+        account = await store.add(arguments.username, password, "admin" if arguments.admin else "user")
+        return f"added {account.identifier} ({account.role}){shown}"
+    await store.reset_password(arguments.username, password)
+    return f"new password set for {arguments.username}{shown}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    arguments = parse_arguments(argv)
+    try:
+        print(asyncio.run(run(arguments, Settings.from_env())))
+    except (AccountError, SettingsError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

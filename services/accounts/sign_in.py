@@ -1,0 +1,272 @@
+"""Who may use the service and how they prove it: the sign-in mode, and Chainlit's auth callbacks.
+
+Modes (resolved once, at import, from AUTH_MODE, Chainlit's OAuth variables and the bind address):
+- local:     no sign-in configured, bound to loopback: one local user (admin), signed in without a
+             login form through Chainlit's header sign-in, refused to anyone not on loopback;
+- password:  accounts in the database (argon2), limited failed attempts;
+- header:    a user name in AUTH_HEADER, trusted only from AUTH_PROXY_ADDRESSES;
+- oauth:     Chainlit's OAuth providers (their own OAUTH_* variables), with or without password;
+- anonymous: ALLOW_ANONYMOUS=true on a public address: no sign-in, nothing stored.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import ipaddress
+import logging
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cachetools import TTLCache
+from chainlit.user import User
+
+from services.accounts.limits import SignInLimiter
+from services.accounts.passwords import check_password_async, generated_password
+from services.accounts.store import AccountError, AccountStore, normalize_username
+from services.config import Settings, SettingsError
+
+logger = logging.getLogger(__name__)
+
+LOCAL_USER = "local"
+FORWARDING_HEADERS = ("x-forwarded-for", "forwarded", "x-real-ip")
+ACTIVE_CACHE_SECONDS = 30.0
+
+
+@dataclass
+class SignInRequest:
+    """The HTTP request a callback serves: its address, and a refusal that replaces Chainlit's 401.
+
+    Chainlit passes the callbacks only the form or the headers, and turns any exception they raise
+    into a logged error and a plain 401; services/web's middleware sets this per request and sends
+    `refusal` (status, detail, Retry-After seconds) instead of the 401 when a callback sets it.
+    """
+
+    address: str | None
+    refusal: tuple[int, str, int | None] | None = None
+
+
+current_request: contextvars.ContextVar[SignInRequest | None] = contextvars.ContextVar(
+    "sign_in_request", default=None
+)
+
+
+def client_address() -> str | None:
+    request = current_request.get()
+    return request.address if request is not None else None
+
+
+def refuse(status: int, detail: str, retry_after_seconds: int | None = None) -> None:
+    """Answer this sign-in with `status` and `detail` instead of Chainlit's 401."""
+    if (request := current_request.get()) is not None:
+        request.refusal = (status, detail, retry_after_seconds)
+
+
+def is_loopback(host: str | None) -> bool:
+    if host in ("localhost", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address((host or "").strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def refusal(host: str) -> str:
+    return (
+        f"Refusing to start: the app is bound to {host}, which other machines can reach, and no sign-in "
+        "is configured. Choose one:\n"
+        "  AUTH_MODE=password   accounts in the database (first admin: ADMIN_USERNAME + ADMIN_PASSWORD,\n"
+        "                       or one is generated and printed);\n"
+        "                       manage them with python -m services.accounts\n"
+        "  AUTH_MODE=header     behind an auth proxy: AUTH_HEADER + AUTH_PROXY_ADDRESSES\n"
+        "  OAUTH_<PROVIDER>_CLIENT_ID + _CLIENT_SECRET   Chainlit's OAuth providers (see README)\n"
+        "  ALLOW_ANONYMOUS=true serve everyone anonymously, on purpose (nothing is stored)\n"
+        "or bind to 127.0.0.1 (the default)."
+    )
+
+
+def resolve_mode(settings: Settings, bind_host: str, oauth_providers: list[str]) -> str:
+    """The sign-in mode; raises SettingsError (with what to do) for a public address without sign-in."""
+    if settings.auth_mode in ("password", "header"):
+        return settings.auth_mode
+    if oauth_providers:
+        return "oauth"
+    if is_loopback(bind_host):
+        return "local"
+    if settings.allow_anonymous:
+        logger.warning("ALLOW_ANONYMOUS=true on %s: no sign-in, nothing is stored", bind_host)
+        return "anonymous"
+    raise SettingsError(refusal(bind_host))
+
+
+def _networks(spec: str) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    try:
+        return [ipaddress.ip_network(part.strip(), strict=False) for part in spec.split(",") if part.strip()]
+    except ValueError as error:
+        raise SettingsError(f"AUTH_PROXY_ADDRESSES: {error}") from None
+
+
+def _in_networks(address: str | None, networks: list) -> bool:
+    try:
+        ip = ipaddress.ip_address(address or "")
+    except ValueError:
+        return False
+    return any(ip in network for network in networks)
+
+
+class SignIn:
+    """Chainlit's auth callbacks for the resolved mode, over the account store."""
+
+    def __init__(self, settings: Settings, mode: str, accounts: AccountStore | None) -> None:
+        self.settings = settings
+        self.mode = mode
+        self.accounts = accounts
+        self.proxies = _networks(settings.auth_proxy_addresses) if mode == "header" else []
+        self.limiter = SignInLimiter(
+            settings.sign_in_max_failures, settings.sign_in_max_failures_per_address,
+            settings.sign_in_window_seconds, settings.sign_in_lockout_seconds,
+        )  # fmt: skip
+        self._active: TTLCache = TTLCache(maxsize=10_000, ttl=ACTIVE_CACHE_SECONDS)
+
+    @property
+    def required(self) -> bool:
+        """True when every visitor has a user (all modes but anonymous)."""
+        return self.mode != "anonymous"
+
+    async def password(self, username: str, password: str) -> User | None:
+        """Chainlit's password_auth_callback: None = wrong name or password (401)."""
+        address = client_address()
+        try:
+            identifier = normalize_username(username)
+        except AccountError:
+            identifier = username[:64]
+        if wait := self.limiter.wait_seconds(identifier, address):
+            logger.warning(
+                "sign-in refused for %s from %s: too many failures (%d s left)", identifier, address, wait
+            )
+            refuse(429, f"Too many failed sign-ins. Try again in {wait} seconds.", wait)
+            return None
+        assert self.accounts is not None
+        try:
+            account = await self.accounts.get(identifier)
+        except Exception as error:
+            logger.warning("sign-in unavailable: %s", error)
+            refuse(
+                503, "Sign-in is unavailable right now: the database cannot be reached. Try again shortly."
+            )
+            return None
+        usable = account is not None and not account.disabled
+        matches = await check_password_async(account.password_hash if usable else None, password)  # type: ignore[union-attr]
+        if not (usable and matches):
+            self.limiter.failed(identifier, address)
+            logger.info("sign-in failed for %s from %s", identifier, address)
+            return None
+        assert account is not None
+        self.limiter.succeeded(identifier)
+        try:
+            await self.accounts.rehash_if_needed(account, password)
+        except Exception:
+            logger.exception("could not upgrade the password hash of %s", identifier)
+        return User(identifier=identifier, metadata={"role": account.role, "provider": "password"})
+
+    async def header(self, headers: Mapping[str, str]) -> User | None:
+        """Chainlit's header_auth_callback: the local user (local mode) or the proxy's user (header mode)."""
+        address = client_address()
+        if self.mode == "local":
+            forwarded = any(name in headers for name in FORWARDING_HEADERS)
+            if not is_loopback(address) or forwarded:
+                logger.warning(
+                    "local sign-in refused for %s (forwarded: %s): configure AUTH_MODE", address, forwarded
+                )
+                return None
+            return User(identifier=LOCAL_USER, metadata={"role": "admin", "provider": "local"})
+        if not _in_networks(address, self.proxies):
+            logger.warning("header sign-in refused: %s is not in AUTH_PROXY_ADDRESSES", address)
+            return None
+        try:
+            identifier = normalize_username(headers.get(self.settings.auth_header.lower(), ""))
+        except AccountError:
+            return None
+        return await self._known_user(identifier, "header")
+
+    async def oauth(self, provider_id: str, token: str, raw_user_data: dict, default_user: User,
+                    id_token: str | None = None) -> User | None:  # fmt: skip
+        """Chainlit's oauth_callback: whoever the provider vouches for, with the role of their account."""
+        try:
+            identifier = normalize_username(default_user.identifier)
+        except AccountError:
+            return None
+        return await self._known_user(identifier, provider_id, default_user.metadata)
+
+    async def _known_user(self, identifier: str, provider: str, extra: dict | None = None) -> User | None:
+        """A user vouched for by a proxy or provider: refused if removed; role from the account, else user."""
+        account = None
+        if self.accounts is not None:
+            try:
+                account = await self.accounts.get(identifier)
+            except Exception as error:  # the proxy vouched: let them chat, as a plain user
+                logger.warning("account lookup failed for %s: %s", identifier, error)
+        if account is not None and account.disabled:
+            logger.info("sign-in refused for removed account %s", identifier)
+            return None
+        role = account.role if account is not None else "user"
+        return User(identifier=identifier, metadata={**(extra or {}), "role": role, "provider": provider})
+
+    async def is_active(self, identifier: str) -> bool:
+        """False for an account removed since its cookie was issued (cached briefly; True when unsure)."""
+        if self.mode == "local" or self.accounts is None:
+            return True
+        if identifier in self._active:
+            return self._active[identifier]
+        try:
+            account = await self.accounts.get(identifier)
+        except Exception:
+            return True  # database trouble: do not lock people out of chat
+        active = (account is None and self.mode != "password") or (
+            account is not None and not account.disabled
+        )
+        self._active[identifier] = active
+        return active
+
+    async def role_of(self, user: Any) -> str:
+        """The user's role now (the database's word; the cookie's when the database cannot answer)."""
+        claimed = ((getattr(user, "metadata", None) or {}).get("role")) or "user"
+        if self.mode == "local" or self.accounts is None or user is None:
+            return claimed
+        try:
+            account = await self.accounts.get(user.identifier)
+        except Exception:
+            return claimed
+        return account.role if account is not None and not account.disabled else "user"
+
+    async def ensure_first_admin(self) -> None:
+        """Password mode: create ADMIN_USERNAME, or an `admin` with a printed password when none exists."""
+        if self.mode != "password" or self.accounts is None:
+            return
+        settings = self.settings
+        if settings.admin_username:
+            current = await self.accounts.get(normalize_username(settings.admin_username))
+            if current is None or current.disabled:
+                await self.accounts.add(settings.admin_username, settings.admin_password, "admin")
+                logger.info("created administrator %s (ADMIN_USERNAME)", settings.admin_username)
+            return
+        if await self.accounts.admins():
+            return
+        password = generated_password()
+        try:
+            await self.accounts.add("admin", password, "admin")
+        except AccountError:
+            return  # another replica made it first
+        print_once_banner(password)
+
+
+def print_once_banner(password: str) -> None:
+    """The generated administrator password, on the console only (never in a log file)."""
+    print(
+        "\n" + "=" * 72 + "\nNo administrator existed, so one was created:\n"
+        f"    username: admin\n    password: {password}\n"
+        "This is shown once. Change it with: python -m services.accounts reset-password admin\n" + "=" * 72,
+        file=sys.stderr,
+        flush=True,
+    )

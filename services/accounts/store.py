@@ -1,0 +1,195 @@
+"""Accounts in the database: rows of Chainlit's `users` table with a password hash, a role, a disabled flag.
+
+Removing an account deletes its conversations and disables the row instead of deleting it:
+Chainlit re-creates a missing user row whenever a still-valid sign-in cookie is presented, and a
+disabled row is what lets the app refuse that cookie (see SignIn.is_active).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sqlalchemy import text
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.accounts.passwords import hash_password_async, needs_rehash, password_problem
+from services.history import conversations
+
+ROLES = ("admin", "user")
+MAX_USERNAME_CHARS = 128
+
+
+class AccountError(ValueError):
+    """A request about accounts that cannot be done (message for the operator)."""
+
+
+@dataclass(frozen=True)
+class Account:
+    identifier: str
+    role: str
+    disabled: bool
+    password_hash: str | None
+    created_at: str | None
+
+    @property
+    def has_password(self) -> bool:
+        return bool(self.password_hash)
+
+
+def normalize_username(username: str) -> str:
+    """Usernames are case-insensitive (people type e-mail addresses in any case)."""
+    name = username.strip().lower()
+    if not name or len(name) > MAX_USERNAME_CHARS or any(c.isspace() or not c.isprintable() for c in name):
+        raise AccountError(
+            f"{username!r} is not a valid username (1-{MAX_USERNAME_CHARS} characters, no spaces)"
+        )
+    return name
+
+
+def _check_role(role: str) -> str:
+    if role not in ROLES:
+        raise AccountError(f"role {role!r} is not one of {', '.join(ROLES)}")
+    return role
+
+
+def _now() -> str:
+    return conversations.timestamp(datetime.now(UTC))
+
+
+class AccountStore:
+    """Reads and changes accounts; every method is one short transaction."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    async def get(self, identifier: str) -> Account | None:
+        async with self.engine.connect() as connection:
+            row = (
+                await connection.execute(
+                    text(
+                        'SELECT identifier, role, disabled, password_hash, "createdAt" FROM users '
+                        "WHERE identifier = :who"
+                    ),
+                    {"who": identifier},
+                )
+            ).first()
+        if row is None:
+            return None
+        return Account(row[0], row[1] or "user", bool(row[2]), row[3], row[4])
+
+    async def add(self, username: str, password: str | None, role: str = "user") -> Account:
+        """Create an account (or give a removed one back); no password = header or OAuth sign-in only."""
+        identifier = normalize_username(username)
+        _check_role(role)
+        if password is not None and (problem := password_problem(password)):
+            raise AccountError(problem)
+        existing = await self.get(identifier)
+        if existing is not None and not existing.disabled:
+            raise AccountError(f"{identifier} already exists (use reset-password or set-role)")
+        password_hash = await hash_password_async(password) if password is not None else None
+        values = {"who": identifier, "hash": password_hash, "role": role, "meta": json.dumps({"role": role}),
+                  "now": _now(), "id": str(uuid.uuid4())}  # fmt: skip
+        async with self.engine.begin() as connection:
+            if existing is None:
+                statement = (
+                    'INSERT INTO users ("id", identifier, metadata, "createdAt", password_hash, role, '
+                    "disabled, updated_at) VALUES (:id, :who, :meta, :now, :hash, :role, FALSE, :now)"
+                )
+            else:
+                statement = (
+                    "UPDATE users SET password_hash = :hash, role = :role, metadata = :meta, "
+                    "disabled = FALSE, updated_at = :now WHERE identifier = :who"
+                )
+            try:
+                await connection.execute(text(statement), values)
+            except IntegrityError:
+                raise AccountError(f"{identifier} already exists") from None
+        account = await self.get(identifier)
+        assert account is not None
+        return account
+
+    async def list(self, include_removed: bool = False) -> list[tuple[Account, int]]:
+        """Accounts with their number of conversations, by name."""
+        async with self.engine.connect() as connection:
+            rows = await connection.execute(
+                text(
+                    'SELECT u.identifier, u.role, u.disabled, u.password_hash, u."createdAt", COUNT(t."id") '
+                    'FROM users u LEFT JOIN threads t ON t."userIdentifier" = u.identifier '
+                    'GROUP BY u.identifier, u.role, u.disabled, u.password_hash, u."createdAt" '
+                    "ORDER BY u.identifier"
+                )
+            )
+            accounts = [(Account(r[0], r[1] or "user", bool(r[2]), r[3], r[4]), int(r[5])) for r in rows]
+        return [(a, n) for a, n in accounts if include_removed or not a.disabled]
+
+    async def remove(self, username: str) -> int:
+        """Disable the account, drop its password, delete its conversations; return how many were deleted."""
+        identifier = await self._existing(username)
+        if await self._is_last_admin(identifier):
+            raise AccountError(f"{identifier} is the last administrator; make someone else admin first")
+        async with self.engine.begin() as connection:
+            await connection.execute(
+                text(
+                    "UPDATE users SET disabled = TRUE, password_hash = NULL, updated_at = :now "
+                    "WHERE identifier = :who"
+                ),
+                {"who": identifier, "now": _now()},
+            )
+        ids = await conversations.thread_ids_of_user(self.engine, identifier)
+        return await conversations.delete_threads(self.engine, ids)
+
+    async def reset_password(self, username: str, password: str) -> None:
+        identifier = await self._existing(username)
+        if problem := password_problem(password):
+            raise AccountError(problem)
+        await self._set_password_hash(identifier, await hash_password_async(password))
+
+    async def set_role(self, username: str, role: str) -> None:
+        identifier = await self._existing(username)
+        _check_role(role)
+        if role != "admin" and await self._is_last_admin(identifier):
+            raise AccountError(f"{identifier} is the last administrator; make someone else admin first")
+        async with self.engine.begin() as connection:
+            await connection.execute(
+                text(
+                    "UPDATE users SET role = :role, metadata = :meta, updated_at = :now "
+                    "WHERE identifier = :who"
+                ),
+                {"who": identifier, "role": role, "meta": json.dumps({"role": role}), "now": _now()},
+            )
+
+    async def rehash_if_needed(self, account: Account, password: str) -> None:
+        """After a good sign-in: upgrade a hash made with older parameters."""
+        if account.password_hash and needs_rehash(account.password_hash):
+            await self._set_password_hash(account.identifier, await hash_password_async(password))
+
+    async def admins(self) -> list[str]:
+        async with self.engine.connect() as connection:
+            rows = await connection.execute(
+                text(
+                    "SELECT identifier FROM users "
+                    "WHERE role = 'admin' AND (disabled IS NULL OR disabled = FALSE)"
+                )
+            )
+            return [row[0] for row in rows]
+
+    async def _is_last_admin(self, identifier: str) -> bool:
+        return await self.admins() == [identifier]
+
+    async def _existing(self, username: str) -> str:
+        identifier = normalize_username(username)
+        account = await self.get(identifier)
+        if account is None or account.disabled:
+            raise AccountError(f"no account named {identifier}")
+        return identifier
+
+    async def _set_password_hash(self, identifier: str, password_hash: str) -> None:
+        async with self.engine.begin() as connection:
+            await connection.execute(
+                text("UPDATE users SET password_hash = :hash, updated_at = :now WHERE identifier = :who"),
+                {"who": identifier, "hash": password_hash, "now": _now()},
+            )

@@ -1,0 +1,65 @@
+"""Sign-in settings: who may use the service, how they prove it, and how guessing is slowed down."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.config.fields import setting
+
+AUTH_MODES = ("none", "password", "header")
+
+
+@dataclass(frozen=True)
+class AccountSettings:
+    """How people sign in (Chainlit's OAuth providers are switched on by Chainlit's own variables)."""
+
+    auth_mode: str = setting(
+        "none",
+        "AUTH_MODE",
+        "none = no sign-in (on a loopback address: one local user, history kept; elsewhere the app "
+        "refuses to start unless ALLOW_ANONYMOUS=true); password = accounts in the database; header = "
+        "a user name set by a trusted auth proxy (AUTH_HEADER, AUTH_PROXY_ADDRESSES).",
+    )
+    admin_username: str = setting(
+        "", "ADMIN_USERNAME", "First administrator (password mode), created at start if missing."
+    )
+    admin_password: str = setting(
+        "",
+        "ADMIN_PASSWORD",
+        "Its password; when both are empty and no administrator exists, one named `admin` is created "
+        "with a generated password printed once to the console.",
+    )
+    auth_header: str = setting(
+        "",
+        "AUTH_HEADER",
+        "Header mode: the request header that carries the user name (e.g. X-Forwarded-User).",
+    )
+    auth_proxy_addresses: str = setting(
+        "",
+        "AUTH_PROXY_ADDRESSES",
+        "Header mode: comma-separated addresses or networks (10.0.0.5, 10.1.0.0/16) of the proxies "
+        "whose AUTH_HEADER is trusted; requests from anywhere else are refused.",
+    )
+    allow_anonymous: bool = setting(
+        False,
+        "ALLOW_ANONYMOUS",
+        "Serve a non-loopback address without sign-in, on purpose: everyone is anonymous, nothing is stored.",
+    )
+    sign_in_max_failures: int = setting(
+        5,
+        "SIGN_IN_MAX_FAILURES",
+        "Failed sign-ins per account within SIGN_IN_WINDOW_SECONDS before it must wait.",
+        1,
+    )
+    sign_in_max_failures_per_address: int = setting(
+        20,
+        "SIGN_IN_MAX_FAILURES_PER_ADDRESS",
+        "Failed sign-ins per client address within SIGN_IN_WINDOW_SECONDS before it must wait.",
+        1,
+    )
+    sign_in_window_seconds: float = setting(
+        900.0, "SIGN_IN_WINDOW_SECONDS", "Window over which failed sign-ins are counted.", 1
+    )
+    sign_in_lockout_seconds: float = setting(
+        300.0, "SIGN_IN_LOCKOUT_SECONDS", "How long an account or address waits after too many failures.", 1
+    )

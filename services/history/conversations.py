@@ -1,0 +1,151 @@
+"""Rows of a conversation beyond what Chainlit stores: its document, and deleting conversations in bulk.
+
+Bulk deletes (retention, an account's removal) remove every row of each conversation, in one
+transaction per batch: feedbacks, elements, steps, the document, the thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import bindparam, text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+DELETE_BATCH = 200  # conversations deleted per transaction
+
+
+@dataclass(frozen=True)
+class StoredDocument:
+    name: str
+    text: str
+    tokens: int
+
+
+def timestamp(at: datetime) -> str:
+    """Chainlit's timestamp format (UTC, ISO, trailing Z), so stored times compare as text."""
+    return at.astimezone(UTC).replace(tzinfo=None).isoformat() + "Z"
+
+
+async def save_document(engine: AsyncEngine, thread_id: str, document: StoredDocument) -> None:
+    """Keep the conversation's document (one per conversation: a new upload replaces it)."""
+    async with engine.begin() as connection:
+        await connection.execute(
+            text(
+                "INSERT INTO thread_documents (thread_id, name, text, tokens, created_at) "
+                "VALUES (:id, :name, :text, :tokens, :at) ON CONFLICT (thread_id) DO UPDATE SET "
+                "name = excluded.name, text = excluded.text, tokens = excluded.tokens, "
+                "created_at = excluded.created_at"
+            ),
+            {"id": thread_id, "name": document.name, "text": document.text, "tokens": document.tokens,
+             "at": timestamp(datetime.now(UTC))},
+        )  # fmt: skip
+
+
+async def load_document(engine: AsyncEngine, thread_id: str) -> StoredDocument | None:
+    async with engine.connect() as connection:
+        row = (
+            await connection.execute(
+                text("SELECT name, text, tokens FROM thread_documents WHERE thread_id = :id"),
+                {"id": thread_id},
+            )
+        ).first()
+    return None if row is None else StoredDocument(row[0], row[1], int(row[2]))
+
+
+async def _delete_batch(connection: AsyncConnection, thread_ids: list[str]) -> None:
+    ids = {"ids": thread_ids}
+    for statement in (
+        'DELETE FROM feedbacks WHERE "forId" IN (SELECT "id" FROM steps WHERE "threadId" IN :ids)',
+        'DELETE FROM feedbacks WHERE "threadId" IN :ids',
+        'DELETE FROM elements WHERE "threadId" IN :ids',
+        'DELETE FROM steps WHERE "threadId" IN :ids',
+        "DELETE FROM thread_documents WHERE thread_id IN :ids",
+        'DELETE FROM threads WHERE "id" IN :ids',
+    ):
+        await connection.execute(text(statement).bindparams(bindparam("ids", expanding=True)), ids)
+
+
+async def delete_threads(engine: AsyncEngine, thread_ids: list[str]) -> int:
+    """Delete these conversations with every row they own; return how many."""
+    for start in range(0, len(thread_ids), DELETE_BATCH):
+        async with engine.begin() as connection:
+            await _delete_batch(connection, thread_ids[start : start + DELETE_BATCH])
+    return len(thread_ids)
+
+
+async def thread_ids_of_user(engine: AsyncEngine, identifier: str) -> list[str]:
+    async with engine.connect() as connection:
+        rows = await connection.execute(
+            text('SELECT "id" FROM threads WHERE "userIdentifier" = :who'), {"who": identifier}
+        )
+        return [row[0] for row in rows]
+
+
+async def delete_idle_threads(
+    engine: AsyncEngine, older_than_days: float, now: datetime | None = None
+) -> int:
+    """Retention: delete conversations whose last message is older than `older_than_days`.
+
+    Steps left without a conversation (a thread row that failed to save) age out the same way.
+    """
+    cutoff = timestamp((now or datetime.now(UTC)) - timedelta(days=older_than_days))
+    deleted = 0
+    while True:
+        async with engine.connect() as connection:
+            rows = await connection.execute(
+                text(
+                    'SELECT t."id" FROM threads t LEFT JOIN steps s ON s."threadId" = t."id" '
+                    'GROUP BY t."id", t."createdAt" '
+                    'HAVING COALESCE(MAX(s."createdAt"), t."createdAt", \'\') < :cutoff LIMIT :batch'
+                ),
+                {"cutoff": cutoff, "batch": DELETE_BATCH},
+            )
+            ids = [row[0] for row in rows]
+        if not ids:
+            break
+        deleted += await delete_threads(engine, ids)
+    async with engine.begin() as connection:
+        await connection.execute(
+            text(
+                'DELETE FROM steps WHERE "createdAt" < :cutoff '
+                'AND "threadId" NOT IN (SELECT "id" FROM threads)'
+            ),
+            {"cutoff": cutoff},
+        )
+        await connection.execute(
+            text("DELETE FROM thread_documents WHERE thread_id NOT IN (SELECT \"id\" FROM threads) "
+                 "AND created_at < :cutoff"),
+            {"cutoff": cutoff},
+        )  # fmt: skip
+    return deleted
+
+
+async def owner_of_step(engine: AsyncEngine, step_id: str) -> str | None:
+    """The user whose conversation holds this message, or None."""
+    async with engine.connect() as connection:
+        row = (
+            await connection.execute(
+                text(
+                    'SELECT t."userIdentifier" FROM steps s JOIN threads t ON t."id" = s."threadId" '
+                    'WHERE s."id" = :id'
+                ),
+                {"id": step_id},
+            )
+        ).first()
+    return None if row is None else row[0]
+
+
+async def owner_of_feedback(engine: AsyncEngine, feedback_id: str) -> tuple[bool, str | None]:
+    """(the feedback exists, the user whose message it is about)."""
+    async with engine.connect() as connection:
+        row = (
+            await connection.execute(
+                text(
+                    'SELECT t."userIdentifier" FROM feedbacks f LEFT JOIN steps s ON s."id" = f."forId" '
+                    'LEFT JOIN threads t ON t."id" = s."threadId" WHERE f."id" = :id'
+                ),
+                {"id": feedback_id},
+            )
+        ).first()
+    return (False, None) if row is None else (True, row[0])

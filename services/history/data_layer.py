@@ -1,0 +1,161 @@
+"""Chainlit's SQLAlchemyDataLayer, made safe for SQLite, for PostgreSQL and for a database in trouble.
+
+What this subclass changes, and why:
+- statements go through the breaker (health.py): while the database is down they are skipped at
+  once, and a statement that fails opens the breaker instead of being logged and forgotten;
+- a write made of several statements (a thread upsert that first reads the thread, a step that
+  first upserts its thread, a delete of four tables) stops at its first failed statement, so a
+  read that failed is never mistaken for "no such row" and followed by a write that overwrites it;
+- lists and dicts are bound as JSON text (SQLite cannot bind a list: Chainlit issue #2528) and
+  thread tags are read back as lists;
+- thread ids must be UUIDs: Chainlit takes the id a browser sends for a new conversation and
+  later pastes stored ids into an `IN ('...')` list, so an id with a quote would be SQL;
+- deleting a conversation also deletes its stored document; new feedback is counted for /metrics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import logging
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from chainlit.data.sql_alchemy import SQLAlchemyDataLayer
+from chainlit.data.utils import queue_until_user_message
+from chainlit.types import Feedback
+from prometheus_client import Counter
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.orm import sessionmaker
+
+from services.history.health import HistoryHealth, _first_line
+
+logger = logging.getLogger(__name__)
+
+USER_THREAD_LIMIT = 1000  # conversations listed per user at most (Chainlit's own default)
+
+
+@dataclass
+class _Unit:
+    failed: bool = False
+
+
+_UNIT: contextvars.ContextVar[_Unit | None] = contextvars.ContextVar("history_unit", default=None)
+
+
+@contextlib.contextmanager
+def _unit_of_work() -> Iterator[_Unit]:
+    """Statements inside stop at the first failure (nested units join the outer one)."""
+    outer = _UNIT.get()
+    if outer is not None:
+        yield outer
+        return
+    unit = _Unit()
+    token = _UNIT.set(unit)
+    try:
+        yield unit
+    finally:
+        _UNIT.reset(token)
+
+
+def is_uuid(value: Any) -> bool:
+    try:
+        return isinstance(value, str) and str(uuid.UUID(value)) == value.lower()
+    except ValueError:
+        return False
+
+
+def _bindable(value: Any) -> Any:
+    return json.dumps(value) if isinstance(value, list | tuple | dict) else value
+
+
+class ChatDataLayer(SQLAlchemyDataLayer):
+    """The data layer registered with `@cl.data_layer` (one per process, over the history's engine)."""
+
+    def __init__(self, engine: AsyncEngine, health: HistoryHealth, feedback: Counter) -> None:
+        # Not super().__init__: it would build a second engine without our timeouts and pool.
+        self._conninfo = engine.url.render_as_string(hide_password=True)
+        self.user_thread_limit = USER_THREAD_LIMIT
+        self.show_logger = False
+        self.storage_provider = None  # uploads are not stored; a document's text is (thread_documents)
+        self.engine = engine
+        self.async_session = sessionmaker(bind=engine, expire_on_commit=False, class_=AsyncSession)  # type: ignore[call-overload]
+        self.health = health
+        self.feedback = feedback
+
+    async def execute_sql(self, query: str, parameters: dict) -> list[dict[str, Any]] | int | None:
+        """Chainlit's execute_sql (rows, a row count, or None on failure), through the breaker."""
+        unit = _UNIT.get()
+        if (unit is not None and unit.failed) or not self.health.available:
+            self.health.skipped_total += 1
+            if unit is not None:
+                unit.failed = True
+            return None
+        bound = {key: _bindable(value) for key, value in parameters.items()}
+        async with self.async_session() as session:
+            try:
+                result = await session.execute(text(query), bound)
+                await session.commit()
+                if result.returns_rows:
+                    return self.clean_result([dict(row._mapping) for row in result.fetchall()])
+                return result.rowcount
+            except Exception as error:
+                with contextlib.suppress(Exception):
+                    await session.rollback()
+                self.health.failed(error)
+                if unit is not None:
+                    unit.failed = True
+                logger.warning("history statement failed: %s", _first_line(error))
+                return None
+
+    async def update_thread(self, thread_id: str, *args: Any, **kwargs: Any) -> None:
+        if not is_uuid(thread_id):
+            logger.warning("refused to store a conversation whose id is not a UUID: %r", thread_id[:80])
+            return
+        with _unit_of_work() as unit:
+            try:
+                await super().update_thread(thread_id, *args, **kwargs)
+            except AssertionError:  # Chainlit asserts on a user lookup that the breaker skipped
+                if not unit.failed:
+                    raise
+
+    @queue_until_user_message()
+    async def create_step(self, step_dict: Any) -> None:
+        if not is_uuid(step_dict.get("threadId")):
+            return
+        with _unit_of_work():
+            await SQLAlchemyDataLayer.create_step.__wrapped__(self, step_dict)  # type: ignore[attr-defined]
+
+    async def delete_thread(self, thread_id: str) -> None:
+        with _unit_of_work() as unit:
+            await super().delete_thread(thread_id)
+            await self.execute_sql("DELETE FROM thread_documents WHERE thread_id = :id", {"id": thread_id})
+        if unit.failed:
+            raise RuntimeError(
+                "The conversation could not be deleted: chat history is unavailable right now."
+            )
+
+    async def upsert_feedback(self, feedback: Feedback) -> str:
+        new = not feedback.id
+        with _unit_of_work() as unit:
+            feedback_id = await super().upsert_feedback(feedback)
+        if unit.failed:
+            raise RuntimeError("Your feedback could not be saved: chat history is unavailable right now.")
+        if new:
+            self.feedback.labels("up" if feedback.value == 1 else "down").inc()
+        return feedback_id
+
+    async def get_all_user_threads(self, user_id: str | None = None, thread_id: str | None = None) -> Any:
+        threads = await super().get_all_user_threads(user_id=user_id, thread_id=thread_id)
+        for thread in threads or []:
+            if isinstance(thread.get("tags"), str):  # stored as JSON text (see _bindable)
+                with contextlib.suppress(ValueError):
+                    thread["tags"] = json.loads(thread["tags"])
+        return threads
+
+    async def close(self) -> None:
+        """The history owns the engine and disposes of it; Chainlit must not."""

@@ -1,0 +1,83 @@
+"""Which database, and one SQLAlchemy async engine for it: SQLite in DATA_DIR, or PostgreSQL by URL."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from services.config import Settings
+
+SQLITE_FILE_NAME = "chat.db"
+
+
+def ensure_data_dir(settings: Settings) -> Path:
+    """DATA_DIR, created private (0700) if missing."""
+    path = Path(settings.data_dir).expanduser()
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
+
+
+def database_url(settings: Settings) -> str:
+    """The SQLAlchemy URL with its async driver: asyncpg for PostgreSQL, aiosqlite for SQLite."""
+    url = settings.database_url.strip()
+    if not url:
+        return f"sqlite+aiosqlite:///{ensure_data_dir(settings) / SQLITE_FILE_NAME}"
+    scheme, _, rest = url.partition("://")
+    if scheme in ("postgresql", "postgres", "postgresql+asyncpg"):
+        return f"postgresql+asyncpg://{rest}"
+    if scheme in ("sqlite", "sqlite+aiosqlite"):
+        return f"sqlite+aiosqlite://{rest}"
+    raise ValueError(f"unsupported DATABASE_URL scheme {scheme!r}")
+
+
+def is_sqlite(url: str) -> bool:
+    return url.startswith("sqlite")
+
+
+def connect_args(settings: Settings, url: str) -> dict[str, Any]:
+    """Timeouts that turn a locked or unreachable database into an error instead of a hang."""
+    if is_sqlite(url):
+        return {"timeout": settings.database_timeout_seconds}  # SQLite's busy timeout
+    return {"timeout": settings.database_timeout_seconds, "command_timeout": 60}
+
+
+def create_engine(settings: Settings) -> AsyncEngine:
+    """An async engine with bounded pools; connections are checked before use, so a restarted
+    PostgreSQL is reconnected to instead of failing the first statement."""
+    url = database_url(settings)
+    engine = create_async_engine(
+        url,
+        connect_args=connect_args(settings, url),
+        pool_pre_ping=True,
+        pool_size=5,
+        max_overflow=5,
+        pool_timeout=settings.database_timeout_seconds,
+    )
+    if is_sqlite(url):
+        event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+    return engine
+
+
+def _sqlite_pragmas(connection: Any, _record: Any) -> None:
+    """WAL: readers never wait for the writer, and several processes may share the file."""
+    cursor = connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
+
+
+def sqlite_path(settings: Settings) -> Path | None:
+    """The SQLite file, or None on PostgreSQL (for sizes and backups)."""
+    url = database_url(settings)
+    if not is_sqlite(url):
+        return None
+    return Path(url.split(":///", 1)[1])
+
+
+def file_size_bytes(path: Path) -> int:
+    """The database file plus its WAL and shared-memory files."""
+    return sum(os.path.getsize(p) for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")) if p.exists())

@@ -1,0 +1,157 @@
+"""The schema, created and upgraded at startup by an ordered list of versioned, idempotent steps.
+
+Tables are Chainlit 2.12's (users, threads, steps, elements, feedbacks: every column its
+SQLAlchemy data layer writes, since it swallows the error of a missing one) plus ours: the
+accounts' columns on `users`, `thread_documents` (a conversation's document) and `service_health`
+(the write probe). Ids and JSON are TEXT on both databases, so one set of statements serves both.
+Each step runs once, recorded in `schema_migrations`; every statement is safe to run again
+(IF NOT EXISTS, columns added only when missing), so an existing Chainlit database is upgraded in
+place. Replicas starting together take a lock first (PostgreSQL advisory lock, SQLite write lock).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sqlalchemy import inspect, text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+logger = logging.getLogger(__name__)
+
+MIGRATION_LOCK_KEY = 7_311_042  # pg_advisory_xact_lock key of this app's migrations
+
+# Every column Chainlit 2.12's SQLAlchemyDataLayer reads or writes, by table (type names: see _TYPES).
+CHAINLIT_COLUMNS: dict[str, dict[str, str]] = {
+    "users": {"id": "id", "identifier": "text", "metadata": "json", "createdAt": "text"},
+    "threads": {
+        "id": "id", "createdAt": "text", "name": "text", "userId": "id", "userIdentifier": "text",
+        "tags": "json", "metadata": "json",
+    },
+    "steps": {
+        "id": "id", "name": "text", "type": "text", "threadId": "id", "parentId": "id",
+        "streaming": "bool", "waitForAnswer": "bool", "isError": "bool", "metadata": "json",
+        "tags": "json", "input": "text", "output": "text", "createdAt": "text", "command": "text",
+        "start": "text", "end": "text", "generation": "json", "showInput": "text", "language": "text",
+        "indent": "int", "defaultOpen": "bool", "autoCollapse": "bool", "modes": "json", "icon": "text",
+    },
+    "elements": {
+        "id": "id", "threadId": "id", "type": "text", "url": "text", "chainlitKey": "text", "name": "text",
+        "display": "text", "objectKey": "text", "size": "text", "page": "int", "language": "text",
+        "forId": "id", "mime": "text", "props": "json", "autoPlay": "bool", "playerConfig": "json",
+    },
+    "feedbacks": {"id": "id", "forId": "id", "threadId": "id", "value": "int", "comment": "text"},
+}  # fmt: skip
+ACCOUNT_COLUMNS = {"password_hash": "text", "role": "text", "disabled": "bool", "updated_at": "text"}
+_TYPES = {"id": "TEXT", "text": "TEXT", "json": "TEXT", "int": "INTEGER", "bool": "BOOLEAN"}
+_NOT_NULL = {("users", "identifier"), ("steps", "name"), ("steps", "type"), ("steps", "threadId"),
+             ("elements", "name"), ("feedbacks", "forId"), ("feedbacks", "value")}  # fmt: skip
+
+
+def _create_table(table: str, columns: dict[str, str]) -> str:
+    parts = []
+    for name, kind in columns.items():
+        constraint = " PRIMARY KEY" if name == "id" else (" NOT NULL" if (table, name) in _NOT_NULL else "")
+        parts.append(f'"{name}" {_TYPES[kind]}{constraint}')
+    return f"CREATE TABLE IF NOT EXISTS {table} ({', '.join(parts)})"
+
+
+async def _ensure_columns(connection: AsyncConnection, table: str, columns: dict[str, str]) -> None:
+    """Add the columns `table` lacks (a database made by an older Chainlit, or by an older app)."""
+    existing = await connection.run_sync(lambda sync: {c["name"] for c in inspect(sync).get_columns(table)})
+    for name, kind in columns.items():
+        if name not in existing:
+            logger.info("schema: adding column %s.%s", table, name)
+            await connection.execute(text(f'ALTER TABLE {table} ADD COLUMN "{name}" {_TYPES[kind]}'))
+
+
+async def _chainlit_tables(connection: AsyncConnection) -> None:
+    for table, columns in CHAINLIT_COLUMNS.items():
+        await connection.execute(text(_create_table(table, columns)))
+        await _ensure_columns(connection, table, columns)
+
+
+async def _accounts(connection: AsyncConnection) -> None:
+    await _ensure_columns(connection, "users", ACCOUNT_COLUMNS)
+    await connection.execute(
+        text('CREATE UNIQUE INDEX IF NOT EXISTS users_identifier ON users ("identifier")')
+    )
+
+
+async def _indexes(connection: AsyncConnection) -> None:
+    for name, table, column in (
+        ("threads_user", "threads", "userId"),
+        ("threads_user_identifier", "threads", "userIdentifier"),
+        ("threads_created", "threads", "createdAt"),
+        ("steps_thread", "steps", "threadId"),
+        ("elements_thread", "elements", "threadId"),
+        ("feedbacks_for", "feedbacks", "forId"),
+    ):
+        await connection.execute(text(f'CREATE INDEX IF NOT EXISTS {name} ON {table} ("{column}")'))
+
+
+async def _documents_and_health(connection: AsyncConnection) -> None:
+    await connection.execute(
+        text(
+            "CREATE TABLE IF NOT EXISTS thread_documents (thread_id TEXT PRIMARY KEY, name TEXT NOT NULL, "
+            "text TEXT NOT NULL, tokens INTEGER NOT NULL, created_at TEXT NOT NULL)"
+        )
+    )
+    await connection.execute(
+        text("CREATE TABLE IF NOT EXISTS service_health (id INTEGER PRIMARY KEY, checked_at TEXT)")
+    )
+    await connection.execute(
+        text("INSERT INTO service_health (id, checked_at) VALUES (1, :now) ON CONFLICT (id) DO NOTHING"),
+        {"now": _now()},
+    )
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    apply: Callable[[AsyncConnection], object]
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "Chainlit 2.12 tables with every column its data layer writes", _chainlit_tables),
+    Migration(2, "accounts: password hash, role, disabled on users", _accounts),
+    Migration(3, "indexes for listing, resuming and deleting conversations", _indexes),
+    Migration(4, "conversation documents and the health probe row", _documents_and_health),
+)
+LATEST_VERSION = MIGRATIONS[-1].version
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+async def migrate(engine: AsyncEngine) -> list[int]:
+    """Bring the schema to LATEST_VERSION; return the versions applied now (empty when up to date)."""
+    async with engine.begin() as connection:
+        if engine.dialect.name == "postgresql":
+            await connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+        else:  # take SQLite's write lock now, so a second process waits here instead of failing midway
+            await connection.execute(text("CREATE TABLE IF NOT EXISTS schema_lock (id INTEGER)"))
+            await connection.execute(text("DELETE FROM schema_lock"))
+        await connection.execute(
+            text(
+                "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "
+                "name TEXT NOT NULL, applied_at TEXT NOT NULL)"
+            )
+        )
+        done = {row[0] for row in await connection.execute(text("SELECT version FROM schema_migrations"))}
+        applied = []
+        for migration in MIGRATIONS:
+            if migration.version in done:
+                continue
+            await migration.apply(connection)  # type: ignore[misc]
+            await connection.execute(
+                text("INSERT INTO schema_migrations (version, name, applied_at) VALUES (:v, :n, :t)"),
+                {"v": migration.version, "n": migration.name, "t": _now()},
+            )
+            applied.append(migration.version)
+            logger.info("schema: applied migration %d (%s)", migration.version, migration.name)
+    return applied

@@ -1,0 +1,60 @@
+"""A stored conversation back into a session: the turns the model saw, the chat settings, the document.
+
+The model's history is rebuilt from the stored messages by the same rules that built it live:
+every user message except commands and messages over MAX_MESSAGE_CHARS (both were answered
+without the model), and the assistant messages marked as answers (ANSWER_METADATA; notices,
+errors, reports and Chainlit's own "Task manually stopped." are not). Only the newest
+MAX_HISTORY_MESSAGES are kept, and the prompt builder trims them to the token budget, as live.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from services.engine.chat_engine import Message
+
+ANSWER_KEY = "answer"
+ANSWER_METADATA: dict[str, Any] = {ANSWER_KEY: True}  # on every reply that joins the model's history
+COMMANDS = ("/stats",)
+
+
+def _as_dict(value: Any) -> dict[str, Any]:
+    """Stored JSON comes back as text on SQLite and as text or a dict elsewhere."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {}
+    return value if isinstance(value, dict) else {}
+
+
+def is_command(text: str) -> bool:
+    return text.strip() in COMMANDS
+
+
+def summary_request(document_name: str | None) -> str:
+    """What the model was asked when a file came with an empty message."""
+    return f"Summarize «{document_name}»." if document_name else "Summarize the document."
+
+
+def history_from_steps(
+    steps: Iterable[Mapping[str, Any]], max_message_chars: int, document_name: str | None = None
+) -> list[Message]:
+    """The model's messages of a stored conversation, oldest first."""
+    messages: list[Message] = []
+    for step in steps:
+        kind, text = step.get("type"), step.get("output") or ""
+        if kind == "user_message":
+            if is_command(text) or len(text) > max_message_chars:
+                continue
+            messages.append({"role": "user", "content": text or summary_request(document_name)})
+        elif kind == "assistant_message" and text and _as_dict(step.get("metadata")).get(ANSWER_KEY):
+            messages.append({"role": "assistant", "content": text})
+    return messages
+
+
+def chat_settings_of(thread: Mapping[str, Any]) -> dict[str, Any]:
+    """The chat settings Chainlit stored with the conversation (at the last disconnect)."""
+    return _as_dict(_as_dict(thread.get("metadata")).get("chat_settings"))

@@ -1,0 +1,122 @@
+"""Who is asking, on the HTTP side: the client address for sign-in, removed accounts, feedback ownership.
+
+- `SignInRequestMiddleware` hands each request's address to the sign-in callbacks (Chainlit passes
+  them only the form or the headers), and sends their refusal (429 with Retry-After, 503) in place
+  of the plain 401 Chainlit makes of any failed sign-in;
+- Chainlit's `get_current_user` dependency is wrapped so that a removed account's cookie is
+  refused on every HTTP route (the socket is checked in the chat handlers);
+- Chainlit 2.12's feedback routes do not check whose message the feedback is about: the routes
+  put in front of them do, then hand over to Chainlit's own.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Annotated, Any
+
+from chainlit import server as chainlit_server
+from chainlit.auth import get_current_user, reuseable_oauth
+from chainlit.types import DeleteFeedbackRequest, UpdateFeedbackRequest
+from fastapi import Depends, FastAPI, HTTPException, Request
+
+from services.accounts.sign_in import SignInRequest, current_request
+from services.history import conversations
+from services.runtime import Runtime
+from services.web.routes import move_to_front
+
+ASGIApp = Callable[[MutableMapping[str, Any], Callable, Callable], Awaitable[None]]
+
+
+class SignInRequestMiddleware:
+    """Sets `current_request` for each HTTP request; turns a 401 into the callback's refusal (pure ASGI)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = SignInRequest(address=(scope.get("client") or (None,))[0])
+        token = current_request.set(request)
+        replaced = False
+
+        async def send_or_refuse(message: MutableMapping[str, Any]) -> None:
+            nonlocal replaced
+            if message["type"] == "http.response.start" and message["status"] == 401 and request.refusal:
+                replaced = True
+                await _send_refusal(send, *request.refusal)
+            elif not replaced:
+                await send(message)
+
+        try:
+            await self.app(scope, receive, send_or_refuse)
+        finally:
+            current_request.reset(token)
+
+
+async def _send_refusal(send: Callable, status: int, detail: str, retry_after_seconds: int | None) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if retry_after_seconds is not None:
+        headers.append((b"retry-after", str(retry_after_seconds).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def install_access_guards(app: FastAPI, runtime: Runtime) -> None:
+    """Client addresses, removed accounts refused, feedback only on one's own messages."""
+    app.add_middleware(SignInRequestMiddleware)
+    _refuse_removed_accounts(app, runtime)
+    _guard_feedback(app, runtime)
+
+
+def _refuse_removed_accounts(app: FastAPI, runtime: Runtime) -> None:
+    async def current_user_if_active(token: Annotated[str | None, Depends(reuseable_oauth)]) -> Any:
+        user = await get_current_user(token)  # type: ignore[arg-type]
+        sign_in = runtime.sign_in
+        if user is not None and sign_in is not None and not await sign_in.is_active(user.identifier):
+            raise HTTPException(401, "This account was removed.")
+        return user
+
+    app.dependency_overrides[get_current_user] = current_user_if_active
+
+
+def _guard_feedback(app: FastAPI, runtime: Runtime) -> None:
+    signed_in = Depends(get_current_user)  # a default value: FastAPI cannot resolve a local alias here
+
+    async def owner_check(user: Any, step_id: str | None, feedback_id: str | None) -> None:
+        history = runtime.history
+        if history is None or history.engine is None or user is None:
+            raise HTTPException(401, "Unauthorized")
+        try:
+            if feedback_id:
+                exists, owner = await conversations.owner_of_feedback(history.engine, feedback_id)
+                if exists and owner != user.identifier:
+                    raise HTTPException(404, "Feedback not found")
+            if (
+                step_id is not None
+                and await conversations.owner_of_step(history.engine, step_id) != user.identifier
+            ):
+                raise HTTPException(404, "Message not found")
+        except HTTPException:
+            raise
+        except Exception as error:
+            history.health.failed(error)
+            raise HTTPException(
+                503, "Feedback cannot be saved right now: chat history is unavailable."
+            ) from None
+
+    async def update_feedback(request: Request, update: UpdateFeedbackRequest, user: Any = signed_in) -> Any:
+        await owner_check(user, update.feedback.forId, update.feedback.id)
+        return await chainlit_server.update_feedback(request, update, user)
+
+    async def delete_feedback(request: Request, payload: DeleteFeedbackRequest, user: Any = signed_in) -> Any:
+        await owner_check(user, None, payload.feedbackId)
+        return await chainlit_server.delete_feedback(request, payload, user)
+
+    before = len(app.router.routes)
+    app.add_api_route("/feedback", update_feedback, methods=["PUT"], include_in_schema=False)
+    app.add_api_route("/feedback", delete_feedback, methods=["DELETE"], include_in_schema=False)
+    move_to_front(app, app.router.routes[before:])

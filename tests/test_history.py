@@ -1,0 +1,276 @@
+"""Stored conversations on real SQLite and PostgreSQL, without a model: schema, Chainlit's data layer
+through our subclass, documents, deletion, retention, a database in trouble, and the rebuild rules."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import typing
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from chainlit.context import init_http_context
+from chainlit.element import ElementDict
+from chainlit.step import StepDict
+from chainlit.types import Feedback, Pagination, ThreadFilter
+from chainlit.user import User
+from sqlalchemy import inspect, text
+
+from harness.postgres import PostgresCluster
+from services.chat.session import SessionDocument
+from services.chat.store import SessionStore
+from services.config import Settings
+from services.history import conversations
+from services.history.database import sqlite_path
+from services.history.migrations import CHAINLIT_COLUMNS, LATEST_VERSION, migrate
+from services.history.resume import ANSWER_METADATA, history_from_steps
+from services.history.service import History
+
+
+@pytest_asyncio.fixture(params=["sqlite", "postgresql"], loop_scope="module")
+async def history(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[History]:
+    environ = {"DATA_DIR": str(tmp_path), "HISTORY_RETRY_SECONDS": "0.5", "DATABASE_TIMEOUT_SECONDS": "1"}
+    if request.param == "postgresql":
+        cluster: PostgresCluster = request.getfixturevalue("postgres")
+        environ["DATABASE_URL"] = cluster.create_database(f"h{uuid.uuid4().hex[:12]}")
+    history = History(Settings.from_env(environ), keep_conversations=True, use_database=True)
+    await history.start()
+    init_http_context()  # Chainlit's data layer expects a Chainlit context
+    yield history
+    await history.stop()
+
+
+async def new_user(history: History, name: str) -> str:
+    assert history.layer is not None
+    user = await history.layer.create_user(User(identifier=name, metadata={"role": "user"}))
+    assert user is not None
+    return user.id
+
+
+async def new_thread(history: History, user_id: str, messages: int = 2, tags: list[str] | None = None) -> str:
+    layer = history.layer
+    assert layer is not None
+    thread_id = str(uuid.uuid4())
+    await layer.update_thread(thread_id, name="first words", user_id=user_id, tags=tags)
+    for i in range(messages):
+        step: StepDict = {
+            "id": str(uuid.uuid4()), "threadId": thread_id, "name": "User" if i % 2 == 0 else "vLLM Chat",
+            "type": "user_message" if i % 2 == 0 else "assistant_message", "output": f"message {i}",
+            "streaming": False, "createdAt": conversations.timestamp(datetime.now(UTC)),
+            "metadata": {} if i % 2 == 0 else dict(ANSWER_METADATA), "command": "", "defaultOpen": False,
+        }  # fmt: skip
+        await layer.create_step(step)
+    return thread_id
+
+
+async def count(history: History, table: str, where: str = "1=1", **params: object) -> int:
+    assert history.engine is not None
+    async with history.engine.connect() as connection:
+        return (
+            await connection.execute(text(f"SELECT COUNT(*) FROM {table} WHERE {where}"), params)
+        ).scalar_one()
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_migrations_are_idempotent_and_have_every_column_chainlit_writes(history: History) -> None:
+    assert history.engine is not None
+    assert await migrate(history.engine) == [], "a second run changes nothing"
+    assert await count(history, "schema_migrations") == LATEST_VERSION
+    async with history.engine.connect() as connection:
+        columns = await connection.run_sync(
+            lambda sync: {t: {c["name"] for c in inspect(sync).get_columns(t)} for t in CHAINLIT_COLUMNS}
+        )
+    # Derived from Chainlit's own types: a column it writes and we lack would fail quietly.
+    written = {
+        "steps": set(typing.get_type_hints(StepDict)) - {"feedback"},
+        "elements": set(typing.get_type_hints(ElementDict)) - {"path"},
+        "feedbacks": {f for f in Feedback.__dataclass_fields__},
+    }
+    for table, names in written.items():
+        assert names <= columns[table], f"{table} lacks {names - columns[table]}"
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_an_old_chainlit_database_is_upgraded_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "chat.db"
+    with sqlite3.connect(path) as old:  # Chainlit 2.0's steps table, without the later columns
+        old.execute('CREATE TABLE steps ("id" TEXT PRIMARY KEY, "name" TEXT, "type" TEXT, "threadId" TEXT)')
+        old.execute("INSERT INTO steps VALUES ('s1', 'User', 'user_message', 't1')")
+    history = History(Settings.from_env({"DATA_DIR": str(tmp_path)}), True, True)
+    await history.start()
+    try:
+        assert await count(history, "steps", "\"id\" = 's1'") == 1, "existing rows survive"
+        async with history.engine.connect() as connection:  # type: ignore[union-attr]
+            names = await connection.run_sync(
+                lambda sync: {c["name"] for c in inspect(sync).get_columns("steps")}
+            )
+        assert {"command", "defaultOpen", "modes", "autoCollapse"} <= names
+    finally:
+        await history.stop()
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_conversation_round_trips_with_tags_feedback_and_document(history: History) -> None:
+    layer = history.layer
+    assert layer is not None
+    user_id = await new_user(history, "alice")
+    thread_id = await new_thread(history, user_id, messages=4, tags=["work", "draft"])  # issue #2528
+    page = await layer.list_threads(Pagination(first=20), ThreadFilter(userId=user_id))
+    assert [t["id"] for t in page.data] == [thread_id]
+    thread = await layer.get_thread(thread_id)
+    assert thread is not None and thread["tags"] == ["work", "draft"]
+    assert [s["output"] for s in thread["steps"]] == [f"message {i}" for i in range(4)]
+    answer = thread["steps"][1]["id"]
+    await layer.upsert_feedback(Feedback(forId=answer, value=1, comment="good"))
+    assert history.feedback.labels("up")._value.get() == 1
+    await history.save_document(thread_id, SessionDocument("notes.txt", "some text", 3))
+    await layer.delete_thread(thread_id)
+    for table, column in (("threads", '"id"'), ("steps", '"threadId"'), ("thread_documents", "thread_id")):
+        assert await count(history, table, f"{column} = :id", id=thread_id) == 0, table
+    assert await count(history, "feedbacks") == 0
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_conversation_id_with_sql_in_it_is_never_stored(history: History) -> None:
+    layer = history.layer
+    assert layer is not None
+    user_id = await new_user(history, "mallory")
+    hostile = "x') OR 1=1 --"
+    await layer.update_thread(hostile, name="hi", user_id=user_id)
+    await layer.create_step({"id": str(uuid.uuid4()), "threadId": hostile, "type": "user_message",
+                             "name": "User", "output": "hi", "streaming": False})  # fmt: skip
+    assert await count(history, "threads") == 0 and await count(history, "steps") == 0
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_resume_rebuilds_history_settings_and_document(history: History, tmp_path: Path) -> None:
+    user_id = await new_user(history, "bob")
+    thread_id = await new_thread(history, user_id, messages=6)
+    await history.save_document(thread_id, SessionDocument("report.txt", "the text", 2))
+    thread = await history.layer.get_thread(thread_id)  # type: ignore[union-attr]
+    thread["metadata"] = json.dumps({"chat_settings": {"temperature": 0.7, "system_prompt": "Be brief."}})
+    settings = Settings.from_env({"DATA_DIR": str(tmp_path)})
+    store = SessionStore(settings)
+    session = store.open("s1", "bob")
+    await history.restore(store, session, thread)
+    assert [m["content"] for m in session.history] == [f"message {i}" for i in range(6)]
+    assert session.sampling.temperature == 0.7 and session.system_prompt == "Be brief."
+    assert session.document is not None and session.document.name == "report.txt"
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_locked_database_degrades_then_saving_resumes(tmp_path: Path) -> None:
+    settings = Settings.from_env(
+        {"DATA_DIR": str(tmp_path), "DATABASE_TIMEOUT_SECONDS": "0.3", "HISTORY_RETRY_SECONDS": "0.5"}
+    )
+    history = History(settings, True, True)
+    await history.start()
+    init_http_context()
+    try:
+        user_id = await new_user(history, "carol")
+        before = await new_thread(history, user_id)
+        locker = sqlite3.connect(sqlite_path(settings), timeout=0)
+        locker.execute("BEGIN EXCLUSIVE")  # another program holds the write lock
+        await new_thread(history, user_id)  # fails: locked
+        assert not history.available and history.health.reason == "locked"
+        assert "not being saved" in history.health.message
+        locker.rollback()
+        locker.close()
+        for _ in range(40):
+            if history.available:
+                break
+            await asyncio.sleep(0.1)
+        assert history.available, "the probe noticed the database is back"
+        after = await new_thread(history, user_id)
+        thread = await history.layer.get_thread(before)  # type: ignore[union-attr]
+        assert thread is not None and len(thread["steps"]) == 2, "what was stored is intact"
+        assert await history.layer.get_thread(after) is not None, "saving resumed"  # type: ignore[union-attr]
+    finally:
+        await history.stop()
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_postgres_going_away_degrades_and_recovers(postgres: PostgresCluster, tmp_path: Path) -> None:
+    url = postgres.create_database(f"h{uuid.uuid4().hex[:12]}")
+    settings = Settings.from_env(
+        {"DATABASE_URL": url, "DATABASE_TIMEOUT_SECONDS": "1", "HISTORY_RETRY_SECONDS": "0.5"}
+    )
+    history = History(settings, True, True)
+    await history.start()
+    init_http_context()
+    try:
+        user_id = await new_user(history, "dave")
+        kept = await new_thread(history, user_id)
+        postgres.stop()
+        try:
+            await new_thread(history, user_id)
+            assert not history.available and history.health.reason == "unreachable"
+        finally:
+            postgres.start()
+        for _ in range(60):
+            if history.available:
+                break
+            await asyncio.sleep(0.1)
+        assert history.available
+        again = await new_thread(history, user_id)
+        assert await history.layer.get_thread(again) is not None  # type: ignore[union-attr]
+        assert len((await history.layer.get_thread(kept))["steps"]) == 2  # type: ignore[index, union-attr]
+    finally:
+        await history.stop()
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_retention_deletes_idle_conversations_only(history: History) -> None:
+    user_id = await new_user(history, "erin")
+    old, recent = await new_thread(history, user_id), await new_thread(history, user_id)
+    long_ago = conversations.timestamp(datetime.now(UTC) - timedelta(days=40))
+    async with history.engine.begin() as connection:  # type: ignore[union-attr]
+        await connection.execute(
+            text('UPDATE steps SET "createdAt" = :t WHERE "threadId" = :id'), {"t": long_ago, "id": old}
+        )
+        await connection.execute(
+            text('UPDATE threads SET "createdAt" = :t WHERE "id" = :id'), {"t": long_ago, "id": old}
+        )
+    assert await conversations.delete_idle_threads(history.engine, older_than_days=30) == 1  # type: ignore[arg-type]
+    remaining = await count(history, "threads")
+    assert remaining == 1 and await count(history, "threads", '"id" = :id', id=recent) == 1
+
+
+def test_rebuild_rules_match_the_live_history() -> None:
+    steps = [
+        {"type": "user_message", "output": "hello"},
+        {"type": "assistant_message", "output": "hi there", "metadata": json.dumps(ANSWER_METADATA)},
+        {"type": "user_message", "output": "/stats"},
+        {"type": "assistant_message", "output": "numbers", "metadata": {}},  # a report
+        {"type": "assistant_message", "output": "Task manually stopped.", "metadata": {}},
+        {"type": "user_message", "output": "x" * 50},  # over the limit: refused, never in history
+        {"type": "user_message", "output": ""},  # a file with no words: a summary request
+        {"type": "assistant_message", "output": "a summary", "metadata": ANSWER_METADATA},
+        {"type": "tool", "output": "«a.txt»: 10 tokens."},
+    ]
+    assert history_from_steps(steps, max_message_chars=40, document_name="a.txt") == [
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "hi there"},
+        {"role": "user", "content": "Summarize «a.txt»."},
+        {"role": "assistant", "content": "a summary"},
+    ]
+
+
+def test_disconnected_session_waits_for_its_page_then_goes() -> None:
+    now = [0.0]
+    store = SessionStore(Settings.from_env({}), timer=lambda: now[0])
+    session = store.open("s", "alice")
+    session.history.append({"role": "user", "content": "kept"})
+    store.disconnect("s", keep_seconds=120)
+    now[0] = 100
+    assert store.expire() == 0 and store.awaiting_reconnect() == 1
+    assert store.open("s") is session and session.reconnect_deadline is None, "the page came back"
+    store.disconnect("s", keep_seconds=120)
+    now[0] = 221
+    assert store.expire() == 1 and len(store) == 0 and store.dropped_total["not_reconnected"] == 1
+    assert not session.history, "its state is freed"
