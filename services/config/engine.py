@@ -100,10 +100,11 @@ class EngineSettings:
         0,
     )
     engine_allocator: str = setting(
-        "glibc",
+        "jemalloc",
         "ENGINE_ALLOCATOR",
         "malloc of vLLM's processes (EngineCore and the worker, not the app): glibc, jemalloc or "
-        "tcmalloc. jemalloc and tcmalloc are Debian's libjemalloc2 and libtcmalloc-minimal4, "
+        "tcmalloc; jemalloc kept the least per request in the churn bench (BENCHMARKS.md). "
+        "jemalloc and tcmalloc are Debian's libjemalloc2 and libtcmalloc-minimal4, "
         "installed by scripts/setup.sh and preloaded (LD_PRELOAD) into those processes only; when "
         "the library is missing the engine starts on glibc with a warning.",
     )
