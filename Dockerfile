@@ -13,9 +13,10 @@ RUN npm ci --ignore-scripts
 
 FROM python:3.12-slim-bookworm
 
-# A compiler for the kernels Triton/FlashInfer build just in time on first use.
+# A compiler for the kernels Triton/FlashInfer build just in time on first use; jemalloc for the
+# engine's processes (ENGINE_ALLOCATOR, the default).
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends build-essential \
+    && apt-get install -y --no-install-recommends build-essential libjemalloc2 \
     && rm -rf /var/lib/apt/lists/*
 
 RUN useradd --create-home --uid 1000 chat
