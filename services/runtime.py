@@ -111,6 +111,7 @@ class Runtime:
         self._stack.push_async_callback(self.admission.stop)
         chat_engine, document_engine = (self.admission.engine(self.engine, kind) for kind in (CHAT, DOCUMENT))
         self.chat = ChatService(chat_engine, self.settings, document_engine)
+        self._stack.callback(self.chat.summarizer.close)  # its prefill meter listens to the engine
         retention = [self.history.retention_round] if self.history is not None else []
         self.maintenance = Maintenance(self.settings, self.sessions, self.engine, retention)
         self.maintenance.start()

@@ -58,7 +58,8 @@ class Summarizer:
             settings.summary_cache_entries, settings.summary_cache_bytes, settings.summary_cache_ttl_seconds
         )
         self.prefill = PrefillMeter()
-        engine.on_finish(self.prefill.observe)  # held weakly: it goes with this summarizer
+        # Held weakly (it goes with this summarizer); its owner also stops it with close().
+        self.close = engine.on_finish(self.prefill.observe)
         self.loops_stopped = 0  # map/reduce parts cut short by the loop guard (benchmarks read it)
 
     # --- planning ------------------------------------------------------------
