@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 
 import chainlit as cl
 from chainlit.config import config as chainlit_config
@@ -18,6 +19,7 @@ from chainlit.oauth_providers import get_configured_oauth_providers
 from chainlit.server import app as http_app
 from chainlit.types import ThreadDict
 
+from services.accounts.key_commands import is_key_command, run_key_command
 from services.chat.session import ChatSession
 from services.config import SettingsError
 from services.documents.progress import Progress, SummaryProgress
@@ -27,7 +29,7 @@ from services.runtime import Runtime
 from services.web.access import install_access_guards
 from services.web.chainlit_state import current_user_identifier, forget_chat_context, tell_uploader
 from services.web.page_assets import install_page_assets
-from services.web.routes import install_routes
+from services.web.routes import install_api, install_routes
 from services.web.upload_guard import install_upload_guard
 
 runtime = Runtime()
@@ -37,6 +39,7 @@ try:  # a public address without sign-in stops here, with what to configure
 except SettingsError as error:
     raise SystemExit(str(error)) from None
 install_routes(http_app, runtime)
+install_api(http_app, runtime)
 install_access_guards(http_app, runtime)
 install_page_assets(http_app)
 install_upload_guard(
@@ -131,6 +134,9 @@ async def answer(message: cl.Message) -> None:
     if cl.user_session.get("account_removed"):
         await account_removed()
         return
+    if is_key_command(message.content):  # the person's own API keys
+        await answer_key_command(message.content)
+        return
     if is_command(message.content):  # operators' view; admins only
         await show_stats()
         return
@@ -192,6 +198,18 @@ async def show_stats() -> None:
     text, png = await runtime.report.render()
     plot = [cl.Image(name="stats.png", content=png, mime="image/png", display="inline")] if png else []
     await cl.Message(author="stats", content=text, elements=plot).send()
+
+
+async def answer_key_command(text: str) -> None:
+    user = cl.context.session.user
+    keys = runtime.api.keys if runtime.api is not None else None
+    run = chainlit_config.run
+    base_url = (os.environ.get("CHAINLIT_URL") or f"http://{run.host}:{run.port}").rstrip("/") + run.root_path
+    reply = cl.Message(
+        author="keys", content=await run_key_command(keys, user and user.identifier, text, base_url)
+    )
+    reply.persisted = True  # never stored: a new key is shown once, in this page only
+    await reply.send()
 
 
 async def read_documents(session: ChatSession, files: list[tuple[str, str]]) -> bool:

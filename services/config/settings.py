@@ -1,7 +1,7 @@
 """The one settings object: every limit and engine option, read from env vars.
 
 Each concern declares its settings in its own section (engine, chat,
-documents, observability, history, accounts); `Settings` joins them into one frozen object.
+documents, observability, history, accounts, api); `Settings` joins them into one frozen object.
 Engine options carry the names of vLLM's ``AsyncEngineArgs`` fields
 (upper-cased as env vars), so vLLM's own documentation explains them. Values
 are parsed and validated once, at startup, and a bad value stops the app with
@@ -19,6 +19,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from services.config.accounts import AUTH_MODES, AccountSettings
+from services.config.api import ApiSettings
 from services.config.chat import ChatSettings
 from services.config.documents import DocumentSettings
 from services.config.engine import EngineSettings
@@ -34,7 +35,13 @@ SENSITIVE_NAMES = ("DATABASE_URL",)  # may carry a password
 # last base to the first, and the README table follows that order.
 @dataclass(frozen=True)
 class Settings(
-    AccountSettings, HistorySettings, ObservabilitySettings, DocumentSettings, ChatSettings, EngineSettings
+    ApiSettings,
+    AccountSettings,
+    HistorySettings,
+    ObservabilitySettings,
+    DocumentSettings,
+    ChatSettings,
+    EngineSettings,
 ):
     """All settings of the service. Field names are the env vars, lower-cased."""
 

@@ -121,6 +121,10 @@ class ChatEngine:
         self._ping_prompt: list[int] | None = None
         self.loop_guard = LoopGuardConfig()  # see loop_guard.py; the lifespan applies the settings
 
+    @property
+    def backend(self) -> LLMBackend:  # vLLM's AsyncLLM (or RemoteLLM): what the /v1 API serves from
+        return self._llm
+
     def on_finish(self, callback: FinishCallback) -> Callable[[], None]:
         """Register a function that receives every request's stats; return its unregister function.
 

@@ -1,0 +1,55 @@
+"""Errors in OpenAI's shape: {"error": {"message", "type", "param", "code"}}, sent as plain ASGI."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from http import HTTPStatus
+
+# OpenAI's error types by status (what its SDK maps to AuthenticationError, RateLimitError, ...).
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable_error",
+}
+
+
+class ApiError(Exception):
+    """A request the API refuses; `str()` is the message the caller reads."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str | None = None,
+        param: str | None = None,
+        retry_after_seconds: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.param = param
+        self.retry_after_seconds = retry_after_seconds
+
+    def body(self) -> bytes:
+        kind = ERROR_TYPES.get(self.status) or HTTPStatus(self.status).phrase.lower().replace(" ", "_")
+        error = {"message": str(self), "type": kind, "param": self.param, "code": self.code}
+        return json.dumps({"error": error}).encode()
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        headers = [(b"content-type", b"application/json")]
+        if self.status == 401:
+            headers.append((b"www-authenticate", b"Bearer"))
+        if self.retry_after_seconds is not None:
+            headers.append((b"retry-after", str(max(1, round(self.retry_after_seconds))).encode()))
+        return headers
+
+    async def send(self, send: Callable) -> None:
+        body = self.body()
+        headers = [*self.headers(), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": self.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
