@@ -122,6 +122,7 @@ class Runtime:
             self.api.unavailable_reason = (
                 "This service's model runs on vLLM servers (ENGINE_URLS): call their own /v1 API."
             )
+            self.api.unavailable_retry_after_seconds = None  # not a matter of waiting
             return
         await self.api.server.start(self.engine.backend)
         self._stack.push_async_callback(self.api.server.stop)

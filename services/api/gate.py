@@ -61,6 +61,7 @@ class ApiGate:
         self.keys: ApiKeyStore | None = None  # set once the accounts database is known
         self.admission: Admission = AdmitAll()
         self.unavailable_reason = "The API is starting; try again in a few seconds."
+        self.unavailable_retry_after_seconds: float | None = 10.0
 
     async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
         path, started = scope["path"], time.monotonic()
@@ -88,7 +89,8 @@ class ApiGate:
 
     async def _serve(self, scope: Scope, receive: Callable, send: Callable) -> None:
         if not self.server.ready:
-            raise ApiError(503, self.unavailable_reason, "unavailable", retry_after_seconds=10)
+            raise ApiError(503, self.unavailable_reason, "unavailable",
+                           retry_after_seconds=self.unavailable_retry_after_seconds)  # fmt: skip
         holder = await self._holder(scope)
         path = scope["path"]
         if path not in SERVED_PATHS:
