@@ -148,6 +148,8 @@ async def test_the_gate_refuses_before_vllm(stores) -> None:
         assert bad.status_code == 401 and bad.json()["error"]["type"] == "authentication_error"
         auth = {"Authorization": f"Bearer {key}"}
         assert (await http.get("/v1/files", headers=auth)).status_code == 404
+        wrong_method = await http.get(CHAT, headers=auth)
+        assert wrong_method.status_code == 405 and "POST" in wrong_method.json()["error"]["message"]
         big = await http.post(CHAT, headers=auth, content=b"x" * 3000)
         assert big.status_code == 413 and "2,000 bytes" in big.json()["error"]["message"]
         chunked = await http.post(CHAT, headers=auth, content=chunks(b"x" * 1500, b"x" * 1500))

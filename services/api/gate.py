@@ -96,7 +96,10 @@ class ApiGate:
         if path not in SERVED_PATHS:
             raise ApiError(404, f"{path} is not served here; the API serves {', '.join(SERVED_PATHS)}.",
                            "unknown_url")  # fmt: skip
-        if scope["method"] != "POST" or path not in GENERATING_PATHS:
+        method = "POST" if path in GENERATING_PATHS else "GET"
+        if scope["method"] != method:
+            raise ApiError(405, f"{path} takes {method} requests.", "method_not_allowed")
+        if method == "GET":
             await self.server.app(scope, receive, send)
             return
         body = await read_body(scope, receive, self.settings.api_max_body_bytes)
