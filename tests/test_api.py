@@ -124,7 +124,7 @@ BAD_INPUT = [
     ("not an object", b"[1, 2]", 400, "invalid_json", "JSON object"),
     ("unknown model", {"model": "gpt-9", "messages": HELLO}, 404, None, "gpt-9"),
     ("max_tokens past the context", {"model": MODEL, "messages": HELLO, "max_tokens": 100_000}, 400, None,
-     "context"),
+     "max_model_len"),
     ("too many messages", {"model": MODEL, "messages": HELLO * 65}, 400, "too_many_messages", "at most 64"),
     ("n > 1", {"model": MODEL, "messages": HELLO, "n": 3}, 400, "unsupported_value", "n=3"),
     ("unsupported parameter", {"model": MODEL, "messages": HELLO, "frobnicate": 1}, 400,

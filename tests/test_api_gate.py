@@ -16,7 +16,7 @@ from services.accounts.key_commands import is_key_command, run_key_command
 from services.accounts.keys import KEY_MARK, ApiKeyStore, key_hash
 from services.accounts.store import AccountError, AccountStore
 from services.api.checks import check_request, parse_body
-from services.api.errors import ApiError
+from services.api.errors import ApiError, normalize_error
 from services.api.gate import ApiGate, ApiRoute
 from services.api.metrics import ApiMetrics
 from services.api.server import OpenAiServer, model_name
@@ -171,3 +171,23 @@ def test_the_api_route_takes_every_v1_path_and_nothing_else() -> None:
     assert route.matches({"type": "http", "path": "/v10/x"})[0].name == "NONE"
     assert route.matches({"type": "http", "path": "/"})[0].name == "NONE"
     assert route.matches({"type": "websocket", "path": "/v1/x"})[0].name == "NONE"
+
+
+def test_vllm_errors_are_put_in_openai_terms() -> None:
+    error = {
+        "message": "The model `x` does not exist.",
+        "type": "NotFoundError",
+        "param": "model",
+        "code": 404,
+    }
+    vllm_404 = json.dumps({"error": error}).encode()
+    assert json.loads(normalize_error(404, vllm_404))["error"] == {
+        "message": "The model `x` does not exist.", "type": "not_found_error", "param": "model",
+        "code": "model_not_found",
+    }  # fmt: skip
+    vllm_400 = (
+        b'{"error": {"message": "too long", "type": "BadRequestError", "param": "max_tokens", "code": 400}}'
+    )
+    assert json.loads(normalize_error(400, vllm_400))["error"]["type"] == "invalid_request_error"
+    assert json.loads(normalize_error(400, vllm_400))["error"]["code"] is None
+    assert normalize_error(500, b"not json") == b"not json"

@@ -53,3 +53,44 @@ class ApiError(Exception):
         headers = [*self.headers(), (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": self.status, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def normalize_error(status: int, body: bytes) -> bytes:
+    """vLLM's error body in OpenAI's terms: `type` by status (vLLM puts its exception name there) and
+    `code` a string or null (vLLM repeats the status as a number); the message is kept."""
+    try:
+        document = json.loads(body)
+        error = document["error"]
+    except (ValueError, KeyError, TypeError):
+        return body
+    if not isinstance(error, dict):
+        return body
+    error["type"] = ERROR_TYPES.get(status, error.get("type"))
+    if status == 404 and error.get("param") == "model":
+        error["code"] = "model_not_found"
+    elif not isinstance(error.get("code"), str):
+        error["code"] = None
+    return json.dumps(document).encode()
+
+
+def with_normalized_errors(send: Callable) -> Callable:
+    """A `send` that passes responses through, except error responses, which are normalized whole."""
+    held: dict = {}
+
+    async def send_normalized(message: dict) -> None:
+        if message["type"] == "http.response.start" and message["status"] >= 400:
+            held["start"], held["body"] = message, b""
+            return
+        if "start" not in held or message["type"] != "http.response.body":
+            await send(message)
+            return
+        held["body"] += message.get("body", b"")
+        if message.get("more_body", False):
+            return
+        start = held.pop("start")
+        body = normalize_error(start["status"], held.pop("body"))
+        headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+        await send({**start, "headers": [*headers, (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    return send_normalized

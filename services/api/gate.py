@@ -19,7 +19,7 @@ from starlette.routing import BaseRoute, Match
 
 from services.accounts.keys import ApiKeyStore, KeyHolder
 from services.api.checks import check_request, parse_body
-from services.api.errors import ApiError
+from services.api.errors import ApiError, with_normalized_errors
 from services.api.metrics import ApiMetrics, route_label
 from services.api.server import SERVED_PATHS, OpenAiServer
 from services.config import Settings
@@ -99,6 +99,7 @@ class ApiGate:
         method = "POST" if path in GENERATING_PATHS else "GET"
         if scope["method"] != method:
             raise ApiError(405, f"{path} takes {method} requests.", "method_not_allowed")
+        send = with_normalized_errors(send)  # vLLM's own error answers, in OpenAI's terms
         if method == "GET":
             await self.server.app(scope, receive, send)
             return
