@@ -19,6 +19,7 @@ from chainlit.oauth_providers import get_configured_oauth_providers
 from chainlit.server import app as http_app
 from chainlit.types import ThreadDict
 
+from services.accounts.key_commands import is_key_command
 from services.admission.errors import Refused
 from services.admission.feedback import WaitingFeedback
 from services.chat.session import ChatSession
@@ -29,8 +30,9 @@ from services.runtime import Runtime
 from services.web.access import install_access_guards
 from services.web.chainlit_state import current_user_identifier, forget_chat_context, tell_uploader
 from services.web.chat_feedback import StatusMessage, notice, summary_progress, user_key
+from services.web.key_chat import answer_key_command
 from services.web.page_assets import install_page_assets
-from services.web.routes import install_routes
+from services.web.routes import install_api, install_routes
 from services.web.upload_guard import install_upload_guard
 
 runtime = Runtime()
@@ -40,6 +42,7 @@ try:  # a public address without sign-in stops here, with what to configure
 except SettingsError as error:
     raise SystemExit(str(error)) from None
 install_routes(http_app, runtime)
+install_api(http_app, runtime)
 install_access_guards(http_app, runtime)
 install_page_assets(http_app)
 install_upload_guard(
@@ -146,6 +149,9 @@ async def open_session() -> ChatSession | None:
 async def answer(message: cl.Message) -> None:
     if cl.user_session.get("account_removed"):
         await account_removed()
+        return
+    if is_key_command(message.content):  # the person's own API keys
+        await answer_key_command(runtime, message.content)
         return
     if is_command(message.content):  # operators' view; admins only
         await show_stats()

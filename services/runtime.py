@@ -19,11 +19,15 @@ from typing import Any
 import psutil
 from prometheus_client import CollectorRegistry
 
+from services.accounts.keys import ApiKeyStore
 from services.accounts.secret import ensure_auth_secret
 from services.accounts.sign_in import SignIn, resolve_mode
 from services.accounts.store import AccountStore
 from services.admission.admission import Admission
 from services.admission.gate import CHAT, DOCUMENT
+from services.api.gate import ApiGate
+from services.api.metrics import ApiMetrics
+from services.api.server import OpenAiServer
 from services.chat.service import ChatService
 from services.chat.store import SessionStore
 from services.config import Settings
@@ -61,6 +65,9 @@ class Runtime:
         self._ping: asyncio.Task | None = None
         self.history: History | None = None
         self.sign_in: SignIn | None = None
+        self.api: ApiGate | None = None  # the /v1 API's one door (services/api/gate.py)
+        if self.settings.api_enabled:
+            self.api = ApiGate(self.settings, OpenAiServer(self.settings), ApiMetrics(self.registry))
 
     def set_up_people(self, bind_host: str, oauth_providers: list[str]) -> SignIn:
         """Sign-in and history for this bind address (at import, before Chainlit reads its callbacks).
@@ -73,6 +80,8 @@ class Runtime:
         accounts = AccountStore(self.history.engine) if self.history.engine is not None else None
         self.sign_in = SignIn(self.settings, mode, accounts)
         self.history.on_ready(self.sign_in.ensure_first_admin)
+        if self.api is not None and self.history.engine is not None:
+            self.api.keys = ApiKeyStore(self.history.engine, self.settings.api_keys_per_user)
         if mode != "anonymous":
             source = ensure_auth_secret(ensure_data_dir(self.settings))
             logger.info("sign-in: %s mode; cookies signed with the secret from %s", mode, source)
@@ -116,6 +125,20 @@ class Runtime:
         self.maintenance = Maintenance(self.settings, self.sessions, self.engine, retention)
         self.maintenance.start()
         self._stack.push_async_callback(self.maintenance.stop)
+        await self._start_api()
+
+    async def _start_api(self) -> None:
+        """vLLM's OpenAI layer over the in-process engine (with ENGINE_URLS, callers use the servers)."""
+        if self.api is None or self.engine is None:
+            return
+        if self.settings.engine_url_list:
+            self.api.unavailable_reason = (
+                "This service's model runs on vLLM servers (ENGINE_URLS): call their own /v1 API."
+            )
+            self.api.unavailable_retry_after_seconds = None  # not a matter of waiting
+            return
+        await self.api.server.start(self.engine.backend)
+        self._stack.push_async_callback(self.api.server.stop)
 
     async def stop(self) -> None:
         """Stop maintenance, cancel every turn, drop every session, shut the engine down."""

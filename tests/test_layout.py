@@ -21,6 +21,7 @@ LAYERS = (
     "app",
     "services.web",
     "services.runtime",
+    "services.api",
     "services.observability",
     "services.accounts",
     "services.history",

@@ -5,6 +5,9 @@
     python -m services.accounts remove alice          # deletes her conversations too
     python -m services.accounts reset-password alice [--generate]
     python -m services.accounts set-role alice admin|user
+    python -m services.accounts key create alice      # prints the new API key once
+    python -m services.accounts key list [alice] [--all]
+    python -m services.accounts key revoke sk-vc-AbCdEf [--user alice]
 
 Passwords are asked for on a terminal, read from the first line of stdin otherwise, or generated
 (`--generate`, printed once). Safe to run while the app runs.
@@ -17,6 +20,7 @@ import asyncio
 import getpass
 import sys
 
+from services.accounts.keys import ApiKeyStore
 from services.accounts.passwords import generated_password
 from services.accounts.store import ROLES, AccountError, AccountStore
 from services.config import Settings, SettingsError
@@ -42,7 +46,20 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     role = commands.add_parser("set-role", help="make an account admin or user")
     role.add_argument("username")
     role.add_argument("role", choices=ROLES)
+    _key_commands(commands.add_parser("key", help="API keys: create, list, revoke"))
     return parser.parse_args(argv)
+
+
+def _key_commands(key: argparse.ArgumentParser) -> None:
+    actions = key.add_subparsers(dest="key_command", required=True)
+    create = actions.add_parser("create", help="make a new API key for an account (printed once)")
+    create.add_argument("username")
+    listing = actions.add_parser("list", help="list keys by prefix (of one account, or all)")
+    listing.add_argument("username", nargs="?")
+    listing.add_argument("--all", action="store_true", help="include revoked keys")
+    revoke = actions.add_parser("revoke", help="revoke a key by its listed prefix")
+    revoke.add_argument("prefix")
+    revoke.add_argument("--user", help="only a key of this account")
 
 
 def read_password(generate: bool) -> tuple[str, bool]:
@@ -62,6 +79,8 @@ async def run(arguments: argparse.Namespace, settings: Settings) -> str:
     engine = create_engine(settings)
     try:
         await migrate(engine)
+        if arguments.command == "key":
+            return await _key_command(arguments, ApiKeyStore(engine, settings.api_keys_per_user))
         return await _command(arguments, AccountStore(engine))
     finally:
         await engine.dispose()
@@ -95,6 +114,22 @@ async def _command(arguments: argparse.Namespace, store: AccountStore) -> str:
         return f"added {account.identifier} ({account.role}){shown}"
     await store.reset_password(arguments.username, password)
     return f"new password set for {arguments.username}{shown}"
+
+
+async def _key_command(arguments: argparse.Namespace, keys: ApiKeyStore) -> str:
+    if arguments.key_command == "create":
+        key = await keys.create(arguments.username)
+        return f"{key}\n(API key of {arguments.username}, shown only now: send it as Authorization: Bearer)"
+    if arguments.key_command == "revoke":
+        if not await keys.revoke(arguments.user, arguments.prefix):
+            raise AccountError(f"no active key starts with {arguments.prefix!r}")
+        return f"revoked {arguments.prefix}: it stops working at once"
+    rows = await keys.list(arguments.username, include_revoked=arguments.all)
+    lines = [f"{'prefix':<14} {'user':<24} {'created':<21} {'last used':<21} revoked"]
+    for key in rows:
+        lines.append(f"{key.prefix:<14} {key.user:<24} {key.created_at[:19]:<21} "
+                     f"{(key.last_used_at or '-')[:19]:<21} {(key.revoked_at or '-')[:19]}")  # fmt: skip
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -127,7 +127,8 @@ class AccountStore:
         return [(a, n) for a, n in accounts if include_removed or not a.disabled]
 
     async def remove(self, username: str) -> int:
-        """Disable the account, drop its password, delete its conversations; return how many were deleted."""
+        """Disable the account, drop its password, revoke its API keys, delete its conversations; return how
+        many conversations were deleted."""
         identifier = await self._existing(username)
         if await self._is_last_admin(identifier):
             raise AccountError(f"{identifier} is the last administrator; make someone else admin first")
@@ -136,6 +137,13 @@ class AccountStore:
                 text(
                     "UPDATE users SET disabled = TRUE, password_hash = NULL, updated_at = :now "
                     "WHERE identifier = :who"
+                ),
+                {"who": identifier, "now": _now()},
+            )
+            await connection.execute(  # its API keys too (they already stop working with the account)
+                text(
+                    "UPDATE api_keys SET revoked_at = :now "
+                    "WHERE user_identifier = :who AND revoked_at IS NULL"
                 ),
                 {"who": identifier, "now": _now()},
             )

@@ -1,8 +1,8 @@
 """The one settings object: every limit and engine option, read from env vars.
 
 Each concern declares its settings in its own section (engine, chat,
-documents, observability, history, accounts, admission); `Settings` joins them into one frozen
-object.
+documents, observability, history, accounts, admission, api); `Settings` joins them into one
+frozen object.
 Engine options carry the names of vLLM's ``AsyncEngineArgs`` fields
 (upper-cased as env vars), so vLLM's own documentation explains them. Values
 are parsed and validated once, at startup, and a bad value stops the app with
@@ -21,6 +21,7 @@ from typing import Any
 
 from services.config.accounts import AUTH_MODES, AccountSettings
 from services.config.admission import AdmissionSettings
+from services.config.api import ApiSettings
 from services.config.chat import ChatSettings
 from services.config.documents import DocumentSettings
 from services.config.engine import ENGINE_ALLOCATORS, EngineSettings
@@ -36,6 +37,7 @@ SENSITIVE_NAMES = ("DATABASE_URL",)  # may carry a password
 # last base to the first, and the README table follows that order.
 @dataclass(frozen=True)
 class Settings(
+    ApiSettings,
     AdmissionSettings,
     AccountSettings,
     HistorySettings,

@@ -125,6 +125,10 @@ class ChatEngine:
         self.loop_guard = LoopGuardConfig()  # see loop_guard.py; the lifespan applies the settings
         self.requests_finished_total = 0  # chat requests ended (any reason): memory per request
 
+    @property
+    def backend(self) -> LLMBackend:  # vLLM's AsyncLLM (or RemoteLLM): what the /v1 API serves from
+        return self._llm
+
     def on_finish(self, callback: FinishCallback) -> Callable[[], None]:
         """Register a function that receives every request's stats; return its unregister function.
 

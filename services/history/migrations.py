@@ -2,11 +2,12 @@
 
 Tables are Chainlit 2.12's (users, threads, steps, elements, feedbacks: every column its
 SQLAlchemy data layer writes, since it swallows the error of a missing one) plus ours: the
-accounts' columns on `users`, `thread_documents` (a conversation's document) and `service_health`
-(the write probe). Ids and JSON are TEXT on both databases, so one set of statements serves both.
-Each step runs once, recorded in `schema_migrations`; every statement is safe to run again
-(IF NOT EXISTS, columns added only when missing), so an existing Chainlit database is upgraded in
-place. Replicas starting together take a lock first (PostgreSQL advisory lock, SQLite write lock).
+accounts' columns on `users`, `thread_documents` (a conversation's document), `service_health`
+(the write probe) and `api_keys` (hashes of the API keys). Ids and JSON are TEXT on both
+databases, so one set of statements serves both. Each step runs once, recorded in
+`schema_migrations`; every statement is safe to run again (IF NOT EXISTS, columns added only when
+missing), so an existing Chainlit database is upgraded in place. Replicas starting together take a
+lock first (PostgreSQL advisory lock, SQLite write lock).
 """
 
 from __future__ import annotations
@@ -108,6 +109,18 @@ async def _documents_and_health(connection: AsyncConnection) -> None:
     )
 
 
+async def _api_keys(connection: AsyncConnection) -> None:
+    await connection.execute(
+        text(
+            "CREATE TABLE IF NOT EXISTS api_keys (id TEXT PRIMARY KEY, user_identifier TEXT NOT NULL, "
+            "prefix TEXT NOT NULL, key_hash TEXT NOT NULL, created_at TEXT NOT NULL, "
+            "last_used_at TEXT, revoked_at TEXT)"
+        )
+    )
+    await connection.execute(text("CREATE UNIQUE INDEX IF NOT EXISTS api_keys_hash ON api_keys (key_hash)"))
+    await connection.execute(text("CREATE INDEX IF NOT EXISTS api_keys_user ON api_keys (user_identifier)"))
+
+
 @dataclass(frozen=True)
 class Migration:
     version: int
@@ -120,6 +133,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(2, "accounts: password hash, role, disabled on users", _accounts),
     Migration(3, "indexes for listing, resuming and deleting conversations", _indexes),
     Migration(4, "conversation documents and the health probe row", _documents_and_health),
+    Migration(5, "API keys: sha256 of each key, its shown prefix, owner, revocation", _api_keys),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

@@ -31,7 +31,8 @@ def _as_dict(value: Any) -> dict[str, Any]:
 
 
 def is_command(text: str) -> bool:
-    return text.strip() in COMMANDS
+    """/stats, and /key ... (API keys): said to the service, never to the model."""
+    return text.strip() in COMMANDS or text.strip().split(maxsplit=1)[:1] == ["/key"]
 
 
 def summary_request(document_name: str | None) -> str:

@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 from starlette.routing import BaseRoute
 
+from services.api.gate import ApiRoute
 from services.runtime import Runtime
 from services.web.chainlit_state import ChainlitStateCollector, chainlit_session_counts
 
@@ -57,6 +58,12 @@ def install_routes(app: FastAPI, runtime: Runtime) -> None:
     ):
         app.add_api_route(path, endpoint, methods=["GET"], include_in_schema=False, dependencies=dependencies)
     move_to_front(app, app.router.routes[before:])
+
+
+def install_api(app: FastAPI, runtime: Runtime) -> None:
+    """Route every /v1 path to the API's gate, ahead of Chainlit's catch-all page route."""
+    if runtime.api is not None:
+        app.router.routes.insert(0, ApiRoute(runtime.api))
 
 
 def move_to_front(app: FastAPI, routes: list[BaseRoute]) -> None:

@@ -1,0 +1,169 @@
+"""API overhead: vLLM's own serving benchmark against the app's /v1 API and a plain vLLM server.
+
+    .venv/bin/python bench/api_overhead.py --quick            # validation (~6 min on 2 cores)
+    .venv/bin/python bench/api_overhead.py --save-results     # verdict (~20 min), JSON under bench/results/
+
+One run, phases in turn (never two engines at once), on the same model and engine options:
+  plain: `python -m vllm.entrypoints.openai.api_server` (harness.server.VllmServer), the reference;
+  app:   `chainlit run app.py` (harness.server.AppServer), an account and key made with
+         `python -m services.accounts`, requests through the gate and vLLM's layer mounted in the app.
+Each phase runs `vllm.benchmarks.serve` (vLLM's serving benchmark, called as a module: the `vllm`
+command of the CPU package fails on its own metadata) with the same random prompts (fixed seed),
+ignore_eos, a fixed concurrency, after warm-up requests. `--rounds N` alternates plain/app N times,
+so drift on the machine lands on both. Prints throughput, TTFT and TPOT percentiles per phase and the
+ratios: app/plain output throughput (target >= 0.95) and app - plain TTFT P50 (target <= 15 ms).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.common import machine_info
+from harness.server import AppServer, VllmServer
+from services.config import Settings
+from services.engine.model_prep import ensure_default_model
+
+TARGET_THROUGHPUT_RATIO = 0.95
+TARGET_TTFT_ADDED_MS = 15.0
+KEPT = ("completed", "request_throughput", "output_throughput", "total_token_throughput", "mean_ttft_ms",
+        "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms",
+        "median_e2el_ms")  # fmt: skip
+
+
+def parse_arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", help="model folder (default: the prepared default model)")
+    parser.add_argument("--quick", action="store_true", help="a short validation run")
+    parser.add_argument("--rounds", type=int, default=1, help="plain/app alternations")
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--input-len", type=int, default=256)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument(
+        "--endpoint", default="/v1/completions", choices=["/v1/completions", "/v1/chat/completions"]
+    )
+    parser.add_argument(
+        "--save-results", action="store_true", help="write the JSON summary to bench/results/"
+    )
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "api-overhead")
+    arguments = parser.parse_args()
+    if arguments.quick:
+        arguments.prompts, arguments.output_len = 16, 32
+    return arguments
+
+
+def run_serving_benchmark(base_url: str, model: str, tokenizer: str, arguments: argparse.Namespace,
+                          key: str | None, result_file: Path) -> dict[str, Any]:  # fmt: skip
+    """`python -m vllm.benchmarks.serve`-equivalent: vLLM's benchmark module, in a child process."""
+    backend = "openai-chat" if arguments.endpoint.endswith("chat/completions") else "openai"
+    code = (
+        "import sys\nfrom vllm.benchmarks.serve import add_cli_args, main\n"
+        "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+        "parser = FlexibleArgumentParser()\nadd_cli_args(parser)\nmain(parser.parse_args(sys.argv[1:]))\n"
+    )
+    command = [
+        sys.executable, "-c", code, "--backend", backend, "--base-url", base_url,
+        "--endpoint", arguments.endpoint,
+        "--model", model, "--tokenizer", tokenizer, "--dataset-name", "random", "--seed", "0",
+        "--random-input-len", str(arguments.input_len), "--random-output-len", str(arguments.output_len),
+        "--num-prompts", str(arguments.prompts), "--max-concurrency", str(arguments.concurrency),
+        "--num-warmups", str(min(4, arguments.concurrency)), "--ignore-eos",
+        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
+        "--save-result", "--result-dir", str(result_file.parent), "--result-filename", result_file.name,
+    ]  # fmt: skip
+    env = {**os.environ, "OPENAI_API_KEY": key or "", "VLLM_NO_USAGE_STATS": "1"}
+    subprocess.run(command, env=env, check=True, timeout=3600)
+    result = json.loads(result_file.read_text())
+    return {name: result.get(name) for name in KEPT}
+
+
+def plain_phase(model_dir: str, arguments: argparse.Namespace, index: int) -> dict[str, Any]:
+    server = VllmServer(Path(model_dir), arguments.out / f"plain-{index}.log", arguments.max_model_len,
+                        "--max-num-seqs", "64").start()  # fmt: skip
+    try:
+        return run_serving_benchmark(server.url, model_dir, model_dir, arguments, None,
+                                     arguments.out / f"plain-{index}.json")  # fmt: skip
+    finally:
+        server.stop()
+
+
+def app_phase(model_dir: str, arguments: argparse.Namespace, index: int) -> dict[str, Any]:
+    data_dir = tempfile.mkdtemp(prefix="api-overhead-data-")
+    env = {"MODEL": model_dir, "MAX_MODEL_LEN": str(arguments.max_model_len), "MAX_NUM_SEQS": "64",
+           "MAX_NUM_BATCHED_TOKENS": str(arguments.max_model_len), "DTYPE": "float32", "DATA_DIR": data_dir,
+           "API_MODEL_NAME": "bench-model"}  # fmt: skip
+    server = AppServer(env, arguments.out / f"app-{index}.log").start()
+    try:
+        run_accounts = [sys.executable, "-m", "services.accounts"]
+        account_env = {**os.environ, "DATA_DIR": data_dir}
+        subprocess.run([*run_accounts, "add", "bench", "--generate"], env=account_env, cwd=ROOT,
+                       check=True, capture_output=True)  # fmt: skip
+        made = subprocess.run([*run_accounts, "key", "create", "bench"], env=account_env, cwd=ROOT,
+                              check=True, capture_output=True, text=True)  # fmt: skip
+        key = made.stdout.split()[0]
+        return run_serving_benchmark(server.base_url, "bench-model", model_dir, arguments, key,
+                                     arguments.out / f"app-{index}.json")  # fmt: skip
+    finally:
+        server.stop()
+        with contextlib.suppress(OSError):
+            subprocess.run(["rm", "-rf", data_dir], check=False)
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def main() -> int:
+    arguments = parse_arguments()
+    arguments.out.mkdir(parents=True, exist_ok=True)
+    model_dir = arguments.model or str(ensure_default_model(Settings.from_env({})))
+    started = time.time()
+    phases: dict[str, list[dict[str, Any]]] = {"plain": [], "app": []}
+    for index in range(arguments.rounds):
+        phases["plain"].append(plain_phase(model_dir, arguments, index))
+        phases["app"].append(app_phase(model_dir, arguments, index))
+    plain_tps = median([p["output_throughput"] for p in phases["plain"]])
+    app_tps = median([p["output_throughput"] for p in phases["app"]])
+    added_ttft = median([p["median_ttft_ms"] for p in phases["app"]]) - median(
+        [p["median_ttft_ms"] for p in phases["plain"]]
+    )
+    summary = {
+        "benchmark": "api_overhead", "when": datetime.now().isoformat(timespec="seconds"),
+        "seconds": round(time.time() - started), "machine": machine_info(), "arguments": {
+            k: str(v) for k, v in vars(arguments).items()}, "model": model_dir, "phases": phases,
+        "throughput_ratio": round(app_tps / plain_tps, 3), "ttft_p50_added_ms": round(added_ttft, 1),
+        "targets": {"throughput_ratio_min": TARGET_THROUGHPUT_RATIO,
+                    "ttft_p50_added_ms_max": TARGET_TTFT_ADDED_MS},
+    }  # fmt: skip
+    summary["met"] = (
+        summary["throughput_ratio"] >= TARGET_THROUGHPUT_RATIO and added_ttft <= TARGET_TTFT_ADDED_MS
+    )
+    print(json.dumps({k: summary[k] for k in ("throughput_ratio", "ttft_p50_added_ms", "met", "seconds")}))
+    for name, runs in phases.items():
+        for run in runs:
+            print(name, json.dumps(run))
+    if arguments.save_results:
+        target = ROOT / "bench" / "results" / f"api_overhead-{datetime.now():%Y%m%d-%H%M}.json"
+        target.write_text(json.dumps(summary, indent=2) + "\n")
+        print(f"saved {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""What the gate checks in a request body before vLLM sees it: JSON, known parameters, sizes, `n`.
+
+vLLM's own layer answers an unknown model, `max_tokens` past the context and wrong types in OpenAI's
+error shape; it only logs parameters it does not know, and it serves `n` > 1 and any number of
+messages. These checks close those gaps, each with its own clear message.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from typing import Any
+
+from services.api.errors import ApiError
+from services.config import Settings
+
+SET_BY_SERVICE = ("priority",)  # vLLM parameters a caller may not choose: the service ranks requests
+
+
+@cache
+def known_parameters(path: str) -> frozenset[str]:
+    """The body fields vLLM's request model for `path` declares (names and aliases)."""
+    if path == "/v1/chat/completions":
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest as Model
+    else:
+        from vllm.entrypoints.openai.completion.protocol import CompletionRequest as Model  # type: ignore[assignment]
+    names = set(Model.model_fields)
+    names |= {field.alias for field in Model.model_fields.values() if field.alias}
+    return frozenset(names - set(SET_BY_SERVICE))
+
+
+def parse_body(body: bytes) -> dict[str, Any]:
+    try:
+        request = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ApiError(400, f"The request body is not valid JSON ({error}).", "invalid_json") from None
+    if not isinstance(request, dict):
+        raise ApiError(400, "The request body must be a JSON object.", "invalid_json")
+    return request
+
+
+def check_request(path: str, request: dict[str, Any], settings: Settings) -> None:
+    """Raise ApiError (400) for what the service does not accept; vLLM validates the rest."""
+    unknown = sorted(set(request) - known_parameters(path))
+    if unknown:
+        raise ApiError(
+            400,
+            f"Unrecognized request argument supplied: {', '.join(unknown)}.",
+            "unrecognized_argument",
+            unknown[0],
+        )
+    entries_name = "messages" if path == "/v1/chat/completions" else "prompt"
+    entries = request.get(entries_name)
+    if isinstance(entries, list) and len(entries) > settings.api_max_messages:
+        raise ApiError(
+            400,
+            f"'{entries_name}' has {len(entries):,} entries; this service accepts at most "
+            f"{settings.api_max_messages:,} per request.",
+            "too_many_messages" if entries_name == "messages" else "too_many_prompts",
+            entries_name,
+        )
+    choices = request.get("n")
+    if isinstance(choices, int) and not isinstance(choices, bool) and choices > settings.api_max_choices:
+        raise ApiError(
+            400,
+            f"n={choices} is not supported: this service returns at most {settings.api_max_choices} "
+            "choice(s) per request. Send separate requests instead.",
+            "unsupported_value",
+            "n",
+        )

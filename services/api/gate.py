@@ -1,0 +1,193 @@
+"""The one door of the API: every /v1 request passes `ApiGate.__call__` before vLLM's layer sees it.
+
+In order: the API is up (503), the caller holds a key (401), the path is served (404), the body fits
+(413) and passes the checks (400, checks.py), admission lets it in (429 with Retry-After, `Admission`
+below); then vLLM's layer answers, and metrics record the route, status and timings. Everything the
+service decides about an API request is decided here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, MutableMapping
+from typing import Any, Protocol
+
+from starlette.routing import BaseRoute, Match
+
+from services.accounts.keys import ApiKeyStore, KeyHolder
+from services.api.checks import check_request, parse_body
+from services.api.errors import ApiError, with_normalized_errors
+from services.api.metrics import ApiMetrics, route_label
+from services.api.server import SERVED_PATHS, OpenAiServer
+from services.config import Settings
+
+logger = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+MISSING_KEY = (
+    "No API key: send it as `Authorization: Bearer <key>` (make one with /key new in the chat, or "
+    "`python -m services.accounts key create <user>`)."
+)
+GENERATING_PATHS = ("/v1/chat/completions", "/v1/completions")
+
+
+class Admission(Protocol):
+    """What the gate asks before a generating request runs (the overload layer plugs in here)."""
+
+    def admit(self, holder: KeyHolder, path: str) -> contextlib.AbstractAsyncContextManager[int | None]:
+        """Hold the request's place while it runs; yield its engine priority (None: the engine's
+        default); raise ApiError(429, retry_after_seconds=...) when it may not run now."""
+        ...
+
+
+class AdmitAll:
+    """No admission layer: every request runs at once, at the engine's default priority."""
+
+    @contextlib.asynccontextmanager
+    async def admit(self, holder: KeyHolder, path: str) -> AsyncIterator[int | None]:
+        yield None
+
+
+class ApiGate:
+    """Keys, request limits, admission and metrics in front of vLLM's OpenAI layer (an ASGI app)."""
+
+    def __init__(self, settings: Settings, server: OpenAiServer, metrics: ApiMetrics) -> None:
+        self.settings = settings
+        self.server = server
+        self.metrics = metrics
+        self.keys: ApiKeyStore | None = None  # set once the accounts database is known
+        self.admission: Admission = AdmitAll()
+        self.unavailable_reason = "The API is starting; try again in a few seconds."
+        self.unavailable_retry_after_seconds: float | None = 10.0
+
+    async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
+        path, started = scope["path"], time.monotonic()
+        route = route_label(path)
+        status: dict[str, Any] = {"code": 500, "first_chunk_at": None}
+
+        async def send_and_record(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            elif message["type"] == "http.response.body" and status["first_chunk_at"] is None:
+                status["first_chunk_at"] = time.monotonic()
+            await send(message)
+
+        self.metrics.in_flight.labels(route).inc()
+        try:
+            await self._serve(scope, receive, send_and_record)
+        except ApiError as error:
+            await error.send(send_and_record)
+        finally:
+            self.metrics.in_flight.labels(route).dec()
+            self.metrics.requests.labels(route, str(status["code"])).inc()
+            if status["first_chunk_at"] is not None:
+                self.metrics.first_chunk.labels(route).observe(status["first_chunk_at"] - started)
+            self.metrics.duration.labels(route).observe(time.monotonic() - started)
+
+    async def _serve(self, scope: Scope, receive: Callable, send: Callable) -> None:
+        if not self.server.ready:
+            raise ApiError(503, self.unavailable_reason, "unavailable",
+                           retry_after_seconds=self.unavailable_retry_after_seconds)  # fmt: skip
+        holder = await self._holder(scope)
+        path = scope["path"]
+        if path not in SERVED_PATHS:
+            raise ApiError(404, f"{path} is not served here; the API serves {', '.join(SERVED_PATHS)}.",
+                           "unknown_url")  # fmt: skip
+        method = "POST" if path in GENERATING_PATHS else "GET"
+        if scope["method"] != method:
+            raise ApiError(405, f"{path} takes {method} requests.", "method_not_allowed")
+        send = with_normalized_errors(send)  # vLLM's own error answers, in OpenAI's terms
+        if method == "GET":
+            await self.server.app(scope, receive, send)
+            return
+        body = await read_body(scope, receive, self.settings.api_max_body_bytes)
+        request = parse_body(body)
+        check_request(path, request, self.settings)
+        async with self.admission.admit(holder, path) as priority:
+            if priority is not None:  # vLLM's own request field, which callers may not set (checks.py)
+                body = json.dumps({**request, "priority": priority}).encode()
+                scope = {**scope, "headers": with_content_length(scope["headers"], len(body))}
+            await self.server.app(scope, replay(body, receive), send)
+
+    async def _holder(self, scope: Scope) -> KeyHolder:
+        key = bearer_token(scope)
+        if not key:
+            raise ApiError(401, MISSING_KEY, "missing_api_key")
+        if self.keys is None:
+            raise ApiError(401, "API keys need the accounts database, which this service runs without.",
+                           "invalid_api_key")  # fmt: skip
+        try:
+            holder = await self.keys.holder(key)
+        except Exception as error:
+            logger.warning("API key check failed: %s", type(error).__name__)
+            raise ApiError(503, "API keys cannot be checked right now (database unavailable).",
+                           "unavailable", retry_after_seconds=5) from None  # fmt: skip
+        if holder is None:
+            raise ApiError(401, "Incorrect API key provided (unknown or revoked).", "invalid_api_key")
+        return holder
+
+
+def bearer_token(scope: Scope) -> str:
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            return token.strip() if scheme.lower() == "bearer" else ""
+    return ""
+
+
+async def read_body(scope: Scope, receive: Callable, limit_bytes: int) -> bytes:
+    """The whole request body, refused (413) as soon as it passes `limit_bytes`."""
+    too_large = ApiError(413, f"The request body is larger than {limit_bytes:,} bytes, this service's limit.",
+                         "request_too_large")  # fmt: skip
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length" and value.isdigit() and int(value) > limit_bytes:
+            raise too_large
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ApiError(400, "The client went away before sending its request.", "client_disconnected")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit_bytes:
+            raise too_large
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def with_content_length(headers: list[tuple[bytes, bytes]], length: int) -> list[tuple[bytes, bytes]]:
+    return [*(h for h in headers if h[0] != b"content-length"), (b"content-length", str(length).encode())]
+
+
+def replay(body: bytes, receive: Callable) -> Callable:
+    """A `receive` that gives `body` once, then the client's own messages (its disconnect)."""
+    sent = False
+
+    async def receive_again() -> MutableMapping[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return receive_again
+
+
+class ApiRoute(BaseRoute):
+    """Every /v1 path, routed to the gate; placed before Chainlit's catch-all page route."""
+
+    def __init__(self, gate: ApiGate) -> None:
+        self.gate = gate
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        path = scope.get("path", "")
+        if scope["type"] == "http" and (path == "/v1" or path.startswith("/v1/")):
+            return Match.FULL, {}
+        return Match.NONE, {}
+
+    async def handle(self, scope: Scope, receive: Callable, send: Callable) -> None:
+        await self.gate(scope, receive, send)

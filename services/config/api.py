@@ -1,0 +1,41 @@
+"""OpenAI-compatible API settings: whether it is served, its model name, and the limits of one request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.config.fields import setting
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    """The /v1 API next to the chat: what one request may ask for, and how many keys a person holds."""
+
+    api_enabled: bool = setting(
+        True,
+        "API_ENABLED",
+        "Serve the OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models) on the "
+        "app's port, for holders of an API key.",
+    )
+    api_model_name: str = setting(
+        "",
+        "API_MODEL_NAME",
+        "The model's name in the API (`model` of requests, /v1/models); empty = the model folder's name "
+        "(SmolLM2-135M-Instruct for the default). The model path is accepted too.",
+    )
+    api_max_body_bytes: int = setting(
+        4_194_304, "API_MAX_BODY_BYTES", "Largest API request body; a larger one gets 413 unread.", 1024
+    )
+    api_max_messages: int = setting(
+        512, "API_MAX_MESSAGES", "Most entries in a request's `messages` (or `prompt`) array.", 1
+    )
+    api_max_choices: int = setting(
+        1,
+        "API_MAX_CHOICES",
+        "Largest `n` (choices per request) the API accepts: each choice is one more sequence in the "
+        "engine, so n > 1 would let one request take the share of several.",
+        1,
+    )
+    api_keys_per_user: int = setting(
+        20, "API_KEYS_PER_USER", "API keys one person may hold at once (revoked keys do not count).", 1
+    )

@@ -1,0 +1,254 @@
+"""The OpenAI-compatible API on a real server (tiny model, SQLite), driven by the official `openai`
+SDK and plain HTTP: keys, chat and completions (streamed and not), bad input, disconnects, metrics,
+and chat over socket.io at the same time."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from harness.chat_client import ChatClient
+from harness.server import ROOT, AppServer
+from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, TINY_OPS_TOKEN, server_env
+
+in_loop = pytest.mark.asyncio(loop_scope="module")
+MODEL = "tiny-llama"  # the model folder's name (API_MODEL_NAME unset)
+HELLO = [{"role": "user", "content": "Say hello."}]
+
+
+def accounts(server: AppServer, *args: str) -> str:
+    """`python -m services.accounts ...` on the server's database, as an operator runs it."""
+    env = {**os.environ, "DATA_DIR": server.env["DATA_DIR"]}
+    done = subprocess.run([sys.executable, "-m", "services.accounts", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def api_server(tiny_model_dir: Path) -> Iterator[AppServer]:
+    env = server_env(
+        MODEL=tiny_model_dir, MAX_MODEL_LEN=TINY_MAX_MODEL_LEN, MAX_NUM_BATCHED_TOKENS=4096,
+        MAX_NEW_TOKENS=16, OPS_TOKEN=TINY_OPS_TOKEN, API_MAX_MESSAGES=64, API_MAX_BODY_BYTES=200_000,
+    )  # fmt: skip
+    server = AppServer(env, ARTIFACTS / "logs" / "api-server.log").start()
+    accounts(server, "add", "alice", "--generate")
+    yield server
+    assert not server.stop(), "engine processes outlived the server"
+
+
+@pytest.fixture(scope="module")
+def key(api_server: AppServer) -> str:
+    return accounts(api_server, "key", "create", "alice").split()[0]
+
+
+def client(server: AppServer, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def metric(server: AppServer, name: str, **labels: str) -> float:
+    with server.open("/metrics") as response:
+        text = response.read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+def test_models_list_names_the_served_model(api_server: AppServer, key: str) -> None:
+    models = client(api_server, key).models.list()
+    assert [model.id for model in models.data] == [MODEL]
+    assert models.data[0].max_model_len == TINY_MAX_MODEL_LEN  # vLLM's own field
+
+
+def test_chat_completion_answers_in_one_response(api_server: AppServer, key: str) -> None:
+    answer = client(api_server, key).chat.completions.create(model=MODEL, messages=HELLO, max_tokens=8)
+    assert answer.choices[0].message.content
+    assert answer.choices[0].finish_reason in ("stop", "length")
+    assert 0 < answer.usage.completion_tokens <= 8 and answer.usage.prompt_tokens > 0
+
+
+def test_chat_completion_streams(api_server: AppServer, key: str) -> None:
+    stream = client(api_server, key).chat.completions.create(
+        model=MODEL, messages=HELLO, max_tokens=12, stream=True, stream_options={"include_usage": True}
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text and len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 1
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens <= 12
+
+
+def test_completions_streamed_and_not(api_server: AppServer, key: str) -> None:
+    api = client(api_server, key)
+    whole = api.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=6)
+    assert whole.choices[0].text and whole.usage.completion_tokens <= 6
+    parts = [c.choices[0].text for c in api.completions.create(model=MODEL, prompt="Hello", max_tokens=6,
+                                                                 stream=True) if c.choices]  # fmt: skip
+    assert "".join(parts)
+
+
+def test_no_key_bad_key_and_revoked_key_get_401(api_server: AppServer) -> None:
+    response = httpx.post(api_server.base_url + "/v1/chat/completions", json={"messages": HELLO})
+    assert response.status_code == 401
+    assert (
+        response.json()["error"]["code"] == "missing_api_key"
+        and "Bearer" in response.json()["error"]["message"]
+    )
+    with pytest.raises(openai.AuthenticationError) as refused:
+        client(api_server, "sk-vc-not-a-key").chat.completions.create(model=MODEL, messages=HELLO)
+    assert refused.value.status_code == 401 and refused.value.body["type"] == "authentication_error"
+    doomed = accounts(api_server, "key", "create", "alice").split()[0]
+    assert client(api_server, doomed).models.list().data
+    assert doomed[:12] in accounts(api_server, "key", "list", "alice")
+    assert doomed not in accounts(api_server, "key", "list", "alice")  # prefixes only
+    accounts(api_server, "key", "revoke", doomed[:12])
+    with pytest.raises(openai.AuthenticationError):
+        client(api_server, doomed).models.list()
+
+
+BAD_INPUT = [
+    # (name, body or raw bytes, status, error code or None, words in the message)
+    ("malformed JSON", b'{"messages": [', 400, "invalid_json", "not valid JSON"),
+    ("not an object", b"[1, 2]", 400, "invalid_json", "JSON object"),
+    ("unknown model", {"model": "gpt-9", "messages": HELLO}, 404, None, "gpt-9"),
+    ("max_tokens past the context", {"model": MODEL, "messages": HELLO, "max_tokens": 100_000}, 400, None,
+     "max_model_len"),
+    ("too many messages", {"model": MODEL, "messages": HELLO * 65}, 400, "too_many_messages", "at most 64"),
+    ("n > 1", {"model": MODEL, "messages": HELLO, "n": 3}, 400, "unsupported_value", "n=3"),
+    ("unsupported parameter", {"model": MODEL, "messages": HELLO, "frobnicate": 1}, 400,
+     "unrecognized_argument", "frobnicate"),
+    ("priority is the service's", {"model": MODEL, "messages": HELLO, "priority": -100}, 400,
+     "unrecognized_argument", "priority"),
+    ("no messages", {"model": MODEL}, 400, None, "messages"),
+    ("messages not a list", {"model": MODEL, "messages": "hi"}, 400, None, "messages"),
+    ("body over the limit", {"model": MODEL, "messages": [{"role": "user", "content": "x" * 250_000}]}, 413,
+     "request_too_large", "200,000 bytes"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "body", "status", "code", "words"), BAD_INPUT, ids=[b[0] for b in BAD_INPUT]
+)
+def test_bad_input_gets_openai_errors(
+    api_server: AppServer, key: str, name, body, status, code, words
+) -> None:
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    url = api_server.base_url + "/v1/chat/completions"
+    response = (httpx.post(url, content=body, headers=headers) if isinstance(body, bytes)
+                else httpx.post(url, json=body, headers=headers))  # fmt: skip
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) >= {"message", "type", "code"}, error
+    assert words in error["message"], error
+    if code is not None:
+        assert error["code"] == code
+    # ... and the service goes on answering
+    assert client(api_server, key).chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2).choices
+
+
+def test_api_paths_come_before_the_chat_page(api_server: AppServer, key: str) -> None:
+    """Chainlit serves its page for any unknown path (issue #1819): /v1 must never get it."""
+    unknown = httpx.get(api_server.base_url + "/v1/engines", headers={"Authorization": f"Bearer {key}"})
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "unknown_url"
+    page = httpx.get(api_server.base_url + "/")
+    assert page.status_code == 200 and "<html" in page.text.lower()
+
+
+@in_loop
+async def test_disconnect_mid_stream_aborts_the_engine_request(api_server: AppServer, key: str) -> None:
+    api = openai.AsyncOpenAI(base_url=api_server.base_url + "/v1", api_key=key, max_retries=0)
+    stream = await api.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2000, stream=True,
+                                               temperature=1.0, extra_body={"ignore_eos": True})  # fmt: skip
+    received = 0
+    async for chunk in stream:
+        received += bool(chunk.choices and chunk.choices[0].delta.content)
+        if received >= 3:
+            break
+    assert (await api_server.astatus())["engine_unfinished_requests"] == 1
+    await stream.close()
+    closed_at = time.monotonic()
+    await api_server.poll(lambda s: s["engine_unfinished_requests"] == 0, timeout=1.0, interval=0.02)
+    assert time.monotonic() - closed_at < 1.0
+    # the gate saw the request end, and the engine goes on serving
+    route = "/v1/chat/completions"
+    for _ in range(50):
+        if await asyncio.to_thread(metric, api_server, "api_requests_in_flight", route=route) == 0:
+            break
+        await asyncio.sleep(0.02)
+    else:
+        raise AssertionError("the gate still counts the closed stream in flight")
+    answer = await api.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=4)
+    assert answer.choices[0].message.content
+    await api.close()
+
+
+@in_loop
+async def test_chat_and_api_are_served_together(api_server: AppServer, key: str) -> None:
+    chat = ChatClient(api_server.base_url)
+    await chat.connect()
+    api = openai.AsyncOpenAI(base_url=api_server.base_url + "/v1", api_key=key, max_retries=0)
+    try:
+        chat_reply, *answers = await asyncio.gather(
+            chat.ask("Hello there", timeout=60),
+            *(api.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=12) for _ in range(3)),
+        )
+        assert chat_reply.final and not chat_reply.final.startswith("⚠️")
+        assert all(answer.choices[0].message.content for answer in answers)
+        # the streams overlapped in the engine: the chat answer started before the API answers ended
+        assert chat_reply.first_token_at is not None
+    finally:
+        await chat.close()
+        await api.close()
+
+
+@in_loop
+async def test_keys_in_the_chat_are_shown_once_and_never_stored(api_server: AppServer) -> None:
+    chat = ChatClient(api_server.base_url)
+    await chat.connect()
+    try:
+        made = await chat.ask("/key new", timeout=30)
+        key = next(word.strip("`") for word in made.final.split() if word.strip("`").startswith("sk-vc-"))
+        api = openai.AsyncOpenAI(base_url=api_server.base_url + "/v1", api_key=key, max_retries=0)
+        assert (await api.models.list()).data
+        listed = await chat.ask("/key list", timeout=30)
+        assert key[:12] in listed.final and key not in listed.final
+        revoked = await chat.ask(f"/key revoke {key[:12]}", timeout=30)
+        assert "Revoked" in revoked.final
+        with pytest.raises(openai.AuthenticationError):
+            await api.models.list()
+        await api.close()
+    finally:
+        await chat.close()
+    database = sqlite3.connect(Path(api_server.env["DATA_DIR"]) / "chat.db")
+    try:
+        stored = database.execute("SELECT COUNT(*) FROM steps WHERE output LIKE ?", (f"%{key}%",)).fetchone()[
+            0
+        ]
+        hashed = database.execute(
+            "SELECT COUNT(*) FROM api_keys WHERE key_hash LIKE ?", (f"%{key}%",)
+        ).fetchone()
+    finally:
+        database.close()
+    assert stored == 0 and hashed[0] == 0
+
+
+def test_metrics_are_labelled_by_route(api_server: AppServer, key: str) -> None:
+    client(api_server, key).chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2)
+    route = "/v1/chat/completions"
+    assert metric(api_server, "api_requests_total", route=route, status="200") >= 1
+    assert metric(api_server, "api_requests_total", route=route, status="401") >= 1
+    assert metric(api_server, "api_request_seconds_count", route=route) >= 1
+    assert metric(api_server, "api_first_chunk_seconds_count", route="/v1/models") >= 1
+    assert metric(api_server, "api_requests_in_flight", route=route) == 0

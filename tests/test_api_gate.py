@@ -1,0 +1,193 @@
+"""The API's door without a model: keys in a real SQLite database, the request checks, OpenAI's error
+shape, the /key chat command, and the gate's refusals over ASGI (before anything reaches vLLM)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+import pytest_asyncio
+from prometheus_client import CollectorRegistry
+
+from services.accounts.key_commands import is_key_command, run_key_command
+from services.accounts.keys import KEY_MARK, ApiKeyStore, key_hash
+from services.accounts.store import AccountError, AccountStore
+from services.api.checks import check_request, parse_body
+from services.api.errors import ApiError, normalize_error
+from services.api.gate import ApiGate, ApiRoute
+from services.api.metrics import ApiMetrics
+from services.api.server import OpenAiServer, model_name
+from services.config import Settings
+from services.history.database import create_engine
+from services.history.migrations import migrate
+from services.history.resume import is_command
+
+in_loop = pytest.mark.asyncio(loop_scope="module")
+SETTINGS = Settings.from_env(
+    {"API_MAX_MESSAGES": "4", "API_MAX_BODY_BYTES": "2000", "API_KEYS_PER_USER": "2"}
+)
+CHAT = "/v1/chat/completions"
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def stores(tmp_path: Path) -> AsyncIterator[tuple[AccountStore, ApiKeyStore]]:
+    engine = create_engine(Settings.from_env({"DATA_DIR": str(tmp_path)}))
+    await migrate(engine)
+    accounts = AccountStore(engine)
+    await accounts.add("admin", "admin password", "admin")
+    await accounts.add("alice", "alice password")
+    yield accounts, ApiKeyStore(engine, SETTINGS.api_keys_per_user)
+    await engine.dispose()
+
+
+@in_loop
+async def test_keys_are_stored_hashed_listed_by_prefix_and_revoked(stores) -> None:
+    _, keys = stores
+    key = await keys.create("Alice")
+    assert key.startswith(KEY_MARK) and len(key) >= 40
+    holder = await keys.holder(key)
+    assert holder is not None and holder.user == "alice" and holder.prefix == key[:12]
+    async with keys.engine.connect() as connection:
+        rows = (await connection.exec_driver_sql("SELECT prefix, key_hash FROM api_keys")).all()
+    assert rows == [(key[:12], key_hash(key))], "only the prefix and the sha256 are kept"
+    listed = await keys.list("alice")
+    assert [k.prefix for k in listed] == [key[:12]] and listed[0].last_used_at is not None
+    assert await keys.holder(key[:-1] + ("A" if key[-1] != "A" else "B")) is None
+    assert await keys.holder("not-even-a-key") is None
+    assert await keys.revoke("admin", key[:12]) == 0, "one person cannot revoke another's key"
+    assert await keys.revoke("alice", key) == 1  # the whole key works as its prefix
+    assert await keys.holder(key) is None and await keys.list("alice") == []
+    assert len(await keys.list("alice", include_revoked=True)) == 1
+    with pytest.raises(AccountError, match="prefix"):
+        await keys.revoke("alice", "sk-")
+
+
+@in_loop
+async def test_keys_are_bounded_and_die_with_their_account(stores) -> None:
+    accounts, keys = stores
+    await accounts.add("carol", "carol password")
+    first = await keys.create("carol")
+    await keys.create("carol")
+    with pytest.raises(AccountError, match="limit"):
+        await keys.create("carol")
+    with pytest.raises(AccountError, match="no account"):
+        await keys.create("nobody")
+    await accounts.remove("carol")
+    assert await keys.holder(first) is None and await keys.list("carol") == []
+
+
+@in_loop
+async def test_the_key_command_in_chat(stores) -> None:
+    _, keys = stores
+    assert is_key_command(" /key new") and is_key_command("/key") and not is_key_command("/keys are fun")
+    assert is_command("/key list"), "a /key message is never replayed to the model on resume"
+    made = await run_key_command(keys, "admin", "/key new", "http://127.0.0.1:8000")
+    key = next(word.strip("`") for word in made.split() if word.strip("`").startswith(KEY_MARK))
+    assert "shown only now" in made and "http://127.0.0.1:8000/v1/chat/completions" in made
+    listed = await run_key_command(keys, "admin", "/key list", "")
+    assert key[:12] in listed and key not in listed
+    assert "Revoked" in await run_key_command(keys, "admin", f"/key revoke {key[:12]}", "")
+    assert "None of your active keys" in await run_key_command(keys, "admin", f"/key revoke {key[:12]}", "")
+    assert "/key new" in await run_key_command(keys, "admin", "/key frobnicate", "")
+    assert "need sign-in" in await run_key_command(None, None, "/key new", "")
+
+
+def test_checks_name_what_is_wrong() -> None:
+    def refusal(body: bytes | dict, path: str = CHAT) -> ApiError:
+        with pytest.raises(ApiError) as error:
+            request = parse_body(body if isinstance(body, bytes) else json.dumps(body).encode())
+            check_request(path, request, SETTINGS)
+        return error.value
+
+    assert refusal(b"{oops").code == "invalid_json" and refusal(b'"text"').code == "invalid_json"
+    assert refusal(b"\xff\xfe").status == 400
+    unknown = refusal({"messages": [], "foo": 1, "bar": 2})
+    assert unknown.code == "unrecognized_argument" and "bar, foo" in str(unknown) and unknown.param == "bar"
+    assert refusal({"messages": [], "priority": 0}).param == "priority"
+    assert refusal({"messages": [{}] * 5}).code == "too_many_messages"
+    assert refusal({"prompt": ["a"] * 5}, "/v1/completions").code == "too_many_prompts"
+    assert refusal({"messages": [], "n": 2}).param == "n"
+    # what vLLM itself declares passes (its extensions too), and n=1 is fine
+    check_request(
+        CHAT, {"model": "m", "messages": [{}] * 4, "n": 1, "top_k": 5, "ignore_eos": True}, SETTINGS
+    )
+    check_request("/v1/completions", {"prompt": "x", "echo": True, "logprobs": 2}, SETTINGS)
+
+
+def test_errors_have_openai_shape() -> None:
+    error = ApiError(429, "Slow down.", "rate_limited", retry_after_seconds=7.4)
+    assert json.loads(error.body()) == {
+        "error": {"message": "Slow down.", "type": "rate_limit_error", "param": None, "code": "rate_limited"}
+    }
+    assert (b"retry-after", b"7") in error.headers()
+    assert (b"www-authenticate", b"Bearer") in ApiError(401, "No.").headers()
+
+
+def test_model_name_is_the_folder_name_unless_set() -> None:
+    assert model_name(Settings.from_env({"MODEL": "/models/Qwen3-4B/"})) == "Qwen3-4B"
+    assert model_name(Settings.from_env({"MODEL": "org/model", "API_MODEL_NAME": "m"})) == "m"
+
+
+@in_loop
+async def test_the_gate_refuses_before_vllm(stores) -> None:
+    """401 / 404 / 413 / 400 / 503 come from the gate: vLLM's state is not even built here."""
+    _, keys = stores
+    gate = ApiGate(SETTINGS, OpenAiServer(SETTINGS), ApiMetrics(CollectorRegistry()))
+    gate.keys = keys
+    key = await keys.create("admin")
+    transport = httpx.ASGITransport(app=gate)
+    async with httpx.AsyncClient(transport=transport, base_url="http://api") as http:
+        starting = await http.get("/v1/models")
+        assert starting.status_code == 503 and starting.headers["retry-after"] == "10"
+        gate.server.ready = True  # from here on, every answer is the gate's own refusal
+        assert (await http.get("/v1/models")).json()["error"]["code"] == "missing_api_key"
+        bad = await http.get("/v1/models", headers={"Authorization": "Bearer sk-vc-nope"})
+        assert bad.status_code == 401 and bad.json()["error"]["type"] == "authentication_error"
+        auth = {"Authorization": f"Bearer {key}"}
+        assert (await http.get("/v1/files", headers=auth)).status_code == 404
+        wrong_method = await http.get(CHAT, headers=auth)
+        assert wrong_method.status_code == 405 and "POST" in wrong_method.json()["error"]["message"]
+        big = await http.post(CHAT, headers=auth, content=b"x" * 3000)
+        assert big.status_code == 413 and "2,000 bytes" in big.json()["error"]["message"]
+        chunked = await http.post(CHAT, headers=auth, content=chunks(b"x" * 1500, b"x" * 1500))
+        assert chunked.status_code == 413, "a body without Content-Length is counted as it arrives"
+        assert (await http.post(CHAT, headers=auth, json={"messages": [], "n": 5})).status_code == 400
+    assert gate.metrics.requests.labels("/v1/models", "401")._value.get() == 2
+    assert gate.metrics.requests.labels("other", "404")._value.get() == 1
+
+
+async def chunks(*parts: bytes) -> AsyncIterator[bytes]:
+    for part in parts:
+        yield part
+
+
+def test_the_api_route_takes_every_v1_path_and_nothing_else() -> None:
+    route = ApiRoute(gate=None)  # type: ignore[arg-type]
+    assert route.matches({"type": "http", "path": "/v1/chat/completions"})[0].name == "FULL"
+    assert route.matches({"type": "http", "path": "/v1"})[0].name == "FULL"
+    assert route.matches({"type": "http", "path": "/v10/x"})[0].name == "NONE"
+    assert route.matches({"type": "http", "path": "/"})[0].name == "NONE"
+    assert route.matches({"type": "websocket", "path": "/v1/x"})[0].name == "NONE"
+
+
+def test_vllm_errors_are_put_in_openai_terms() -> None:
+    error = {
+        "message": "The model `x` does not exist.",
+        "type": "NotFoundError",
+        "param": "model",
+        "code": 404,
+    }
+    vllm_404 = json.dumps({"error": error}).encode()
+    assert json.loads(normalize_error(404, vllm_404))["error"] == {
+        "message": "The model `x` does not exist.", "type": "not_found_error", "param": "model",
+        "code": "model_not_found",
+    }  # fmt: skip
+    vllm_400 = (
+        b'{"error": {"message": "too long", "type": "BadRequestError", "param": "max_tokens", "code": 400}}'
+    )
+    assert json.loads(normalize_error(400, vllm_400))["error"]["type"] == "invalid_request_error"
+    assert json.loads(normalize_error(400, vllm_400))["error"]["code"] is None
+    assert normalize_error(500, b"not json") == b"not json"
