@@ -259,8 +259,8 @@ def test_metrics_are_labelled_by_route(api_server: AppServer, key: str) -> None:
 async def test_over_the_per_user_limit_gets_429_with_retry_after(api_server: AppServer, key: str) -> None:
     """USER_MAX_CONCURRENT_TURNS=3 (the fixture): a fourth request while three stream is refused."""
     api = openai.AsyncOpenAI(base_url=api_server.base_url + "/v1", api_key=key, max_retries=0)
-    streams = [await api.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2000, stream=True,
-                                                 extra_body={"ignore_eos": True}) for _ in range(3)]  # fmt: skip
+    long_answer = {"model": MODEL, "messages": HELLO, "max_tokens": 2000, "extra_body": {"ignore_eos": True}}
+    streams = [await api.chat.completions.create(stream=True, **long_answer) for _ in range(3)]
     try:
         for stream in streams:
             async for chunk in stream:
