@@ -25,6 +25,7 @@ from services.accounts.sign_in import SignIn, resolve_mode
 from services.accounts.store import AccountStore
 from services.admission.admission import Admission
 from services.admission.gate import CHAT, DOCUMENT
+from services.api.admission import ApiAdmission
 from services.api.gate import ApiGate
 from services.api.metrics import ApiMetrics
 from services.api.server import OpenAiServer
@@ -137,6 +138,8 @@ class Runtime:
             )
             self.api.unavailable_retry_after_seconds = None  # not a matter of waiting
             return
+        if self.admission is not None:  # the same queue, priority and per-user limits as chat
+            self.api.admission = ApiAdmission(self.admission, self.settings.api_aging_seconds)
         await self.api.server.start(self.engine.backend)
         self._stack.push_async_callback(self.api.server.stop)
 

@@ -40,6 +40,7 @@ def api_server(tiny_model_dir: Path) -> Iterator[AppServer]:
     env = server_env(
         MODEL=tiny_model_dir, MAX_MODEL_LEN=TINY_MAX_MODEL_LEN, MAX_NUM_BATCHED_TOKENS=4096,
         MAX_NEW_TOKENS=16, OPS_TOKEN=TINY_OPS_TOKEN, API_MAX_MESSAGES=64, API_MAX_BODY_BYTES=200_000,
+        USER_MAX_CONCURRENT_TURNS=3,
     )  # fmt: skip
     server = AppServer(env, ARTIFACTS / "logs" / "api-server.log").start()
     accounts(server, "add", "alice", "--generate")
@@ -252,3 +253,25 @@ def test_metrics_are_labelled_by_route(api_server: AppServer, key: str) -> None:
     assert metric(api_server, "api_request_seconds_count", route=route) >= 1
     assert metric(api_server, "api_first_chunk_seconds_count", route="/v1/models") >= 1
     assert metric(api_server, "api_requests_in_flight", route=route) == 0
+
+
+@in_loop
+async def test_over_the_per_user_limit_gets_429_with_retry_after(api_server: AppServer, key: str) -> None:
+    """USER_MAX_CONCURRENT_TURNS=3 (the fixture): a fourth request while three stream is refused."""
+    api = openai.AsyncOpenAI(base_url=api_server.base_url + "/v1", api_key=key, max_retries=0)
+    long_answer = {"model": MODEL, "messages": HELLO, "max_tokens": 2000, "extra_body": {"ignore_eos": True}}
+    streams = [await api.chat.completions.create(stream=True, **long_answer) for _ in range(3)]
+    try:
+        for stream in streams:
+            async for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    break
+        with pytest.raises(openai.RateLimitError) as refused:
+            await api.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2)
+        assert int(refused.value.response.headers["retry-after"]) >= 1
+        assert refused.value.body["type"] == "rate_limit_error" and "limit" in refused.value.body["message"]
+    finally:
+        for stream in streams:
+            await stream.close()
+        await api.close()
+    await api_server.poll(lambda s: s["engine_unfinished_requests"] == 0, timeout=5)

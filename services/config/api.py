@@ -36,6 +36,14 @@ class ApiSettings:
         "engine, so n > 1 would let one request take the share of several.",
         1,
     )
+    api_aging_seconds: float = setting(
+        30.0,
+        "API_AGING_SECONDS",
+        "How API traffic ranks against interactive chat in the admission queue (with PRIORITY_SCHEDULING): "
+        "an API request waits as if it had arrived this many seconds later, so chat turns go first and "
+        "API requests cannot starve. 0 = the same as chat.",
+        0,
+    )
     api_keys_per_user: int = setting(
         20, "API_KEYS_PER_USER", "API keys one person may hold at once (revoked keys do not count).", 1
     )

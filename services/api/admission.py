@@ -1,0 +1,53 @@
+"""The overload rules of chat, applied to API requests: per-user limits, the shared queue, priority.
+
+`ApiGate` calls `admit` for every generating request. The request counts as one turn of its key's
+owner (USER_MAX_CONCURRENT_TURNS and USER_TOKENS_PER_MINUTE are shared with their chat), waits in
+the same queue as chat turns, ranked as if it had arrived API_AGING_SECONDS later (so interactive
+chat goes first, and API traffic cannot starve), and runs with that place as vLLM's priority.
+A refusal becomes 429 with Retry-After.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from services.accounts.keys import KeyHolder
+from services.admission.admission import Admission
+from services.admission.errors import QUEUE_FULL, WAIT_TOO_LONG, Refused
+from services.admission.gate import CHAT
+from services.api.errors import ApiError
+
+DEFAULT_RETRY_AFTER_SECONDS = 5.0  # a refusal without an estimate (too many requests at once)
+
+
+class ApiAdmission:
+    """`services.api.gate.Admission` over the service's `Admission`."""
+
+    def __init__(self, admission: Admission, aging_seconds: float) -> None:
+        self.admission = admission
+        self.aging_seconds = aging_seconds
+
+    @contextlib.asynccontextmanager
+    async def admit(self, holder: KeyHolder, path: str) -> AsyncIterator[int | None]:
+        gate = self.admission.gate
+        try:
+            async with self.admission.turn(f"user:{holder.user}") as turn:
+                ticket = gate.ticket(CHAT)
+                if gate.settings.priority_scheduling:
+                    ticket.key += self.aging_seconds
+                turn.waiting.add(ticket)
+                try:
+                    await gate.enter(ticket)
+                finally:
+                    turn.waiting.discard(ticket)
+                try:
+                    priority = gate.engine_priority(ticket)
+                    yield priority or None
+                finally:
+                    gate.release(ticket)
+        except Refused as refusal:
+            if refusal.reason in (QUEUE_FULL, WAIT_TOO_LONG):  # the service is full, not this person
+                self.admission.note_refusal(refusal)
+            retry = refusal.retry_after_seconds or DEFAULT_RETRY_AFTER_SECONDS
+            raise ApiError(429, str(refusal), refusal.reason, retry_after_seconds=retry) from None
