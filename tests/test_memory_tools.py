@@ -21,7 +21,13 @@ import pytest
 
 from services.config import Settings, SettingsError
 from services.engine import allocators
-from services.engine.allocators import PROBE_DIR, apply_engine_memory_env, engine_memory_env, find_library
+from services.engine.allocators import (
+    PROBE_DIR,
+    apply_engine_memory_env,
+    engine_memory_env,
+    find_library,
+    forget_preload,
+)
 from services.observability.attribution import attribute, find_snapshots, parse_jeprof_text
 from services.observability.memory import MB, MemoryMonitor, MemorySample, ProcessMemory
 from services.observability.report import report_text
@@ -144,6 +150,9 @@ def test_each_engine_start_begins_from_the_environment_before_the_first(
     assert os.environ["MALLOC_ARENA_MAX"] == "2"
     apply_engine_memory_env(base.replace(engine_allocator="glibc"))
     assert "MALLOC_ARENA_MAX" not in os.environ
+    apply_engine_memory_env(base.replace(engine_allocator="jemalloc"))
+    forget_preload()  # the engine runs: later children (a browser, the plot process) keep their malloc
+    assert os.environ["LD_PRELOAD"] == "libmine.so" and "MALLOC_CONF" not in os.environ
 
 
 # --- the probe inside spawned processes -------------------------------------------------

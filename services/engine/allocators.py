@@ -105,4 +105,20 @@ def apply_engine_memory_env(settings: Settings) -> dict[str, str]:
     return env
 
 
+def forget_preload() -> None:
+    """Once vLLM's processes run: LD_PRELOAD and MALLOC_CONF back to what they were before us.
+
+    They are for EngineCore and its worker only; left in os.environ, every later child of this
+    process (a browser in the tests, the plot process, initdb) would start on the engine's malloc,
+    and Chromium does not start with jemalloc preloaded.
+    """
+    for name in PRELOAD_ENV_NAMES:
+        before = _before_us.get(name, os.environ.get(name))
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
+PRELOAD_ENV_NAMES = ("LD_PRELOAD", "MALLOC_CONF")
 _before_us: dict[str, str | None] = {}  # the memory variables as they were before the first engine

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from services.config import Settings
-from services.engine.allocators import apply_engine_memory_env
+from services.engine.allocators import apply_engine_memory_env, forget_preload
 from services.engine.chat_engine import ChatEngine
 from services.engine.load import EngineLoad, load_stat_logger
 from services.engine.model_prep import prepare_default_model
@@ -116,6 +116,7 @@ async def local_engine_lifespan(settings: Settings) -> AsyncIterator[ChatEngine]
         started = time.monotonic()
         load = EngineLoad()
         llm = AsyncLLM.from_engine_args(engine_args(settings), stat_loggers=[load_stat_logger(load)])
+        forget_preload()  # EngineCore and its worker run: later children keep their own malloc
         guard = OrphanGuard(engine_processes(), rpc_dir)
         engine = ChatEngine(llm, llm.model_config.max_model_len)
         engine.load = load
