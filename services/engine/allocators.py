@@ -97,11 +97,7 @@ def apply_engine_memory_env(settings: Settings) -> dict[str, str]:
             base.pop(name, None)
     env = engine_memory_env(settings, base)
     for name in MEMORY_ENV_NAMES:
-        value = env.get(name, base.get(name))
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+        _put_env(name, env.get(name, base.get(name)))
     return env
 
 
@@ -113,11 +109,15 @@ def forget_preload() -> None:
     and Chromium does not start with jemalloc preloaded.
     """
     for name in PRELOAD_ENV_NAMES:
-        before = _before_us.get(name, os.environ.get(name))
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
+        _put_env(name, _before_us.get(name, os.environ.get(name)))
+
+
+def _put_env(name: str, value: str | None) -> None:
+    """Set `name` in os.environ, or remove it when `value` is None."""
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
 
 PRELOAD_ENV_NAMES = ("LD_PRELOAD", "MALLOC_CONF")
