@@ -80,7 +80,7 @@ class Runtime:
         self.history = History(self.settings, keep_conversations=keep, use_database=mode != "anonymous")
         accounts = AccountStore(self.history.engine) if self.history.engine is not None else None
         self.sign_in = SignIn(self.settings, mode, accounts)
-        self.history.on_ready(self.sign_in.ensure_first_admin)
+        self.history.on_ready(self.sign_in.ensure_first_accounts)
         if self.api is not None and self.history.engine is not None:
             self.api.keys = ApiKeyStore(self.history.engine, self.settings.api_keys_per_user)
         if mode != "anonymous":
@@ -139,7 +139,9 @@ class Runtime:
             self.api.unavailable_retry_after_seconds = None  # not a matter of waiting
             return
         if self.admission is not None:  # the same queue, priority and per-user limits as chat
-            self.api.admission = ApiAdmission(self.admission, self.settings.api_aging_seconds)
+            self.api.admission = ApiAdmission(
+                self.admission, self.settings.api_aging_seconds, self.engine.count_tokens
+            )
         await self.api.server.start(self.engine.backend)
         self._stack.push_async_callback(self.api.server.stop)
 

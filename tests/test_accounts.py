@@ -14,10 +14,11 @@ import pytest
 import pytest_asyncio
 
 from harness.server import ROOT
+from services.accounts.keys import KEY_MARK, ApiKeyStore
 from services.accounts.limits import SignInLimiter
 from services.accounts.passwords import check_password, hash_password
 from services.accounts.secret import ENV_NAME, ensure_auth_secret, load_or_create_secret
-from services.accounts.sign_in import SignIn, SignInRequest, current_request, resolve_mode
+from services.accounts.sign_in import LOCAL_USER, SignIn, SignInRequest, current_request, resolve_mode
 from services.accounts.store import AccountError, AccountStore
 from services.config import Settings, SettingsError
 from services.history.database import create_engine
@@ -171,15 +172,26 @@ async def test_first_admin_is_generated_once_and_printed(
     store: AccountStore, capsys: pytest.CaptureFixture
 ) -> None:
     sign_in = SignIn(Settings.from_env({"AUTH_MODE": "password"}), "password", store)
-    await sign_in.ensure_first_admin()
+    await sign_in.ensure_first_accounts()
     printed = capsys.readouterr().err
     assert "username: admin" in printed
     password = printed.split("password: ")[1].split()[0]
     admin = await store.get("admin")
     assert admin is not None and admin.role == "admin" and check_password(admin.password_hash, password)
-    await sign_in.ensure_first_admin()
+    await sign_in.ensure_first_accounts()
     assert "username: admin" not in capsys.readouterr().err, "only once"
     from_env = SignIn(Settings.from_env({"AUTH_MODE": "password", "ADMIN_USERNAME": "root@example.com",
                                          "ADMIN_PASSWORD": "a long secret"}), "password", store)  # fmt: skip
-    await from_env.ensure_first_admin()
+    await from_env.ensure_first_accounts()
     assert (await store.get("root@example.com")).role == "admin"  # type: ignore[union-attr]
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_the_local_user_has_an_account_for_its_keys(store: AccountStore) -> None:
+    """Local mode keeps no conversations with CHAT_HISTORY=false, yet `/key new` needs an owner row."""
+    local = SignIn(Settings.from_env({"CHAT_HISTORY": "false"}), "local", store)
+    await local.ensure_first_accounts()
+    await local.ensure_first_accounts()  # idempotent
+    account = await store.get(LOCAL_USER)
+    assert account is not None and account.role == "admin" and not account.has_password
+    assert (await ApiKeyStore(store.engine, 2).create(LOCAL_USER)).startswith(KEY_MARK)

@@ -40,7 +40,7 @@ def api_server(tiny_model_dir: Path) -> Iterator[AppServer]:
     env = server_env(
         MODEL=tiny_model_dir, MAX_MODEL_LEN=TINY_MAX_MODEL_LEN, MAX_NUM_BATCHED_TOKENS=4096,
         MAX_NEW_TOKENS=16, OPS_TOKEN=TINY_OPS_TOKEN, API_MAX_MESSAGES=64, API_MAX_BODY_BYTES=200_000,
-        USER_MAX_CONCURRENT_TURNS=3,
+        USER_MAX_CONCURRENT_TURNS=3, USER_TOKENS_PER_MINUTE=2000,
     )  # fmt: skip
     server = AppServer(env, ARTIFACTS / "logs" / "api-server.log").start()
     accounts(server, "add", "alice", "--generate")
@@ -275,3 +275,20 @@ async def test_over_the_per_user_limit_gets_429_with_retry_after(api_server: App
             await stream.close()
         await api.close()
     await api_server.poll(lambda s: s["engine_unfinished_requests"] == 0, timeout=5)
+
+
+def test_api_answers_count_toward_the_per_user_token_limit(api_server: AppServer) -> None:
+    """USER_TOKENS_PER_MINUTE=2000 (the fixture): streamed answers without a usage report are counted
+    from their text, and the owner is refused with Retry-After once over the limit."""
+    accounts(api_server, "add", "carol", "--generate")
+    api = client(api_server, accounts(api_server, "key", "create", "carol").split()[0])
+    long_answer = {"model": MODEL, "messages": HELLO, "max_tokens": 1200, "extra_body": {"ignore_eos": True}}
+    answered = 0
+    with pytest.raises(openai.RateLimitError) as refused:
+        while answered < 4:
+            for _ in api.chat.completions.create(stream=True, **long_answer):
+                pass
+            answered += 1
+    assert answered >= 2, "refused before the limit was reached"
+    assert "answer tokens" in refused.value.body["message"]
+    assert 1 <= int(refused.value.response.headers["retry-after"]) <= 61

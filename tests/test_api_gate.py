@@ -20,6 +20,7 @@ from services.api.errors import ApiError, normalize_error
 from services.api.gate import ApiGate, ApiRoute
 from services.api.metrics import ApiMetrics
 from services.api.server import OpenAiServer, model_name
+from services.api.usage import AnswerMeter
 from services.config import Settings
 from services.history.database import create_engine
 from services.history.migrations import migrate
@@ -191,3 +192,50 @@ def test_vllm_errors_are_put_in_openai_terms() -> None:
     assert json.loads(normalize_error(400, vllm_400))["error"]["type"] == "invalid_request_error"
     assert json.loads(normalize_error(400, vllm_400))["error"]["code"] is None
     assert normalize_error(500, b"not json") == b"not json"
+
+
+async def _metered(messages: list[dict]) -> AnswerMeter:
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    meter = AnswerMeter(send)
+    for message in messages:
+        await meter(message)
+    assert sent == messages, "the meter passes every message on unchanged"
+    return meter
+
+
+def _start(content_type: bytes, status: int = 200) -> dict:
+    return {"type": "http.response.start", "status": status, "headers": [(b"content-type", content_type)]}
+
+
+def _body(data: bytes, more: bool = True) -> dict:
+    return {"type": "http.response.body", "body": data, "more_body": more}
+
+
+@pytest.mark.asyncio
+async def test_the_answer_meter_counts_streamed_text_and_trusts_vllms_usage() -> None:
+    chars = len  # a stand-in tokenizer: one token per character
+    chunk = b'data: {"choices": [{"delta": {"content": "%s"}}]}\n\n'
+    split = chunk % b"de"
+    stream = [
+        _start(b"text/event-stream; charset=utf-8"),
+        _body(chunk % b"abc"),
+        _body(split[:20]),
+        _body(split[20:]),
+        _body(b"data: [DONE]\n\n", more=False),
+    ]
+    assert (await _metered(stream)).tokens(chars) == 5, "events split across messages are read whole"
+    with_usage = [
+        *stream[:2],
+        _body(b'data: {"choices": [], "usage": {"completion_tokens": 9}}\n\n', more=False),
+    ]
+    assert (await _metered(with_usage)).tokens(chars) == 9
+    whole = b'{"choices": [{"message": {"content": "hi"}}], "usage": {"completion_tokens": 3}}'
+    assert (
+        await _metered([_start(b"application/json"), _body(whole[:30]), _body(whole[30:], more=False)])
+    ).tokens(chars) == 3
+    error = [_start(b"application/json", 400), _body(b'{"usage": {"completion_tokens": 50}}', more=False)]
+    assert (await _metered(error)).tokens(chars) == 0, "an error carries no answer"

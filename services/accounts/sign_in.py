@@ -11,6 +11,7 @@ Modes (resolved once, at import, from AUTH_MODE, Chainlit's OAuth variables and 
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import ipaddress
 import logging
@@ -240,9 +241,17 @@ class SignIn:
             return claimed
         return account.role if account is not None and not account.disabled else "user"
 
-    async def ensure_first_admin(self) -> None:
-        """Password mode: create ADMIN_USERNAME, or an `admin` with a printed password when none exists."""
-        if self.mode != "password" or self.accounts is None:
+    async def ensure_first_accounts(self) -> None:
+        """Password mode: create ADMIN_USERNAME, or an `admin` with a printed password when none exists.
+        Local mode: the local user's account (no password), so its API keys have an owner."""
+        if self.accounts is None:
+            return
+        if self.mode == "local":
+            if await self.accounts.get(LOCAL_USER) is None:
+                with contextlib.suppress(AccountError):  # another replica made it first
+                    await self.accounts.add(LOCAL_USER, None, "admin")
+            return
+        if self.mode != "password":
             return
         settings = self.settings
         if settings.admin_username:

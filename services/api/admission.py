@@ -10,13 +10,14 @@ A refusal becomes 429 with Retry-After.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from services.accounts.keys import KeyHolder
 from services.admission.admission import Admission
 from services.admission.errors import QUEUE_FULL, WAIT_TOO_LONG, Refused
 from services.admission.gate import CHAT
 from services.api.errors import ApiError
+from services.api.usage import AnswerMeter
 
 DEFAULT_RETRY_AFTER_SECONDS = 5.0  # a refusal without an estimate (too many requests at once)
 
@@ -24,15 +25,23 @@ DEFAULT_RETRY_AFTER_SECONDS = 5.0  # a refusal without an estimate (too many req
 class ApiAdmission:
     """`services.api.gate.Admission` over the service's `Admission`."""
 
-    def __init__(self, admission: Admission, aging_seconds: float) -> None:
+    def __init__(
+        self, admission: Admission, aging_seconds: float, count_tokens: Callable[[str], int]
+    ) -> None:
         self.admission = admission
         self.aging_seconds = aging_seconds
+        self.count_tokens = count_tokens
+
+    def charge(self, holder: KeyHolder, answer: AnswerMeter) -> None:
+        tokens = answer.tokens(self.count_tokens)
+        limits = self.admission.limits
+        limits.record_tokens(limits.usage(user_key(holder)), tokens)
 
     @contextlib.asynccontextmanager
     async def admit(self, holder: KeyHolder, path: str) -> AsyncIterator[int | None]:
         gate = self.admission.gate
         try:
-            async with self.admission.turn(f"user:{holder.user}") as turn:
+            async with self.admission.turn(user_key(holder)) as turn:
                 ticket = gate.ticket(CHAT)
                 if gate.settings.priority_scheduling:
                     ticket.key += self.aging_seconds
@@ -51,3 +60,8 @@ class ApiAdmission:
                 self.admission.note_refusal(refusal)
             retry = refusal.retry_after_seconds or DEFAULT_RETRY_AFTER_SECONDS
             raise ApiError(429, str(refusal), refusal.reason, retry_after_seconds=retry) from None
+
+
+def user_key(holder: KeyHolder) -> str:
+    """The per-user limits' key of a key's owner: the same as their chat's."""
+    return f"user:{holder.user}"

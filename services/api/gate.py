@@ -22,6 +22,7 @@ from services.api.checks import check_request, parse_body
 from services.api.errors import ApiError, with_normalized_errors
 from services.api.metrics import ApiMetrics, route_label
 from services.api.server import SERVED_PATHS, OpenAiServer
+from services.api.usage import AnswerMeter
 from services.config import Settings
 
 logger = logging.getLogger(__name__)
@@ -42,6 +43,10 @@ class Admission(Protocol):
         default); raise ApiError(429, retry_after_seconds=...) when it may not run now."""
         ...
 
+    def charge(self, holder: KeyHolder, answer: AnswerMeter) -> None:
+        """Count the request's answer tokens against its owner's per-user limits."""
+        ...
+
 
 class AdmitAll:
     """No admission layer: every request runs at once, at the engine's default priority."""
@@ -49,6 +54,9 @@ class AdmitAll:
     @contextlib.asynccontextmanager
     async def admit(self, holder: KeyHolder, path: str) -> AsyncIterator[int | None]:
         yield None
+
+    def charge(self, holder: KeyHolder, answer: AnswerMeter) -> None:
+        pass
 
 
 class ApiGate:
@@ -110,7 +118,11 @@ class ApiGate:
             if priority is not None:  # vLLM's own request field, which callers may not set (checks.py)
                 body = json.dumps({**request, "priority": priority}).encode()
                 scope = {**scope, "headers": with_content_length(scope["headers"], len(body))}
-            await self.server.app(scope, replay(body, receive), send)
+            answer = AnswerMeter(send)
+            try:
+                await self.server.app(scope, replay(body, receive), answer)
+            finally:
+                self.admission.charge(holder, answer)
 
     async def _holder(self, scope: Scope) -> KeyHolder:
         key = bearer_token(scope)
