@@ -24,7 +24,6 @@ Locust request events (type / name):
 from __future__ import annotations
 
 import contextlib
-import csv
 import itertools
 import json
 import math
@@ -40,7 +39,8 @@ from typing import Any
 import socketio
 from locust import User, between, events, task
 
-from harness.chat_client import SOCKET_PATH, sign_in_sync, user_message_payload
+from harness.chat_client import connect_sync, user_message_payload
+from harness.csv_log import CsvLog
 
 PROMPTS_FILE = Path(__file__).resolve().parent / "bench" / "data" / "prompts.json"
 ERROR_MARK = "⚠️"  # app.py prefixes every failed turn's message with it
@@ -53,15 +53,6 @@ REQUESTS_CSV_HEADER = (
     "ok",
     "error",
 )
-
-
-_COOKIES: dict[str, str | None] = {}  # one sign-in per server (the local user), shared by all users
-
-
-def session_cookie(base_url: str) -> str | None:
-    if base_url not in _COOKIES:
-        _COOKIES[base_url] = sign_in_sync(base_url)
-    return _COOKIES[base_url]
 
 
 # --- options ---------------------------------------------------------------------
@@ -155,39 +146,7 @@ def load_prompts(path: str) -> dict[str, list[str]]:
 
 
 # --- one row per request event, for the soak report -------------------------------
-class RequestLog:
-    """Appends request events to a CSV file, flushed per row (a killed run keeps its data)."""
-
-    def __init__(self) -> None:
-        self._file = None
-        self._writer = None
-
-    def open(self, path: str) -> None:
-        if not path or self._file is not None:
-            return
-        new = not Path(path).exists() or Path(path).stat().st_size == 0
-        self._file = open(path, "a", newline="")  # noqa: SIM115 (closed on quit)
-        self._writer = csv.writer(self._file)
-        if new:
-            self._writer.writerow(REQUESTS_CSV_HEADER)
-
-    def write(self, request_type: str, name: str, response_time: float, length: int, exception: Any) -> None:
-        if self._writer is None:
-            return
-        error = "" if exception is None else f"{type(exception).__name__}: {exception}"[:200]
-        ok = int(exception is None)
-        self._writer.writerow(
-            (f"{time.time():.3f}", request_type, name, f"{response_time:.1f}", length, ok, error)
-        )
-        self._file.flush()
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = self._writer = None
-
-
-request_log = RequestLog()
+request_log = CsvLog(REQUESTS_CSV_HEADER)
 
 
 @events.init.add_listener
@@ -200,7 +159,11 @@ def open_request_log(environment: Any, **_: Any) -> None:
 def log_request(
     request_type: str, name: str, response_time: float, response_length: int, exception: Any = None, **_: Any
 ) -> None:
-    request_log.write(request_type, name, response_time, response_length, exception)
+    error = "" if exception is None else f"{type(exception).__name__}: {exception}"[:200]
+    ok = int(exception is None)
+    request_log.write_row(
+        (f"{time.time():.3f}", request_type, name, f"{response_time:.1f}", response_length, ok, error)
+    )
 
 
 @events.quitting.add_listener
@@ -289,23 +252,7 @@ class SyncChat:
 
     # actions
     def connect(self, timeout: float = 10.0) -> None:
-        cookie = session_cookie(self.base_url)
-        auth = {
-            "sessionId": self.session_id,
-            "clientType": "webapp",
-            "threadId": "",
-            "userEnv": "{}",
-            "chatProfile": "",
-        }
-        self.sio.connect(
-            self.base_url,
-            socketio_path=SOCKET_PATH,
-            transports=["websocket"],
-            auth=auth,
-            wait_timeout=timeout,
-            headers={"X-Forwarded-For": self.address, **({"Cookie": cookie} if cookie else {})},
-        )
-        self.sio.emit("connection_successful")
+        connect_sync(self.sio, self.base_url, self.session_id, self.address, timeout)
 
     def update_settings(self, **values: Any) -> None:
         self.sio.emit("chat_settings_change", values)

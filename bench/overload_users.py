@@ -15,7 +15,6 @@ refusal and how fast it came, status updates (place in line), first token, token
 from __future__ import annotations
 
 import contextlib
-import csv
 import itertools
 import json
 import random
@@ -30,7 +29,13 @@ import httpx
 import socketio
 from locust import User, between, events, task
 
-from harness.chat_client import SOCKET_PATH, sign_in_sync, user_message_payload
+from harness.chat_client import (
+    client_headers,
+    connect_sync,
+    local_cookie,
+    user_message_payload,
+)
+from harness.csv_log import CsvLog
 from harness.documents import long_document
 
 PROMPTS_FILE = Path(__file__).resolve().parent / "data" / "prompts.json"
@@ -56,35 +61,7 @@ def add_options(parser: Any) -> None:
     )
 
 
-class TurnLog:
-    """One CSV row per turn, flushed per row (a killed run keeps what it had)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._file = None
-        self._writer = None
-
-    def open(self, path: str) -> None:
-        if path and self._file is None:
-            new = not Path(path).exists() or Path(path).stat().st_size == 0
-            self._file = open(path, "a", newline="")  # noqa: SIM115 (closed on quit)
-            self._writer = csv.writer(self._file)
-            if new:
-                self._writer.writerow(TURN_COLUMNS)
-
-    def write(self, row: dict[str, Any]) -> None:
-        with self._lock:
-            if self._writer is not None:
-                self._writer.writerow([row.get(column, "") for column in TURN_COLUMNS])
-                self._file.flush()
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = self._writer = None
-
-
-turn_log = TurnLog()
+turn_log = CsvLog(TURN_COLUMNS)  # one row per turn
 
 
 @events.init.add_listener
@@ -111,15 +88,6 @@ class Turn:
     refused: str | None = None
     failed: bool = False
     done: threading.Event = field(default_factory=threading.Event)
-
-
-_COOKIES: dict[str, str | None] = {}  # one sign-in per server (the local user), shared by all people
-
-
-def session_cookie(base_url: str) -> str | None:
-    if base_url not in _COOKIES:
-        _COOKIES[base_url] = sign_in_sync(base_url)
-    return _COOKIES[base_url]
 
 
 class Person:
@@ -166,26 +134,10 @@ class Person:
 
     def headers(self) -> dict[str, str]:
         """This person's address, and the sign-in cookie of the local user when the app asks for one."""
-        cookie = session_cookie(self.base_url)
-        return {"X-Forwarded-For": self.address, **({"Cookie": cookie} if cookie else {})}
+        return client_headers(self.address, local_cookie(self.base_url))
 
     def connect(self) -> None:
-        auth = {
-            "sessionId": self.session_id,
-            "clientType": "webapp",
-            "threadId": "",
-            "userEnv": "{}",
-            "chatProfile": "",
-        }
-        self.sio.connect(
-            self.base_url,
-            socketio_path=SOCKET_PATH,
-            transports=["websocket"],
-            auth=auth,
-            headers=self.headers(),
-            wait_timeout=10,
-        )
-        self.sio.emit("connection_successful")
+        connect_sync(self.sio, self.base_url, self.session_id, self.address)
 
     def upload(self, name: str, data: bytes) -> str:
         response = httpx.post(
@@ -259,9 +211,8 @@ class Chatter(User):
         document = self.rng.random() < self.options.document_fraction
         turn = self._document_turn() if document else self.person.send(self.rng.choice(self.questions))
         turn.done.wait(self.options.turn_timeout)
-        turn_log.write(
-            turn_row(turn, self.number, "document" if document else "chat", self.options.turn_timeout)
-        )
+        row = turn_row(turn, self.number, "document" if document else "chat", self.options.turn_timeout)
+        turn_log.write_row([row.get(column, "") for column in TURN_COLUMNS])
         self.turns_left -= 1
         if turn.refused:
             time.sleep(min(30.0, self.rng.uniform(5, 15)))

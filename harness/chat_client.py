@@ -86,6 +86,34 @@ def sign_in_sync(base_url: str, username: str | None = None, password: str | Non
         return None if request is None else _cookie_from(http.post(**request))
 
 
+def handshake(session_id: str, thread_id: str = "") -> dict[str, str]:
+    """Chainlit's socket.io `auth`, as its web page sends it."""
+    return {"sessionId": session_id, "clientType": "webapp", "threadId": thread_id, "userEnv": "{}",
+            "chatProfile": ""}  # fmt: skip
+
+
+def client_headers(address: str, cookie: str | None) -> dict[str, str]:
+    """The client's address (for per-address limits) and its sign-in cookie, if any."""
+    return {"X-Forwarded-For": address, **({"Cookie": cookie} if cookie else {})}
+
+
+_LOCAL_COOKIES: dict[str, str | None] = {}  # one sign-in per server (the local user), shared by all
+
+
+def local_cookie(base_url: str) -> str | None:
+    """The local user's sign-in cookie for the server at `base_url` (signed in once per process)."""
+    if base_url not in _LOCAL_COOKIES:
+        _LOCAL_COOKIES[base_url] = sign_in_sync(base_url)
+    return _LOCAL_COOKIES[base_url]
+
+
+def connect_sync(sio: Any, base_url: str, session_id: str, address: str, timeout: float = 10.0) -> None:
+    """Open a sync socket.io client's chat session as the local user (load generators' threads)."""
+    sio.connect(base_url, socketio_path=SOCKET_PATH, transports=["websocket"], auth=handshake(session_id),
+                headers=client_headers(address, local_cookie(base_url)), wait_timeout=timeout)  # fmt: skip
+    sio.emit("connection_successful")
+
+
 def user_message_payload(text: str, file_ids: list[str] | None = None) -> dict[str, Any]:
     """The `client_message` payload the page sends for a user message (Chainlit 2.12)."""
     return {
@@ -230,20 +258,13 @@ class ChatClient:
         """Sign in (first time), open the socket; `thread_id` opens a stored conversation."""
         if self.cookie is None:
             self.cookie = await sign_in(self.base_url, self.username, self.password)
-        auth = {
-            "sessionId": self.session_id,
-            "clientType": "webapp",
-            "threadId": thread_id,
-            "userEnv": "{}",
-            "chatProfile": "",
-        }
         await self.sio.connect(
             self.base_url,
             socketio_path=SOCKET_PATH,
             transports=["websocket"],
-            auth=auth,
+            auth=handshake(self.session_id, thread_id),
             wait_timeout=10,
-            headers={"X-Forwarded-For": self.address, **({"Cookie": self.cookie} if self.cookie else {})},
+            headers=client_headers(self.address, self.cookie),
         )
         if thread_id:
             self.thread_id = thread_id
