@@ -77,9 +77,11 @@ if [[ "$WITH_TEST" == 1 ]]; then
     pip_quiet install --no-deps -r requirements-test.txt
     touch "$test_stamp"
   fi
-  if ! command -v chromium >/dev/null 2>&1; then
-    echo "[setup] installing Debian's chromium for the browser test"
-    apt_install chromium
+  # The emoji font: people's browsers have one, and the screenshots should show what they see.
+  browser_debs=$( (command -v chromium >/dev/null 2>&1 || echo chromium); missing_debs fonts-noto-color-emoji)
+  if [[ -n "${browser_debs// /}" ]]; then
+    echo "[setup] installing Debian's" $browser_debs "for the browser test"
+    apt_install $browser_debs
   fi
   # The PostgreSQL tests start a throwaway cluster of their own (initdb on a free port).
   if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
