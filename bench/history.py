@@ -83,7 +83,9 @@ async def ttft_side_by_side(
 def message(i: int, texts: list[str], rng: random.Random) -> tuple[str, str]:
     if i % 2 == 0:
         return "user_message", texts[i // 2 % len(texts)]
-    return "assistant_message", " ".join(rng.choice(texts).split()[:8] for _ in range(ANSWER_WORDS // 8))
+    return "assistant_message", " ".join(
+        " ".join(rng.choice(texts).split()[:8]) for _ in range(ANSWER_WORDS // 8)
+    )
 
 
 async def store_conversation(history: History, user_id: str, messages: int, rng: random.Random) -> str:
@@ -156,6 +158,7 @@ def main() -> int:
     off = AppServer({**common, "CHAT_HISTORY": "false"}, logs / "bench-history-off.log").start(timeout=900)
     try:
         ttft = asyncio.run(ttft_side_by_side(on, off, conversations_n, turns))
+        print(json.dumps({"ttft_s": ttft}), flush=True)  # kept in the log even if a later part fails
         off.stop()
         resume = asyncio.run(resume_and_size(on, repeats))
     finally:
