@@ -12,6 +12,16 @@ command of the CPU package fails on its own metadata) with the same random promp
 ignore_eos, a fixed concurrency, after warm-up requests. `--rounds N` alternates plain/app N times,
 so drift on the machine lands on both. Prints throughput, TTFT and TPOT percentiles per phase and the
 ratios: app/plain output throughput (target >= 0.95) and app - plain TTFT P50 (target <= 15 ms).
+
+The app arms differ in policy, not in code path (every request passes the gate, the key check, the
+admission call and vLLM's layer):
+  app           capacity admission and per-user limits off, like the plain server: the cost of the
+                layer itself, which the targets judge;
+  app-admitted  the defaults, except per-user limits (the benchmark is one client with one key, which
+                USER_MAX_CONCURRENT_TURNS would refuse by design): what admission at a reading pace
+                does to a program that sends --concurrency requests at once (first --admitted-rounds
+                rounds only; informational).
+A phase that did not complete every prompt fails the run instead of giving a ratio.
 """
 
 from __future__ import annotations
@@ -48,6 +58,7 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument("--model", help="model folder (default: the prepared default model)")
     parser.add_argument("--quick", action="store_true", help="a short validation run")
     parser.add_argument("--rounds", type=int, default=1, help="plain/app alternations")
+    parser.add_argument("--admitted-rounds", type=int, default=1, help="rounds that also run app-admitted")
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--input-len", type=int, default=256)
@@ -101,12 +112,16 @@ def plain_phase(model_dir: str, arguments: argparse.Namespace, index: int) -> di
         server.stop()
 
 
-def app_phase(model_dir: str, arguments: argparse.Namespace, index: int) -> dict[str, Any]:
+NO_USER_LIMITS = {"USER_MAX_CONCURRENT_TURNS": "0", "USER_TOKENS_PER_MINUTE": "0"}
+APP_ARMS = {"app": {**NO_USER_LIMITS, "READING_PACE_TOKENS_PER_SECOND": "0"}, "app-admitted": NO_USER_LIMITS}
+
+
+def app_phase(model_dir: str, arguments: argparse.Namespace, index: int, arm: str) -> dict[str, Any]:
     data_dir = tempfile.mkdtemp(prefix="api-overhead-data-")
     env = {"MODEL": model_dir, "MAX_MODEL_LEN": str(arguments.max_model_len), "MAX_NUM_SEQS": "64",
            "MAX_NUM_BATCHED_TOKENS": str(arguments.max_model_len), "DTYPE": "float32", "DATA_DIR": data_dir,
-           "API_MODEL_NAME": "bench-model"}  # fmt: skip
-    server = AppServer(env, arguments.out / f"app-{index}.log").start()
+           "API_MODEL_NAME": "bench-model", **APP_ARMS[arm]}  # fmt: skip
+    server = AppServer(env, arguments.out / f"{arm}-{index}.log").start()
     try:
         run_accounts = [sys.executable, "-m", "services.accounts"]
         account_env = {**os.environ, "DATA_DIR": data_dir}
@@ -116,7 +131,7 @@ def app_phase(model_dir: str, arguments: argparse.Namespace, index: int) -> dict
                               check=True, capture_output=True, text=True)  # fmt: skip
         key = made.stdout.split()[0]
         return run_serving_benchmark(server.base_url, "bench-model", model_dir, arguments, key,
-                                     arguments.out / f"app-{index}.json")  # fmt: skip
+                                     arguments.out / f"{arm}-{index}.json")  # fmt: skip
     finally:
         server.stop()
         with contextlib.suppress(OSError):
@@ -134,10 +149,15 @@ def main() -> int:
     arguments.out.mkdir(parents=True, exist_ok=True)
     model_dir = arguments.model or str(ensure_default_model(Settings.from_env({})))
     started = time.time()
-    phases: dict[str, list[dict[str, Any]]] = {"plain": [], "app": []}
+    phases: dict[str, list[dict[str, Any]]] = {"plain": [], "app": [], "app-admitted": []}
     for index in range(arguments.rounds):
         phases["plain"].append(plain_phase(model_dir, arguments, index))
-        phases["app"].append(app_phase(model_dir, arguments, index))
+        phases["app"].append(app_phase(model_dir, arguments, index, "app"))
+        if index < arguments.admitted_rounds:
+            phases["app-admitted"].append(app_phase(model_dir, arguments, index, "app-admitted"))
+    incomplete = [
+        name for name, runs in phases.items() for run in runs if run["completed"] < arguments.prompts
+    ]
     plain_tps = median([p["output_throughput"] for p in phases["plain"]])
     app_tps = median([p["output_throughput"] for p in phases["app"]])
     added_ttft = median([p["median_ttft_ms"] for p in phases["app"]]) - median(
@@ -151,10 +171,13 @@ def main() -> int:
         "targets": {"throughput_ratio_min": TARGET_THROUGHPUT_RATIO,
                     "ttft_p50_added_ms_max": TARGET_TTFT_ADDED_MS},
     }  # fmt: skip
+    summary["incomplete_phases"] = incomplete
     summary["met"] = (
-        summary["throughput_ratio"] >= TARGET_THROUGHPUT_RATIO and added_ttft <= TARGET_TTFT_ADDED_MS
-    )
-    print(json.dumps({k: summary[k] for k in ("throughput_ratio", "ttft_p50_added_ms", "met", "seconds")}))
+        not incomplete and summary["throughput_ratio"] >= TARGET_THROUGHPUT_RATIO
+        and added_ttft <= TARGET_TTFT_ADDED_MS
+    )  # fmt: skip
+    headline = ("throughput_ratio", "ttft_p50_added_ms", "met", "incomplete_phases", "seconds")
+    print(json.dumps({k: summary[k] for k in headline}))
     for name, runs in phases.items():
         for run in runs:
             print(name, json.dumps(run))
@@ -162,7 +185,7 @@ def main() -> int:
         target = ROOT / "bench" / "results" / f"api_overhead-{datetime.now():%Y%m%d-%H%M}.json"
         target.write_text(json.dumps(summary, indent=2) + "\n")
         print(f"saved {target}")
-    return 0
+    return 1 if incomplete else 0
 
 
 if __name__ == "__main__":
