@@ -28,6 +28,7 @@ from services.admission.gate import CHAT, DOCUMENT
 from services.api.admission import ApiAdmission
 from services.api.gate import ApiGate
 from services.api.metrics import ApiMetrics
+from services.api.remote import RemoteApiServer
 from services.api.server import OpenAiServer
 from services.chat.service import ChatService
 from services.chat.store import SessionStore
@@ -68,7 +69,9 @@ class Runtime:
         self.sign_in: SignIn | None = None
         self.api: ApiGate | None = None  # the /v1 API's one door (services/api/gate.py)
         if self.settings.api_enabled:
-            self.api = ApiGate(self.settings, OpenAiServer(self.settings), ApiMetrics(self.registry))
+            remote = bool(self.settings.engine_url_list)  # their own /v1, else vLLM's layer over our engine
+            server = RemoteApiServer(self.settings) if remote else OpenAiServer(self.settings)
+            self.api = ApiGate(self.settings, server, ApiMetrics(self.registry))
 
     def set_up_people(self, bind_host: str, oauth_providers: list[str]) -> SignIn:
         """Sign-in and history for this bind address (at import, before Chainlit reads its callbacks).
@@ -129,14 +132,8 @@ class Runtime:
         await self._start_api()
 
     async def _start_api(self) -> None:
-        """vLLM's OpenAI layer over the in-process engine (with ENGINE_URLS, callers use the servers)."""
+        """The /v1 API behind its gate, over the engine (in-process, or the ENGINE_URLS servers)."""
         if self.api is None or self.engine is None:
-            return
-        if self.settings.engine_url_list:
-            self.api.unavailable_reason = (
-                "This service's model runs on vLLM servers (ENGINE_URLS): call their own /v1 API."
-            )
-            self.api.unavailable_retry_after_seconds = None  # not a matter of waiting
             return
         if self.admission is not None:  # the same queue, priority and per-user limits as chat
             self.api.admission = ApiAdmission(

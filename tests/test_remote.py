@@ -12,6 +12,7 @@ import types
 from collections.abc import Iterator
 from pathlib import Path
 
+import openai
 import pytest
 
 from harness.chat_client import ChatClient
@@ -27,11 +28,13 @@ from services.engine.remote import (
     servers_to_try,
 )
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
+from tests.test_api import HELLO, accounts
 from tests.test_server import idle
 
 LONG_ANSWER_TOKENS = 3000
 STOP_ROUNDS = 4
 NOT_AVAILABLE = "The model is not available right now"
+API_MODEL = "tiny-llama"  # the model folder's name
 
 
 # --- pure logic ---------------------------------------------------------------------
@@ -238,6 +241,44 @@ async def test_stop_aborts_the_request_on_the_vllm_server(
         assert (await client.ask("Still there?")).final, "the session keeps working after Stop"
     finally:
         await client.close()
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_the_api_is_served_by_the_vllm_servers_behind_the_gate(
+    remote_app: AppServer, vllm_server: VllmServer
+) -> None:
+    """/v1 in ENGINE_URLS mode: keys checked here, answers from the server, a disconnect aborts there."""
+    accounts(remote_app, "add", "dora", "--generate")
+    key = accounts(remote_app, "key", "create", "dora").split()[0]
+    api = openai.AsyncOpenAI(base_url=remote_app.base_url + "/v1", api_key=key, max_retries=0, timeout=60)
+    try:
+        assert [m.id for m in (await api.models.list()).data] == [API_MODEL]
+        answer = await api.chat.completions.create(model=API_MODEL, messages=HELLO, max_tokens=8)
+        assert answer.choices[0].message.content and answer.usage.completion_tokens > 0
+        parts = [c.choices[0].text async for c in await api.completions.create(
+            model=API_MODEL, prompt="Once upon a time", max_tokens=6, stream=True) if c.choices]  # fmt: skip
+        assert len(parts) > 1, "streamed from the server, not sent whole"
+        with pytest.raises(openai.NotFoundError):
+            await api.chat.completions.create(model="no-such-model", messages=HELLO, max_tokens=2)
+        with pytest.raises(openai.AuthenticationError):
+            await openai.AsyncOpenAI(base_url=remote_app.base_url + "/v1", api_key="sk-vc-wrong",
+                                     max_retries=0).models.list()  # fmt: skip
+        long_answer = {"max_tokens": LONG_ANSWER_TOKENS, "extra_body": {"ignore_eos": True}}
+        stream = await api.chat.completions.create(
+            model=API_MODEL, messages=HELLO, stream=True, **long_answer
+        )
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                break
+        assert vllm_server.requests_held() == 1
+        await stream.close()
+        deadline = time.monotonic() + 5
+        while vllm_server.requests_held() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert vllm_server.requests_held() == 0, "the client left: the server aborted the request"
+    finally:
+        await api.close()
+    await remote_app.poll(lambda s: s["engine_unfinished_requests"] == 0, timeout=5)
 
 
 @pytest.mark.asyncio(loop_scope="module")

@@ -21,7 +21,7 @@ from services.accounts.keys import ApiKeyStore, KeyHolder
 from services.api.checks import check_request, parse_body
 from services.api.errors import ApiError, with_normalized_errors
 from services.api.metrics import ApiMetrics, route_label
-from services.api.server import SERVED_PATHS, OpenAiServer
+from services.api.server import SERVED_PATHS
 from services.api.usage import AnswerMeter
 from services.config import Settings
 
@@ -33,6 +33,19 @@ MISSING_KEY = (
     "`python -m services.accounts key create <user>`)."
 )
 GENERATING_PATHS = ("/v1/chat/completions", "/v1/completions")
+
+
+class Server(Protocol):
+    """What answers a request once the gate let it in: vLLM's layer (server.py) or the ENGINE_URLS
+    servers' own /v1 (remote.py)."""
+
+    ready: bool
+
+    async def app(self, scope: Scope, receive: Callable, send: Callable) -> None: ...
+
+    async def start(self, engine_client: Any) -> None: ...
+
+    async def stop(self) -> None: ...
 
 
 class Admission(Protocol):
@@ -62,14 +75,12 @@ class AdmitAll:
 class ApiGate:
     """Keys, request limits, admission and metrics in front of vLLM's OpenAI layer (an ASGI app)."""
 
-    def __init__(self, settings: Settings, server: OpenAiServer, metrics: ApiMetrics) -> None:
+    def __init__(self, settings: Settings, server: Server, metrics: ApiMetrics) -> None:
         self.settings = settings
         self.server = server
         self.metrics = metrics
         self.keys: ApiKeyStore | None = None  # set once the accounts database is known
         self.admission: Admission = AdmitAll()
-        self.unavailable_reason = "The API is starting; try again in a few seconds."
-        self.unavailable_retry_after_seconds: float | None = 10.0
 
     async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
         path, started = scope["path"], time.monotonic()
@@ -97,8 +108,8 @@ class ApiGate:
 
     async def _serve(self, scope: Scope, receive: Callable, send: Callable) -> None:
         if not self.server.ready:
-            raise ApiError(503, self.unavailable_reason, "unavailable",
-                           retry_after_seconds=self.unavailable_retry_after_seconds)  # fmt: skip
+            raise ApiError(503, "The API is starting; try again in a few seconds.", "unavailable",
+                           retry_after_seconds=10)  # fmt: skip
         holder = await self._holder(scope)
         path = scope["path"]
         if path not in SERVED_PATHS:

@@ -1,0 +1,132 @@
+"""The /v1 API in ENGINE_URLS mode: requests that passed the gate go on to the vLLM servers' own /v1.
+
+The servers speak the protocol themselves, so nothing is translated: the body is forwarded with the
+served model's name swapped in (and the gate's `priority` dropped for a server that does not take
+one) to the least busy healthy server, and the answer streams back as the server wrote it. A
+request counts as in flight on its server while it runs, so chat and the API share the load
+picture. A client that goes away closes the server's stream, and vLLM aborts the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import Callable, MutableMapping
+from typing import Any
+
+import httpx
+
+from services.api.errors import ApiError
+from services.api.server import model_name
+from services.config import Settings
+from services.engine.remote import RemoteLLM, servers_to_try
+from services.engine.routing import Server
+
+Scope = MutableMapping[str, Any]
+RELAYED_HEADERS = (b"content-type", b"retry-after")
+
+
+class RemoteApiServer:
+    """`OpenAiServer`'s place in the gate, over the vLLM servers that RemoteLLM already knows."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.model = model_name(settings)
+        self.ready = False
+        self.remote: RemoteLLM | None = None
+        timeout = httpx.Timeout(settings.engine_stream_timeout_seconds,
+                                connect=settings.engine_connect_timeout_seconds)  # fmt: skip
+        limits = httpx.Limits(max_connections=settings.engine_max_connections)
+        self._client = httpx.AsyncClient(timeout=timeout, limits=limits)
+
+    async def start(self, engine_client: RemoteLLM) -> None:
+        self.remote = engine_client
+        self.ready = True
+
+    async def stop(self) -> None:
+        self.ready = False
+        await self._client.aclose()
+
+    async def app(self, scope: Scope, receive: Callable, send: Callable) -> None:
+        """The ASGI app the gate calls: /v1/models answered here, generation forwarded."""
+        assert self.remote is not None
+        if scope["method"] == "GET":
+            await send_json(send, 200, self.models_card())
+            return
+        body = json.loads((await receive())["body"])
+        if body.get("model", self.model) not in (self.model, self.remote.servers[0].model):
+            raise ApiError(404, f"The model `{body['model']}` does not exist.", "model_not_found", "model")
+        request_id = f"api-{uuid.uuid4().hex}"
+        server, response = await self._open(scope["path"], body, request_id)
+        try:
+            await relay(response, receive, send)
+        finally:
+            server.in_flight.discard(request_id)
+
+    def models_card(self) -> dict[str, Any]:
+        assert self.remote is not None
+        card = {"id": self.model, "object": "model", "created": int(time.time()), "owned_by": "vllm",
+                "root": self.remote.servers[0].model, "max_model_len": self.remote.max_model_len}  # fmt: skip
+        return {"object": "list", "data": [card]}
+
+    async def _open(self, path: str, body: dict[str, Any], request_id: str) -> tuple[Server, httpx.Response]:
+        """Send to the best server that takes the connection (the next one when it is refused)."""
+        assert self.remote is not None
+        for server in servers_to_try(self.remote.servers):
+            forwarded = {**body, "model": server.model}
+            if not server.accepts_priority:
+                forwarded.pop("priority", None)
+            request = self._client.build_request("POST", f"{server.url}{path}", json=forwarded,
+                                                 headers={"X-Request-Id": request_id})  # fmt: skip
+            server.in_flight.add(request_id)
+            try:
+                return server, await self._client.send(request, stream=True)
+            except httpx.ConnectError:
+                server.in_flight.discard(request_id)
+                server.healthy = False
+            except BaseException:
+                server.in_flight.discard(request_id)
+                raise
+        raise ApiError(503, "No vLLM server behind this service is reachable; try again shortly.",
+                       "unavailable", retry_after_seconds=10)  # fmt: skip
+
+
+async def relay(response: httpx.Response, receive: Callable, send: Callable) -> None:
+    """Stream the server's answer to the client; a client that leaves closes the server's stream."""
+
+    async def client_gone() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.create_task(client_gone())
+    try:
+        headers = [(k, v) for k, v in response.headers.raw if k.lower() in RELAYED_HEADERS]
+        await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+        chunks = response.aiter_raw()
+        while not watcher.done():
+            next_chunk = asyncio.ensure_future(anext(chunks, b""))
+            await asyncio.wait({next_chunk, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if not next_chunk.done():
+                next_chunk.cancel()
+                break
+            chunk = next_chunk.result()
+            if not chunk:
+                break
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        if not watcher.done():
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        await response.aclose()  # mid-answer: the server sees its client leave and aborts
+
+
+async def send_json(send: Callable, status: int, document: dict[str, Any]) -> None:
+    body = json.dumps(document).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
