@@ -121,6 +121,25 @@ async def test_document_parts_hold_only_their_share_and_chat_passes_the_rest() -
 
 
 @aio
+async def test_at_a_limit_of_one_a_document_part_does_not_keep_chat_out() -> None:
+    clock = Clock()
+    queue = Queue(gate_with(1, clock, document_slot_share=0.25, document_aging_seconds=0), clock)
+    await queue.submit("doc-1", DOCUMENT)
+    await queue.submit("chat-1", CHAT, after_seconds=5)
+    await queue.submit("chat-2", CHAT)
+    await queue.submit("doc-2", DOCUMENT)
+    assert queue.admitted == ["doc-1", "chat-1"], "one chat turn runs beside the part; the rest wait"
+    await queue.finish("chat-1")
+    assert queue.admitted[2:] == ["chat-2"]
+    await queue.finish("doc-1")
+    assert queue.admitted[3:] == [], "the limit is full with chat running"
+    await queue.finish("chat-2")
+    assert queue.admitted[3:] == ["doc-2"]
+    await queue.finish("doc-2")
+    assert queue.gate.running_total == 0 and not queue.gate.waiting
+
+
+@aio
 async def test_aging_keeps_later_chat_from_starving_a_document_part() -> None:
     clock = Clock()
     queue = Queue(gate_with(1, clock, document_aging_seconds=30), clock)
@@ -241,6 +260,27 @@ def test_the_running_limit_follows_from_measured_step_times() -> None:
     assert capacity.limit == 7
     capacity.observe_batch(8, 0.6, busy_seconds=30)  # a document's prefill slows the steps down
     assert capacity.limit < 7
+
+
+def test_with_a_warm_up_live_windows_scale_its_line_by_their_median() -> None:
+    capacity = DecodeCapacity(pace_tokens_per_second=5.0, max_running=64)
+    capacity.set_baseline({1: 0.06, 2: 0.08, 4: 0.12, 8: 0.2})  # 0.04 s + 0.02 s per stream
+    assert capacity.limit == 8, "the warm-up's line: 8 streams keep 5 tokens/s"
+
+    def window(running: int, seconds_per_token: float, at: float) -> LoadWindow:
+        busy = 10 * seconds_per_token  # ten tokens per stream
+        return LoadWindow(ended_at=at, seconds=busy, busy_seconds=busy, running=running, waiting=0,
+                          generation_tokens=10 * running, prompt_tokens=0)  # fmt: skip
+
+    for at in range(6):  # steps take twice the warm-up's, whatever the batch
+        capacity.observe(window(2 + at % 3, 2 * (0.04 + 0.02 * (2 + at % 3)), float(at)))
+    assert capacity.slowdown == pytest.approx(2, rel=0.05) and capacity.limit == 3
+    for at in range(6, 9):  # a few wild windows (a prefill chunk, a stall) do not move the median
+        capacity.observe(window(1, 2.0, float(at)))
+    assert capacity.limit == 3
+    for at in range(9, 60):  # an engine many times slower still admits one at a time, not zero
+        capacity.observe(window(1, 5.0, float(at)))
+    assert capacity.slowdown == 4.0 and capacity.limit == 1
 
 
 def test_with_one_size_seen_the_limit_steps_up_past_it_while_the_pace_holds() -> None:

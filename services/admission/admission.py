@@ -47,7 +47,9 @@ class Admission:
     def learn_from_warm_up(
         self, seconds_per_token_by_batch: dict[int, float], busy_seconds: float = 5.0
     ) -> None:
-        """Take the warm-up's decode measurements as the first points (its own windows are skipped)."""
+        """Take the warm-up's decode measurements as the line live windows scale (its own windows are
+        skipped)."""
+        self.capacity.set_baseline(seconds_per_token_by_batch)
         for size, seconds_per_token in seconds_per_token_by_batch.items():
             if size <= self.capacity.max_running:
                 self.capacity.observe_batch(size, seconds_per_token, busy_seconds)
@@ -93,6 +95,7 @@ class Admission:
             "refusals_total": dict(gate.refusals),
             "service_seconds": {kind: round(value, 2) for kind, value in gate.service_seconds.items()},
             "seconds_per_token_by_batch": self.capacity.seconds_per_token(),
+            "slowdown_vs_warm_up": round(self.capacity.slowdown, 2),
             "users_tracked": len(self.limits),
         }
 

@@ -8,12 +8,20 @@ learns the seconds per token at each batch size from the engine's own windows
 the engine mostly read prompts (more prompt tokens than generated ones) are left
 out: a document part's prefill makes steps seconds long on a CPU, and learning
 from them once collapsed the limit to 1 for everyone (BENCHMARKS.md, "Overload").
-The warm-up's batches give the first points.
+
+With the warm-up's batches (a quiet engine, every size measured the same way) the
+line is theirs, and live windows only scale it: by the median, over recent decode
+windows, of measured over expected seconds per token, kept within
+[MIN_SLOWDOWN, MAX_SLOWDOWN]. Live windows are noisy (a prefill chunk, the app's
+own work on the same cores), and fitting a line through them once learned 2 s per
+token at one stream and 0.2 s at four, which held the limit at 1 for ten minutes.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 
 import numpy as np
 
@@ -23,6 +31,10 @@ from services.engine.load import EngineLoad, LoadWindow
 BUCKET_MEMORY_SECONDS = 30.0
 # Windows mostly idle say little about step time.
 MIN_BUSY_SHARE = 0.5
+# Recent decode windows behind the slowdown factor (about half a minute of busy engine time).
+SLOWDOWN_WINDOWS = 30
+MIN_SLOWDOWN_WINDOWS = 5
+MIN_SLOWDOWN, MAX_SLOWDOWN = 0.5, 4.0
 
 
 class DecodeCapacity:
@@ -34,6 +46,31 @@ class DecodeCapacity:
         self._mean = np.zeros(max_running + 1)  # seconds per token, per batch size
         self._weight = np.zeros(max_running + 1)  # busy seconds behind each mean (capped)
         self._seen_until = -math.inf
+        self._baseline: tuple[float, float] | None = None  # (a, b) from the warm-up
+        self._ratios: deque[float] = deque(maxlen=SLOWDOWN_WINDOWS)  # measured / expected, recent windows
+
+    def set_baseline(self, seconds_per_token_by_batch: dict[int, float]) -> None:
+        """The warm-up's step times, as the line live windows scale (two sizes or more)."""
+        sizes = sorted(n for n in seconds_per_token_by_batch if n >= 1)
+        if len(sizes) < 2:
+            return
+        values = [seconds_per_token_by_batch[n] for n in sizes]
+        slope, intercept = np.polyfit(np.array(sizes, dtype=float), np.array(values), 1)
+        self._baseline = float(intercept), max(float(slope), 1e-6)
+
+    def expected(self, size: int) -> float | None:
+        """The warm-up line's seconds per token at `size` streams (None without a warm-up)."""
+        if self._baseline is None:
+            return None
+        intercept, slope = self._baseline
+        return max(intercept + slope * size, 1e-6)
+
+    @property
+    def slowdown(self) -> float:
+        """Live steps over the warm-up's: the median of recent decode windows, bounded; 1 until known."""
+        if len(self._ratios) < MIN_SLOWDOWN_WINDOWS:
+            return 1.0
+        return min(MAX_SLOWDOWN, max(MIN_SLOWDOWN, statistics.median(self._ratios)))
 
     def update(self, load: EngineLoad) -> None:
         """Take in the engine's windows that ended since the last update."""
@@ -53,6 +90,9 @@ class DecodeCapacity:
             return
         size = min(self.max_running, max(1, round(window.running)))
         self.observe_batch(size, seconds_per_token, window.busy_seconds)
+        expected = self.expected(size)
+        if expected is not None:
+            self._ratios.append(seconds_per_token / expected)
 
     def observe_batch(self, size: int, seconds_per_token: float, busy_seconds: float) -> None:
         """Fold one measurement of `size` streams into its bucket."""
@@ -80,6 +120,10 @@ class DecodeCapacity:
         if self.pace <= 0:
             return self.max_running
         target = 1.0 / self.pace
+        if self._baseline is not None:
+            intercept, slope = self._baseline
+            estimate = math.floor((target / self.slowdown - intercept) / slope + 1e-9)
+            return max(1, min(self.max_running, estimate))
         sizes = np.nonzero(self._weight)[0]
         if len(sizes) == 0:
             return 1  # nothing measured yet: one at a time until the engine shows more

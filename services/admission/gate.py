@@ -97,6 +97,15 @@ class AdmissionGate:
         """Whether `ticket`'s kind has a slot (after `documents_before` parts admitted ahead of it)."""
         return ticket.kind != DOCUMENT or self.running[DOCUMENT] + documents_before < self.document_slots
 
+    def has_room(self, ticket: Ticket) -> bool:
+        """Under the running limit, or a chat turn while no chat runs: with DOCUMENT_SLOT_SHARE below 1,
+        document parts never hold every slot against conversation (at a limit of 1, one part once kept
+        chat waiting for minutes)."""
+        if self.running_total < self.limit:
+            return True
+        chat_reserved = self.settings.document_slot_share < 1
+        return chat_reserved and ticket.kind == CHAT and self.running[CHAT] == 0
+
     @property
     def running_total(self) -> int:
         return sum(self.running.values())
@@ -115,7 +124,7 @@ class AdmissionGate:
     async def enter(self, ticket: Ticket) -> None:
         """Return once `ticket` may run; raise Refused at once when the queue is full or the wait too long."""
         ahead = bisect.bisect_left(self.waiting, ticket.order(), key=Ticket.order)
-        if ahead == 0 and self.running_total < self.limit and self.may_run(ticket):
+        if ahead == 0 and self.has_room(ticket) and self.may_run(ticket):
             self._admit(ticket)
             return
         if ticket.kind == CHAT:
@@ -161,14 +170,16 @@ class AdmissionGate:
     def admit_waiting(self) -> None:
         """Admit waiting tickets, first in order, while the limit allows (also after the limit grew)."""
         index = 0
-        while index < len(self.waiting) and self.running_total < self.limit:
+        while index < len(self.waiting):
             ticket = self.waiting[index]
-            if not self.may_run(ticket):
+            if self.has_room(ticket) and self.may_run(ticket):
+                del self.waiting[index]
+                self.waiting_by_kind[ticket.kind] -= 1
+                self._admit(ticket)
+            elif self.running_total >= self.limit and self.running[CHAT] > 0:
+                return  # full, and chat has its turn running: nobody else fits
+            else:
                 index += 1  # keeps its place; whoever may run goes
-                continue
-            del self.waiting[index]
-            self.waiting_by_kind[ticket.kind] -= 1
-            self._admit(ticket)
 
     def _admit(self, ticket: Ticket) -> None:
         ticket.admitted_at = self.clock()
