@@ -125,9 +125,9 @@ async def test_at_a_limit_of_one_a_document_part_does_not_keep_chat_out() -> Non
     clock = Clock()
     queue = Queue(gate_with(1, clock, document_slot_share=0.25, document_aging_seconds=0), clock)
     await queue.submit("doc-1", DOCUMENT)
+    await queue.submit("doc-2", DOCUMENT)  # waits, ahead of the chat turns: it came first
     await queue.submit("chat-1", CHAT, after_seconds=5)
     await queue.submit("chat-2", CHAT)
-    await queue.submit("doc-2", DOCUMENT)
     assert queue.admitted == ["doc-1", "chat-1"], "one chat turn runs beside the part; the rest wait"
     await queue.finish("chat-1")
     assert queue.admitted[2:] == ["chat-2"]

@@ -124,7 +124,7 @@ class AdmissionGate:
     async def enter(self, ticket: Ticket) -> None:
         """Return once `ticket` may run; raise Refused at once when the queue is full or the wait too long."""
         ahead = bisect.bisect_left(self.waiting, ticket.order(), key=Ticket.order)
-        if ahead == 0 and self.has_room(ticket) and self.may_run(ticket):
+        if self.has_room(ticket) and self.may_run(ticket) and self._nobody_ahead_runs(ticket, ahead):
             self._admit(ticket)
             return
         if ticket.kind == CHAT:
@@ -149,6 +149,13 @@ class AdmissionGate:
                 self.waiting.remove(ticket)
                 self.waiting_by_kind[ticket.kind] -= 1
             raise
+
+    def _nobody_ahead_runs(self, ticket: Ticket, ahead: int) -> bool:
+        """Nothing waits ahead, or only document parts that cannot run (over their share) ahead of a
+        chat turn: they keep their place, and the turn goes."""
+        if ahead == 0:
+            return True
+        return ticket.kind == CHAT and all(t.kind == DOCUMENT for t in self.waiting[:ahead])
 
     def refuse(self, reason: str, ahead: int, wait_seconds: float) -> Refused:
         self.refusals[reason] += 1
