@@ -2,9 +2,11 @@
 
 The servers speak the protocol themselves, so nothing is translated: the body is forwarded with the
 served model's name swapped in (and the gate's `priority` dropped for a server that does not take
-one) to the least busy healthy server, and the answer streams back as the server wrote it. A
-request counts as in flight on its server while it runs, so chat and the API share the load
-picture. A client that goes away closes the server's stream, and vLLM aborts the request.
+one) through chat's own `RemoteLLM.open_stream` (the same server choice, retries on refused
+connections, connection pool and ENGINE_MAX_CONNECTIONS bound), and the answer streams back as
+the server wrote it. A request counts as in flight on its server while it runs, so chat and the API
+share the load picture. A client that goes away closes the server's stream, and vLLM aborts the
+request.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import httpx
 from services.api.errors import ApiError
 from services.api.server import model_name
 from services.config import Settings
-from services.engine.remote import RemoteLLM, servers_to_try
+from services.engine.remote import RemoteLLM, ServerUnreachableError
 from services.engine.routing import Server
 
 Scope = MutableMapping[str, Any]
@@ -37,10 +39,6 @@ class RemoteApiServer:
         self.model = model_name(settings)
         self.ready = False
         self.remote: RemoteLLM | None = None
-        timeout = httpx.Timeout(settings.engine_stream_timeout_seconds,
-                                connect=settings.engine_connect_timeout_seconds)  # fmt: skip
-        limits = httpx.Limits(max_connections=settings.engine_max_connections)
-        self._client = httpx.AsyncClient(timeout=timeout, limits=limits)
 
     async def start(self, engine_client: RemoteLLM) -> None:
         self.remote = engine_client
@@ -48,7 +46,6 @@ class RemoteApiServer:
 
     async def stop(self) -> None:
         self.ready = False
-        await self._client.aclose()
 
     async def app(self, scope: Scope, receive: Callable, send: Callable) -> None:
         """The ASGI app the gate calls: /v1/models answered here, generation forwarded."""
@@ -73,25 +70,19 @@ class RemoteApiServer:
         return {"object": "list", "data": [card]}
 
     async def _open(self, path: str, body: dict[str, Any], request_id: str) -> tuple[Server, httpx.Response]:
-        """Send to the best server that takes the connection (the next one when it is refused)."""
         assert self.remote is not None
-        for server in servers_to_try(self.remote.servers):
+
+        def body_for(server: Server) -> dict[str, Any]:
             forwarded = {**body, "model": server.model}
             if not server.accepts_priority:
                 forwarded.pop("priority", None)
-            request = self._client.build_request("POST", f"{server.url}{path}", json=forwarded,
-                                                 headers={"X-Request-Id": request_id})  # fmt: skip
-            server.in_flight.add(request_id)
-            try:
-                return server, await self._client.send(request, stream=True)
-            except httpx.ConnectError:
-                server.in_flight.discard(request_id)
-                server.healthy = False
-            except BaseException:
-                server.in_flight.discard(request_id)
-                raise
-        raise ApiError(503, "No vLLM server behind this service is reachable; try again shortly.",
-                       "unavailable", retry_after_seconds=10)  # fmt: skip
+            return forwarded
+
+        try:
+            return await self.remote.open_stream(path, body_for, request_id)
+        except ServerUnreachableError:
+            raise ApiError(503, "No vLLM server behind this service is reachable; try again shortly.",
+                           "unavailable", retry_after_seconds=10) from None  # fmt: skip
 
 
 async def relay(response: httpx.Response, receive: Callable, send: Callable) -> None:

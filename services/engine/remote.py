@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import httpx
@@ -159,21 +159,35 @@ class RemoteLLM:
     async def _open_stream(
         self, prompt_ids: list[int], params: Any, request_id: str, priority: int = 0
     ) -> tuple[Server, httpx.Response]:
-        """Send the request to the best server that takes the connection; it counts as in flight there.
+        """Chat's completion request, sent by `open_stream` (prefix affinity when it is on)."""
+        hashes = prefix_hashes(prompt_ids) if self._affinity_slack is not None else []
+
+        def body_for(server: Server) -> dict[str, Any]:
+            return completion_body(
+                server.model, prompt_ids, params, priority if server.accepts_priority else None
+            )
+
+        return await self.open_stream("/v1/completions", body_for, request_id, hashes)
+
+    async def open_stream(
+        self,
+        path: str,
+        body_for: Callable[[Server], dict[str, Any]],
+        request_id: str,
+        hashes: Sequence[int] = (),
+    ) -> tuple[Server, httpx.Response]:
+        """POST `body_for(server)` to `path` on the best server that takes the connection; the request
+        counts as in flight there (the caller discards it when done).
 
         A refused connection means the request reached nobody, so the next
         server is tried. Any later failure is raised: the request may be
         running on that server, and sending it twice would double the work.
         """
         refused: ServerUnreachableError | None = None
-        hashes = prefix_hashes(prompt_ids) if self._affinity_slack is not None else []
         for server in servers_to_try(self.servers, hashes, self._affinity_slack):
-            body = completion_body(
-                server.model, prompt_ids, params, priority if server.accepts_priority else None
-            )
             headers = {"X-Request-Id": request_id}
             request = self._client.build_request(
-                "POST", f"{server.url}/v1/completions", json=body, headers=headers
+                "POST", f"{server.url}{path}", json=body_for(server), headers=headers
             )
             server.in_flight.add(request_id)
             try:
