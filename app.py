@@ -277,8 +277,7 @@ async def account_removed() -> bool:
 
 @cl.on_stop
 async def stop_turn() -> None:
-    if session := runtime.sessions.get(cl.context.session.id):
-        session.cancel_turn()
+    runtime.sessions.stop(cl.context.session.id)
 
 
 @cl.on_chat_end

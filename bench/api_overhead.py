@@ -4,7 +4,12 @@
     .venv/bin/python bench/api_overhead.py --save-results     # verdict (~20 min), JSON under bench/results/
 
 One run, phases in turn (never two engines at once), on the same model and engine options:
-  plain: `python -m vllm.entrypoints.openai.api_server` (harness.server.VllmServer), the reference;
+  plain: `python -m vllm.entrypoints.openai.api_server` (harness.server.VllmServer), the reference,
+         started with the engine environment the app gives vLLM's processes (ENGINE_ALLOCATOR's
+         preload and MALLOC_CONF, the oneDNN cache bound, priority scheduling, the prefill cap), so
+         the ratio judges the API layer and not the allocator (which the churn bench judges);
+  plain-vllm-defaults: the same server on vLLM's own defaults (glibc, fcfs), first round only:
+         what the engine environment itself costs (informational);
   app:   `chainlit run app.py` (harness.server.AppServer), an account and key made with
          `python -m services.accounts`, requests through the gate and vLLM's layer mounted in the app.
 Each phase runs `vllm.benchmarks.serve` (vLLM's serving benchmark, called as a module: the `vllm`
@@ -21,7 +26,8 @@ admission call and vLLM's layer):
                 USER_MAX_CONCURRENT_TURNS would refuse by design): what admission at a reading pace
                 does to a program that sends --concurrency requests at once (first --admitted-rounds
                 rounds only; informational).
-A phase that did not complete every prompt fails the run instead of giving a ratio.
+A plain or app phase that did not complete every prompt fails the run instead of giving a ratio
+(app-admitted may refuse requests over the reading pace by design: its count is reported).
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import machine_info
 from harness.server import AppServer, VllmServer
 from services.config import Settings
+from services.engine.allocators import engine_memory_env
 from services.engine.model_prep import ensure_default_model
 
 TARGET_THROUGHPUT_RATIO = 0.95
@@ -102,12 +109,27 @@ def run_serving_benchmark(base_url: str, model: str, tokenizer: str, arguments: 
     return {name: result.get(name) for name in KEPT}
 
 
-def plain_phase(model_dir: str, arguments: argparse.Namespace, index: int) -> dict[str, Any]:
-    server = VllmServer(Path(model_dir), arguments.out / f"plain-{index}.log", arguments.max_model_len,
-                        "--max-num-seqs", "64").start()  # fmt: skip
+def app_engine_options(settings: Settings) -> tuple[dict[str, str], list[str]]:
+    """(environment, server flags): what the app gives vLLM's processes beyond the shared options."""
+    env = {
+        **engine_memory_env(settings, {}),
+        "ONEDNN_PRIMITIVE_CACHE_CAPACITY": str(settings.engine_onednn_cache_capacity),
+    }
+    flags = ["--long-prefill-token-threshold", str(settings.long_prefill_token_threshold)]
+    if settings.priority_scheduling:
+        flags += ["--scheduling-policy", "priority"]
+    return env, flags
+
+
+def plain_phase(model_dir: str, arguments: argparse.Namespace, index: int, arm: str) -> dict[str, Any]:
+    env, flags = app_engine_options(Settings.from_env({})) if arm == "plain" else ({}, [])
+    server = VllmServer(Path(model_dir), arguments.out / f"{arm}-{index}.log", arguments.max_model_len,
+                        "--max-num-seqs", "64", *flags)  # fmt: skip
+    server.env.update(env)
+    server.start()
     try:
         return run_serving_benchmark(server.url, model_dir, model_dir, arguments, None,
-                                     arguments.out / f"plain-{index}.json")  # fmt: skip
+                                     arguments.out / f"{arm}-{index}.json")  # fmt: skip
     finally:
         server.stop()
 
@@ -149,15 +171,18 @@ def main() -> int:
     arguments.out.mkdir(parents=True, exist_ok=True)
     model_dir = arguments.model or str(ensure_default_model(Settings.from_env({})))
     started = time.time()
-    phases: dict[str, list[dict[str, Any]]] = {"plain": [], "app": [], "app-admitted": []}
+    phases: dict[str, list[dict[str, Any]]] = {
+        "plain": [], "app": [], "app-admitted": [], "plain-vllm-defaults": []}  # fmt: skip
     for index in range(arguments.rounds):
-        phases["plain"].append(plain_phase(model_dir, arguments, index))
+        phases["plain"].append(plain_phase(model_dir, arguments, index, "plain"))
         phases["app"].append(app_phase(model_dir, arguments, index, "app"))
         if index < arguments.admitted_rounds:
             phases["app-admitted"].append(app_phase(model_dir, arguments, index, "app-admitted"))
-    incomplete = [
-        name for name, runs in phases.items() for run in runs if run["completed"] < arguments.prompts
-    ]
+        if index == 0 and not arguments.quick:
+            defaults = "plain-vllm-defaults"
+            phases[defaults].append(plain_phase(model_dir, arguments, index, defaults))
+    judged = ("plain", "app")
+    incomplete = [name for name in judged for run in phases[name] if run["completed"] < arguments.prompts]
     plain_tps = median([p["output_throughput"] for p in phases["plain"]])
     app_tps = median([p["output_throughput"] for p in phases["app"]])
     added_ttft = median([p["median_ttft_ms"] for p in phases["app"]]) - median(
@@ -171,6 +196,12 @@ def main() -> int:
         "targets": {"throughput_ratio_min": TARGET_THROUGHPUT_RATIO,
                     "ttft_p50_added_ms_max": TARGET_TTFT_ADDED_MS},
     }  # fmt: skip
+    if defaults := phases["plain-vllm-defaults"]:  # the app's engine environment against vLLM's own
+        reference = phases["plain"][0]
+        summary["engine_env_vs_vllm_defaults"] = {
+            "throughput_ratio": round(reference["output_throughput"] / defaults[0]["output_throughput"], 3),
+            "ttft_p50_added_ms": round(reference["median_ttft_ms"] - defaults[0]["median_ttft_ms"], 1),
+        }
     summary["incomplete_phases"] = incomplete
     summary["met"] = (
         not incomplete and summary["throughput_ratio"] >= TARGET_THROUGHPUT_RATIO

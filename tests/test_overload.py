@@ -56,8 +56,13 @@ async def clients(server: AppServer, count: int, address: str | None = None):
     try:
         yield connected
     finally:
-        await asyncio.gather(*(client.close() for client in connected), return_exceptions=True)
-        await server.poll(lambda s: s["sessions"] == 0 and s["engine_unfinished_requests"] == 0, timeout=10)
+        closed = await asyncio.gather(*(client.close() for client in connected), return_exceptions=True)
+        try:
+            await server.poll(lambda s: s["sessions"] == 0 and s["engine_unfinished_requests"] == 0, 10)
+        except AssertionError as error:  # what the server did with the closes, for the next reader
+            lines = server.log_path.read_text(errors="replace").splitlines()
+            sessions = [line for line in lines if "session" in line][-30:]
+            raise AssertionError(f"{error}\nclose() results: {closed}\n" + "\n".join(sessions)) from None
 
 
 async def settled_status(server: AppServer, predicate, timeout: float = 10) -> dict:

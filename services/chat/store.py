@@ -104,6 +104,12 @@ class SessionStore:
         if session is not None:
             self._release(session, "closed")
 
+    def stop(self, session_id: str) -> None:
+        """The user pressed Stop: cancel the running turn (aborting its engine request)."""
+        session = self._sessions.get(session_id)
+        if session is not None and session.cancel_turn() is not None:
+            logger.info("session %s stopped: cancelled its running turn", session_id[:8])
+
     def disconnect(self, session_id: str, keep_seconds: float) -> None:
         """The page went away: cancel the running turn now (aborting its engine request), but keep
         the conversation `keep_seconds` (Chainlit's session_timeout) for the page to reconnect."""
