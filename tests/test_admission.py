@@ -283,6 +283,53 @@ def test_with_a_warm_up_live_windows_scale_its_line_by_their_median() -> None:
     assert capacity.slowdown == 4.0 and capacity.limit == 1
 
 
+def test_streams_slower_than_the_pace_lower_the_limit_and_fast_ones_raise_it_back() -> None:
+    clock = Clock()
+    gate = gate_with(6, clock)
+    pace = gate.pace
+    streams = [object() for _ in range(6)]
+
+    def stream_for(seconds: float, tokens_per_second: float, among=streams) -> None:
+        due = 0.0
+        for _ in range(round(seconds * 10)):  # tenths of a second
+            clock.now += 0.1
+            due += 0.1 * tokens_per_second
+            while due >= 1 - 1e-9:
+                due -= 1
+                for stream in among:
+                    pace.token(stream)
+
+    for stream in streams:
+        pace.started(stream)
+    stream_for(2, 3.0)
+    assert pace.slowest() is None, "streams younger than a few seconds have no pace yet"
+    stream_for(8, 3.0)  # six streams at 3 tokens/s, under the pace of 5 (prefill slowing the steps)
+    assert pace.slowest() == pytest.approx(3.0, abs=0.3)
+    pace.adjust(running=6, model_limit=6)
+    assert gate.limit == 5 and pace.lowered_total == 1
+    pace.adjust(running=6, model_limit=6)
+    assert gate.limit == 5, "one step per ADJUST_SECONDS: each change gets time to show"
+    stream_for(5.5, 3.0)
+    pace.adjust(running=6, model_limit=6)
+    assert gate.limit == 4
+    for stream in streams[4:]:
+        pace.ended(stream)
+    assert len(pace) == 4, "ended streams are forgotten"
+    stream_for(11, 10.0, streams[:4])  # four streams now keep twice the pace
+    pace.adjust(running=4, model_limit=6)
+    assert gate.limit == 5
+    stream_for(5.5, 10.0, streams[:4])
+    pace.adjust(running=4, model_limit=6)
+    assert gate.limit == 5, "raised only while the cap is reached"
+    pace.adjust(running=5, model_limit=6)
+    assert gate.limit == 6 and pace.cap is None, "back at the model's limit: no cap"
+    off = gate_with(6, clock, reading_pace_tokens_per_second=0).pace
+    off.started(streams[0])
+    clock.now += 30
+    off.adjust(running=6, model_limit=6)
+    assert off.cap is None, "pace 0: admission is off"
+
+
 def test_with_one_size_seen_the_limit_steps_up_past_it_while_the_pace_holds() -> None:
     capacity = DecodeCapacity(pace_tokens_per_second=5.0, max_running=64)
     capacity.observe_batch(1, 0.1, busy_seconds=5)

@@ -75,6 +75,7 @@ class Admission:
     def refresh(self) -> None:
         """Learn from the engine's latest windows, then admit whoever the new limit lets in."""
         self.capacity.update(self.load)
+        self.gate.pace.adjust(self.gate.running_total, self.capacity.limit)
         self.gate.admit_waiting()
 
     @property
@@ -96,6 +97,7 @@ class Admission:
             "service_seconds": {kind: round(value, 2) for kind, value in gate.service_seconds.items()},
             "seconds_per_token_by_batch": self.capacity.seconds_per_token(),
             "slowdown_vs_warm_up": round(self.capacity.slowdown, 2),
+            "stream_pace": gate.pace.status(),
             "users_tracked": len(self.limits),
         }
 
@@ -164,11 +166,16 @@ class AdmittedEngine:
             self._admission.note_refusal(refusal)
             raise
         parts: list[str] = []
+        pace = gate.pace if self.kind == CHAT else None  # what a person reads is what the pace judges
         try:
             priority = gate.engine_priority(ticket)
             stream = self._engine.generate(messages, sampling, request_id, priority=priority, **options)
             async with contextlib.aclosing(stream):
                 async for delta in stream:
+                    if pace is not None:
+                        if not parts:
+                            pace.started(ticket)
+                        pace.token(ticket)
                     parts.append(delta)
                     yield delta
         except Exception as error:
@@ -180,6 +187,8 @@ class AdmittedEngine:
             self._admission.note_refusal(refusal)
             raise refusal from error
         finally:
+            if pace is not None:
+                pace.ended(ticket)
             gate.release(ticket)
             if self.kind == CHAT and context is not None and context.usage is not None and parts:
                 self._admission.limits.record_tokens(context.usage, self._engine.count_tokens("".join(parts)))

@@ -1,6 +1,6 @@
 """Our waiting queue in front of the engine: admit while the running limit allows, chat first, bounded.
 
-Requests beyond the running limit (capacity.py) wait here, not inside vLLM,
+Requests beyond the running limit (capacity.py, capped by pace.py) wait here, not inside vLLM,
 so that they can be counted, shown to their user with a place and an
 estimate, and refused at once when the queue is full or the wait too long.
 ADMISSION_QUEUE_MAX bounds the chat turns waiting; document parts wait besides
@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from services.admission.capacity import DecodeCapacity
 from services.admission.errors import QUEUE_FULL, WAIT_TOO_LONG, Refused, busy
+from services.admission.pace import StreamPace
 from services.config import Settings
 
 CHAT = "chat"
@@ -66,6 +67,7 @@ class AdmissionGate:
         self.settings = settings
         self.capacity = capacity
         self.clock = clock
+        self.pace = StreamPace(settings.reading_pace_tokens_per_second, clock)  # what chat streams get
         self.waiting: list[Ticket] = []  # sorted by Ticket.order
         self.waiting_by_kind: Counter[str] = Counter()  # chat turns: at most ADMISSION_QUEUE_MAX
         self.running: Counter[str] = Counter()
@@ -85,7 +87,7 @@ class AdmissionGate:
     @property
     def limit(self) -> int:
         """Requests allowed to run at once (no limit when admission is off)."""
-        return self.capacity.limit if self.enabled else sys.maxsize
+        return self.pace.limit(self.capacity.limit) if self.enabled else sys.maxsize
 
     @property
     def document_slots(self) -> int:

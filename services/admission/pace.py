@@ -1,0 +1,94 @@
+"""What running chat streams actually get: when the slowest falls under the reading pace, fewer run.
+
+The capacity model (capacity.py) predicts step times from decode windows and
+leaves out the windows where the engine read prompts. But a person reads the
+stream they get, prefill included: in the third overload run the model allowed
+six streams while they got 2.6 tokens/s at the median and 1.1 at P5, because
+document parts' prefill chunks made the steps several times longer than decode
+alone. `StreamPace` watches the result instead: the tokens each running chat
+stream received over its last PACE_WINDOW_SECONDS. Every ADJUST_SECONDS at most,
+when the slowest is under the pace, it caps the running limit one below what
+runs; when every stream keeps HEADROOM times the pace while the cap is reached,
+the cap rises by one, and it goes away once it reaches the model's limit.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Hashable
+
+PACE_WINDOW_SECONDS = 10.0  # a stream's pace is the tokens it received in this window
+MIN_STREAM_SECONDS = 4.0  # younger streams have no pace yet (the first token may take a prefill)
+ADJUST_SECONDS = 5.0  # the cap moves at most this often: each change gets time to show
+HEADROOM = 1.5  # grow only while every stream keeps this multiple of the pace
+MAX_TIMES_PER_STREAM = 4096  # token times kept per stream (a bound, far above any pace in the window)
+
+
+class StreamPace:
+    """Token arrival times of the running chat streams, and the cap on the running limit they imply."""
+
+    def __init__(self, pace_tokens_per_second: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.pace = pace_tokens_per_second
+        self.clock = clock
+        self.cap: int | None = None  # None: the capacity model's limit stands
+        self.lowered_total = 0
+        self._streams: dict[Hashable, tuple[float, deque[float]]] = {}  # owned by running requests
+        self._changed_at = -math.inf
+
+    def started(self, stream: Hashable) -> None:
+        self._streams[stream] = (self.clock(), deque(maxlen=MAX_TIMES_PER_STREAM))
+
+    def token(self, stream: Hashable) -> None:
+        if (entry := self._streams.get(stream)) is not None:
+            entry[1].append(self.clock())
+
+    def ended(self, stream: Hashable) -> None:
+        self._streams.pop(stream, None)
+
+    def __len__(self) -> int:
+        return len(self._streams)
+
+    def slowest(self) -> float | None:
+        """The lowest tokens/s among streams old enough to have a pace; None when there is none."""
+        now = self.clock()
+        rates = []
+        for started_at, times in self._streams.values():
+            age = now - started_at
+            if age < MIN_STREAM_SECONDS:
+                continue
+            while times and times[0] < now - PACE_WINDOW_SECONDS:
+                times.popleft()
+            rates.append(len(times) / min(age, PACE_WINDOW_SECONDS))
+        return min(rates) if rates else None
+
+    def adjust(self, running: int, model_limit: int) -> None:
+        """Lower the cap below `running` when a stream is too slow; raise it when all keep HEADROOM."""
+        if self.pace <= 0:
+            return
+        now = self.clock()
+        if now - self._changed_at < ADJUST_SECONDS:
+            return
+        slowest = self.slowest()
+        if slowest is None:
+            return
+        if slowest < self.pace and running > 1:
+            self.cap = max(1, min(running, self.cap or running) - 1)
+            self.lowered_total += 1
+            self._changed_at = now
+        elif self.cap is not None and slowest >= HEADROOM * self.pace and running >= self.cap:
+            self.cap = None if self.cap + 1 >= model_limit else self.cap + 1
+            self._changed_at = now
+
+    def limit(self, model_limit: int) -> int:
+        """The running limit: the model's, or the cap when lower."""
+        return model_limit if self.cap is None else min(model_limit, self.cap)
+
+    def status(self) -> dict[str, float | int | None]:
+        slowest = self.slowest()
+        return {
+            "slowest_stream_tokens_per_second": None if slowest is None else round(slowest, 2),
+            "cap": self.cap,
+            "lowered_total": self.lowered_total,
+        }
