@@ -170,6 +170,7 @@ def summarize(turns: list[dict[str, Any]], timeout: float) -> dict[str, Any]:
             sum(t["outcome"] == "answered" for t in accepted) / max(1, len(accepted)), 3
         ),
         "unfinished_after_timeout": sum(t["outcome"] == "timeout" for t in accepted),
+        "connection_lost": sum(t["outcome"] == "connection_lost" for t in accepted),
         "failed": sum(t["outcome"] == "failed" for t in accepted),
         "refused_share": round(len(refused) / max(1, len(turns)), 3),
         "refused_by_reason": {

@@ -42,6 +42,7 @@ PROMPTS_FILE = Path(__file__).resolve().parent / "data" / "prompts.json"
 TURN_COLUMNS = (
     "user", "kind", "sent_unix", "outcome", "refused_reason", "told_seconds", "ttft_seconds",
     "first_signal_seconds", "max_silence_seconds", "tokens", "stream_seconds", "total_seconds",
+    "connection_lost_seconds",
 )  # fmt: skip
 SINGLE_PASS_WORDS = (800, 1200, 1800, 2500)
 MAP_REDUCE_WORDS = 7000  # over the 8,192-token context: summarized in parts
@@ -87,6 +88,7 @@ class Turn:
     final_at: float | None = None
     refused: str | None = None
     failed: bool = False
+    connection_lost_at: float | None = None  # the server closed the socket before the turn ended
     done: threading.Event = field(default_factory=threading.Event)
 
 
@@ -100,6 +102,14 @@ class Person:
         self.turn: Turn | None = None
         for name in ("stream_start", "stream_token", "new_message", "update_message", "delete_message"):
             self.sio.on(name, self._handler(name))
+        self.sio.on("disconnect", self._lost)
+
+    def _lost(self, *_: Any) -> None:
+        """The socket closed (not by us: close() forgets the turn first); the turn cannot finish."""
+        turn = self.turn
+        if turn is not None and not turn.done.is_set():
+            turn.connection_lost_at = time.monotonic()
+            turn.done.set()
 
     def _handler(self, name: str):
         def handle(data: Any = None) -> None:
@@ -153,6 +163,7 @@ class Person:
         return self.turn
 
     def close(self) -> None:
+        self.turn = None
         with contextlib.suppress(Exception):
             self.sio.disconnect()
 
@@ -160,9 +171,10 @@ class Person:
 def turn_row(turn: Turn, user: int, kind: str, timeout: float) -> dict[str, Any]:
     """What the person saw, as one CSV row (times in seconds from sending)."""
     outcome = (
-        "refused" if turn.refused else "failed" if turn.failed else "answered" if turn.final_at else "timeout"
-    )
-    until = turn.first_token_at or turn.final_at or turn.sent_at + timeout
+        "refused" if turn.refused else "failed" if turn.failed else "answered" if turn.final_at
+        else "connection_lost" if turn.connection_lost_at else "timeout"
+    )  # fmt: skip
+    until = turn.first_token_at or turn.final_at or turn.connection_lost_at or turn.sent_at + timeout
     marks = [turn.sent_at, *(s for s in turn.signals if s <= until), until]
     silence = max(b - a for a, b in itertools.pairwise(marks))
     stream = (
@@ -177,6 +189,9 @@ def turn_row(turn: Turn, user: int, kind: str, timeout: float) -> dict[str, Any]
         "max_silence_seconds": round(silence, 3), "tokens": turn.pieces,
         "stream_seconds": round(stream, 3) if stream is not None else "",
         "total_seconds": round(turn.final_at - turn.sent_at, 3) if turn.final_at else "",
+        "connection_lost_seconds": (
+            round(turn.connection_lost_at - turn.sent_at, 3) if turn.connection_lost_at else ""
+        ),
     }  # fmt: skip
 
 
@@ -216,7 +231,7 @@ class Chatter(User):
         self.turns_left -= 1
         if turn.refused:
             time.sleep(min(30.0, self.rng.uniform(5, 15)))
-        if self.turns_left <= 0 or not turn.done.is_set():
+        if self.turns_left <= 0 or not turn.done.is_set() or turn.connection_lost_at:
             self.person.close()
             self.person = None
 
