@@ -125,6 +125,8 @@ def run_arm(name: str, options: argparse.Namespace, out: Path) -> dict[str, Any]
             "refusals_counted_in_metrics": after["chat_admission_refusals_total"]
             - before["chat_admission_refusals_total"],
             "admission_at_end": status.get("admission"),
+            "event_loop_lag_max_seconds": status.get("event_loop_lag_max_seconds"),
+            "sessions_dropped_total": status.get("sessions_dropped_total"),
         }
     )
     return summary
