@@ -31,7 +31,7 @@ class ChatSettings:
         -2,
     )
     loop_guard_min_tokens: int = setting(
-        48,
+        32,
         "LOOP_GUARD_MIN_TOKENS",
         "The loop guard stops an answer (and aborts its engine request) once a unit of tokens has "
         "been repeated exactly over this many tokens; 0 = off.",

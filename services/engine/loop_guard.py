@@ -29,7 +29,7 @@ SYMBOL_ONLY_FACTOR = 4  # a unit of pure markup ("|---") must repeat this many t
 class LoopGuardConfig:
     """When a repeating tail counts as a loop (see LOOP_GUARD_* settings)."""
 
-    min_tokens: int = 48  # repeated tokens before the guard fires; 0 = the guard is off
+    min_tokens: int = 32  # repeated tokens before the guard fires; 0 = the guard is off
     min_repeats: int = 3  # copies of the unit in the tail, the first one included
     max_period: int = 256  # longest unit, in tokens, looked for
 
