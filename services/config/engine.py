@@ -44,6 +44,16 @@ class EngineSettings:
         "turn's first token, stays short. 0 = up to MAX_NUM_BATCHED_TOKENS.",
         0,
     )
+    block_size: int = setting(
+        32,
+        "BLOCK_SIZE",
+        "Tokens per KV-cache block, the unit of prefix caching: a follow-up re-reads the partial block "
+        "at the end of the cached prefix (a document, the history) and everything after it. 32 "
+        "re-read a repeated 512-token prompt in 61 ms against 153 ms at vLLM's CPU default of 128, "
+        "for ~4% less throughput (BENCHMARKS.md). 0 = vLLM's default; the CPU backend wants multiples "
+        "of 32.",
+        0,
+    )
     max_num_queued_reqs: int = setting(
         128,
         "MAX_NUM_QUEUED_REQS",

@@ -30,11 +30,11 @@ logger = logging.getLogger(__name__)
 
 ENGINE_ARG_NAMES = (
     "model", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
-    "long_prefill_token_threshold", "max_num_queued_reqs", "max_num_queued_tokens",
+    "long_prefill_token_threshold", "block_size", "max_num_queued_reqs", "max_num_queued_tokens",
     "enable_prefix_caching", "enable_chunked_prefill", "gpu_memory_utilization",
     "swap_space", "enforce_eager", "tensor_parallel_size", "quantization", "kv_cache_dtype",
 )  # fmt: skip
-NONE_WHEN_ZERO = ("max_num_queued_reqs", "max_num_queued_tokens")  # 0 = vLLM's None: no limit
+NONE_WHEN_ZERO = ("block_size", "max_num_queued_reqs", "max_num_queued_tokens")  # 0 = vLLM's None
 RPC_DIR_PREFIX = "vllm-chat-rpc-"
 
 
