@@ -16,6 +16,7 @@ from services.documents.cache import SummaryCache, summary_key
 from services.documents.chunking import split_into_chunks
 from services.documents.errors import DocumentError
 from services.documents.extract import Document, extract_document
+from services.documents.prompts import SummaryPrompts, without_repeated_sentences
 from services.documents.ranking import rank_chunks
 from services.documents.sniff import sniff_kind
 from services.documents.word import inflate_bounded
@@ -432,3 +433,20 @@ def test_cache_entries_expire_after_ttl() -> None:
     timer.now += 2
     assert cache.get("k") is None
     assert len(cache) == 0 and cache.size_bytes == 0
+
+
+def test_the_reduce_step_reads_each_sentence_once_without_part_labels() -> None:
+    partials = [
+        "This document is part of a longer document. It explains how triggers are declared.",
+        "This document is part of a longer document. It explains how triggers are activated by dpkg.",
+        "This document is part of a longer document.",
+        "Cycles between triggers are detected and reported.",
+    ]
+    assert without_repeated_sentences(partials) == [
+        "This document is part of a longer document. It explains how triggers are declared.",
+        "It explains how triggers are activated by dpkg.",
+        "Cycles between triggers are detected and reported.",
+    ], "a sentence seen before is dropped; a part left with nothing is dropped too"
+    prompt = SummaryPrompts("en", "").reduce("You are helpful.", partials)[-1]["content"]
+    assert "Part 1" not in prompt and prompt.count("part of a longer document") == 1
+    assert without_repeated_sentences(["Same.", "Same."]) == ["Same."]

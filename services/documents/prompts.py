@@ -7,6 +7,7 @@ language where we have a translation, and names that language either way.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from services.documents.language import DEFAULT_LANGUAGE, language_name
@@ -30,8 +31,9 @@ WORDINGS = {
         "(Answer about the document above, in English.)",
         "This is part {n} of {total} of a longer document. Summarize this part in one short paragraph: "
         "keep its key facts, names, commands and numbers.",
-        "Above are summaries of consecutive parts of one document. Combine them into one summary of "
-        "the whole document: its purpose, its main points part by part, and its conclusions.",
+        "Above are notes on consecutive parts of one document. Write one summary of the whole "
+        "document in your own words, in a few paragraphs: its purpose, its main points and its "
+        "conclusions. Do not list the parts and do not repeat a sentence.",
     ),
     "pt": Wording(
         "Resuma o documento acima em alguns parágrafos, em português: o seu objetivo, os pontos "
@@ -39,8 +41,9 @@ WORDINGS = {
         "(Responda sobre o documento acima, em português.)",
         "Esta é a parte {n} de {total} de um documento mais longo. Resuma esta parte num parágrafo "
         "curto, em português: mantenha os factos, nomes, comandos e números principais.",
-        "Acima estão resumos de partes consecutivas de um documento. Junte-os num único resumo do "
-        "documento inteiro, em português: o objetivo, os pontos principais de cada parte e as conclusões.",
+        "Acima estão notas sobre partes consecutivas de um documento. Escreva um único resumo do "
+        "documento inteiro por palavras suas, em alguns parágrafos, em português: o objetivo, os pontos "
+        "principais e as conclusões. Não enumere as partes nem repita frases.",
     ),
     "es": Wording(
         "Resume el documento anterior en unos párrafos, en español: su propósito, los puntos "
@@ -48,9 +51,9 @@ WORDINGS = {
         "(Responde sobre el documento anterior, en español.)",
         "Esta es la parte {n} de {total} de un documento más largo. Resume esta parte en un párrafo "
         "breve, en español: conserva sus datos, nombres, órdenes y cifras clave.",
-        "Arriba hay resúmenes de partes consecutivas de un documento. Combínalos en un único resumen "
-        "del documento completo, en español: su propósito, los puntos principales de cada parte y "
-        "sus conclusiones.",
+        "Arriba hay notas sobre partes consecutivas de un documento. Escribe un único resumen del "
+        "documento completo con tus propias palabras, en unos párrafos, en español: su propósito, sus "
+        "puntos principales y sus conclusiones. No enumeres las partes ni repitas frases.",
     ),
     "fr": Wording(
         "Résume le document ci-dessus en quelques paragraphes, en français : son objectif, ses points "
@@ -59,9 +62,9 @@ WORDINGS = {
         "(Réponds à propos du document ci-dessus, en français.)",
         "Voici la partie {n} sur {total} d'un document plus long. Résume cette partie en un court "
         "paragraphe, en français : garde ses faits, noms, commandes et chiffres essentiels.",
-        "Ci-dessus, les résumés de parties consécutives d'un même document. Combine-les en un seul "
-        "résumé du document entier, en français : son objectif, ses points principaux partie par partie "
-        "et ses conclusions.",
+        "Ci-dessus, des notes sur des parties consécutives d'un même document. Écris un seul résumé "
+        "du document entier avec tes propres mots, en quelques paragraphes, en français : son objectif, "
+        "ses points principaux et ses conclusions. N'énumère pas les parties et ne répète aucune phrase.",
     ),
     "de": Wording(
         "Fasse das obige Dokument in einigen Absätzen auf Deutsch zusammen: seinen Zweck, die "
@@ -70,9 +73,10 @@ WORDINGS = {
         "(Antworte zum obigen Dokument, auf Deutsch.)",
         "Dies ist Teil {n} von {total} eines längeren Dokuments. Fasse diesen Teil in einem kurzen "
         "Absatz auf Deutsch zusammen: behalte die wichtigsten Fakten, Namen, Befehle und Zahlen.",
-        "Oben stehen Zusammenfassungen aufeinanderfolgender Teile eines Dokuments. Fasse sie zu einer "
-        "Zusammenfassung des ganzen Dokuments auf Deutsch zusammen: Zweck, die wichtigsten Punkte jedes "
-        "Teils und Schlussfolgerungen.",
+        "Oben stehen Notizen zu aufeinanderfolgenden Teilen eines Dokuments. Schreibe eine einzige "
+        "Zusammenfassung des ganzen Dokuments in eigenen Worten, in einigen Absätzen, auf Deutsch: "
+        "Zweck, wichtigste Punkte und Schlussfolgerungen. Zähle die Teile nicht auf und wiederhole "
+        "keinen Satz.",
     ),
     "it": Wording(
         "Riassumi il documento qui sopra in alcuni paragrafi, in italiano: il suo scopo, i punti "
@@ -138,7 +142,7 @@ class SummaryPrompts:
         ]
 
     def reduce(self, system_prompt: str, partials: list[str]) -> list[Message]:
-        joined = "\n\n".join(f"Part {i + 1}: {summary.strip()}" for i, summary in enumerate(partials))
+        joined = "\n\n".join(without_repeated_sentences(partials))
         text = wording(self.language).reduce
         if self.request.strip():
             text += f"\n\n«{self.request.strip()}»"
@@ -146,3 +150,32 @@ class SummaryPrompts:
             {"role": "system", "content": system_prompt},
             {"role": "user", "content": f"{joined}\n\n---\n{text}"},
         ]
+
+
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+REPEATED_SHARE = 0.6  # a sentence whose word 4-grams mostly appeared before adds nothing new
+
+
+def without_repeated_sentences(partials: list[str]) -> list[str]:
+    """The partial summaries, in order, without sentences that mostly repeat earlier ones.
+
+    A small model opens every part the same way ("This document is part of a longer document...")
+    and the reduce step copies what it reads: repeated lead-ins came back as repeated sentences in
+    the final summary (distinct-4 0.59-0.80 on three of five long documents).
+    """
+    seen: set[tuple[str, ...]] = set()  # word 4-grams, and short sentences whole
+    kept_partials = []
+    for partial in partials:
+        kept = []
+        for sentence in SENTENCE_END.split(partial.strip()):
+            words = sentence.lower().split()
+            if not words:
+                continue
+            grams = {tuple(words[i : i + 4]) for i in range(len(words) - 3)} or {tuple(words)}
+            if len(grams & seen) >= REPEATED_SHARE * len(grams):
+                continue
+            seen |= grams
+            kept.append(sentence)
+        if kept:
+            kept_partials.append(" ".join(kept))
+    return kept_partials or [p.strip() for p in partials]
