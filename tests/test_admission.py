@@ -4,6 +4,7 @@ prefix affinity. The real engine and server path of the same rules is in test_ov
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from services.admission.admission import Admission
 from services.admission.capacity import DecodeCapacity
 from services.admission.context import TurnContext
 from services.admission.errors import Refused, rounded_seconds
-from services.admission.feedback import WaitingFeedback, status_text
+from services.admission.feedback import QUIET_SECONDS, WaitingFeedback, status_text
 from services.admission.gate import CHAT, DOCUMENT, AdmissionGate, Ticket
 from services.admission.limits import UserLimits
 from services.config import Settings
@@ -454,6 +455,25 @@ async def test_a_waiting_turn_is_told_its_place_then_the_status_goes_away() -> N
     await feedback.stop()
     assert shown[0] == text and shown[-1] is None, "shown while waiting, removed at the answer"
     await queue.finish("ahead", "mine")
+
+
+@aio
+async def test_an_answer_that_has_not_started_is_announced_when_the_quiet_time_ends() -> None:
+    gate = AdmissionGate(settings(), FixedCapacity(1), time.monotonic)
+    turn = TurnContext("u", None, started_at=time.monotonic())  # admitted, no token yet
+    shown: list[tuple[float, str | None]] = []
+
+    async def show(value: str | None) -> None:
+        shown.append((time.monotonic() - turn.started_at, value))
+
+    feedback = WaitingFeedback(gate, turn, show)
+    feedback.start()
+    while not shown:
+        await asyncio.sleep(0.02)
+    await feedback.stop()
+    after, text = shown[0]
+    assert text is not None and "Working on your answer" in text
+    assert QUIET_SECONDS <= after < QUIET_SECONDS + 0.3, "at the end of the quiet time, not a second later"
 
 
 # --- the whole path on a fake engine ---------------------------------------------------------------

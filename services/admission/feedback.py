@@ -59,11 +59,18 @@ class WaitingFeedback:
 
     async def _run(self) -> None:
         while True:
-            text = status_text(self._gate, self._context, self._gate.clock())
+            now = self._gate.clock()
+            text = status_text(self._gate, self._context, now)
             if text is not None:
                 self._shown = True  # before the await: a cancelled send may still have shown it
                 await self._show(text)
-            await asyncio.sleep(FEEDBACK_INTERVAL_SECONDS)
+            # The first status comes when the quiet time ends, not at the next whole interval (that
+            # left 2.05 s without a word in the fourth overload run).
+            quiet_left = self._context.started_at + QUIET_SECONDS - now
+            await asyncio.sleep(
+                min(FEEDBACK_INTERVAL_SECONDS, quiet_left) if text is None and quiet_left > 0
+                else FEEDBACK_INTERVAL_SECONDS
+            )  # fmt: skip
 
     async def stop(self) -> None:
         """End the updates and remove the status (the answer takes its place). Safe to call twice."""
