@@ -300,8 +300,6 @@ def test_streams_slower_than_the_pace_lower_the_limit_and_fast_ones_raise_it_bac
                 for stream in among:
                     pace.token(stream)
 
-    for stream in streams:
-        pace.started(stream)
     stream_for(2, 3.0)
     assert pace.slowest() is None, "streams younger than a few seconds have no pace yet"
     stream_for(8, 3.0)  # six streams at 3 tokens/s, under the pace of 5 (prefill slowing the steps)
@@ -325,7 +323,7 @@ def test_streams_slower_than_the_pace_lower_the_limit_and_fast_ones_raise_it_bac
     pace.adjust(running=5, model_limit=6)
     assert gate.limit == 6 and pace.cap is None, "back at the model's limit: no cap"
     off = gate_with(6, clock, reading_pace_tokens_per_second=0).pace
-    off.started(streams[0])
+    off.token(streams[0])
     clock.now += 30
     off.adjust(running=6, model_limit=6)
     assert off.cap is None, "pace 0: admission is off"

@@ -166,16 +166,12 @@ class AdmittedEngine:
             self._admission.note_refusal(refusal)
             raise
         parts: list[str] = []
-        pace = gate.pace if self.kind == CHAT else None  # what a person reads is what the pace judges
         try:
             priority = gate.engine_priority(ticket)
             stream = self._engine.generate(messages, sampling, request_id, priority=priority, **options)
             async with contextlib.aclosing(stream):
                 async for delta in stream:
-                    if pace is not None:
-                        if not parts:
-                            pace.started(ticket)
-                        pace.token(ticket)
+                    gate.note_token(ticket)
                     parts.append(delta)
                     yield delta
         except Exception as error:
@@ -187,8 +183,10 @@ class AdmittedEngine:
             self._admission.note_refusal(refusal)
             raise refusal from error
         finally:
-            if pace is not None:
-                pace.ended(ticket)
             gate.release(ticket)
-            if self.kind == CHAT and context is not None and context.usage is not None and parts:
-                self._admission.limits.record_tokens(context.usage, self._engine.count_tokens("".join(parts)))
+            self._charge(context, parts)
+
+    def _charge(self, context: TurnContext | None, parts: list[str]) -> None:
+        """A chat answer's tokens count against its user's tokens per minute."""
+        if self.kind == CHAT and context is not None and context.usage is not None and parts:
+            self._admission.limits.record_tokens(context.usage, self._engine.count_tokens("".join(parts)))

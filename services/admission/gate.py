@@ -163,8 +163,14 @@ class AdmissionGate:
         self.refusals[reason] += 1
         return busy(reason, ahead, wait_seconds)
 
+    def note_token(self, ticket: Ticket) -> None:
+        """A running request streamed a token: chat streams feed the pace (what a person reads)."""
+        if ticket.kind == CHAT:
+            self.pace.token(ticket)
+
     def release(self, ticket: Ticket) -> None:
         """The ticket's request ended: free its slot and admit whoever is next."""
+        self.pace.ended(ticket)
         if ticket.released or ticket.admitted_at is None:
             return
         ticket.released = True

@@ -37,12 +37,12 @@ class StreamPace:
         self._streams: dict[Hashable, tuple[float, deque[float]]] = {}  # owned by running requests
         self._changed_at = -math.inf
 
-    def started(self, stream: Hashable) -> None:
-        self._streams[stream] = (self.clock(), deque(maxlen=MAX_TIMES_PER_STREAM))
-
     def token(self, stream: Hashable) -> None:
-        if (entry := self._streams.get(stream)) is not None:
-            entry[1].append(self.clock())
+        """`stream` received a token; its pace is timed from its first one (a prefill comes before)."""
+        now = self.clock()
+        if (entry := self._streams.get(stream)) is None:
+            entry = self._streams[stream] = (now, deque(maxlen=MAX_TIMES_PER_STREAM))
+        entry[1].append(now)
 
     def ended(self, stream: Hashable) -> None:
         self._streams.pop(stream, None)
