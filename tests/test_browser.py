@@ -63,8 +63,12 @@ def test_browser_chat_streams_an_answer(default_server: AppServer, page: Page) -
 def test_browser_upload_gets_a_summary(default_server: AppServer, page: Page, tmp_path: Path) -> None:
     document = tmp_path / "solar-report.txt"
     document.write_text(long_document(600, seed=11))
+    summaries_before = default_server.status()["summary_cache"]["entries"]
     page.goto(default_server.base_url)
     page.locator("#chat-input").wait_for(timeout=30_000)
+    # The chat settings arrive from on_chat_start: the server's session exists. An upload sent before
+    # it is refused ("Session not found") and the message would go without its document.
+    page.locator("#chat-settings-open-modal").wait_for(timeout=30_000)
     page.locator("#upload-button-input").set_input_files(str(document))
     page.get_by_text("solar-report.txt").first.wait_for(timeout=30_000)
     page.locator("#chat-input").fill("Summarize this document in three sentences.")
@@ -73,6 +77,8 @@ def test_browser_upload_gets_a_summary(default_server: AppServer, page: Page, tm
     page.locator("#chat-submit").wait_for(timeout=180_000)
     summary = page.locator(ANSWER).last.inner_text()
     assert len(summary.split()) >= 10, summary
+    assert page.get_by_text("Failed to upload").count() == 0, "the upload was refused"
+    assert default_server.status()["summary_cache"]["entries"] == summaries_before + 1, "a summary was made"
     screenshots = ARTIFACTS / "screenshots"
     screenshots.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(screenshots / "summary.png"), full_page=True)
