@@ -134,6 +134,16 @@ def run_serving_benchmark(base_url: str, model: str, tokenizer: str, arguments: 
     return {name: result.get(name) for name in KEPT}
 
 
+def run_phase(base_url: str, model: str, tokenizer: str, arguments: argparse.Namespace,
+              runs: dict[str, Load], key: str | None, stem: str) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """Each of `runs` against one server, in turn; results by run name (files `<stem>-<name>.json`)."""
+    return {
+        name: run_serving_benchmark(base_url, model, tokenizer, arguments, load, key,
+                                    arguments.out / f"{stem}-{name}.json")
+        for name, load in runs.items()
+    }  # fmt: skip
+
+
 def app_engine_options(settings: Settings) -> tuple[dict[str, str], list[str]]:
     """(environment, server flags): what the app gives vLLM's processes beyond the shared options."""
     env = {
@@ -153,11 +163,8 @@ def plain_phase(model_dir: str, arguments: argparse.Namespace, index: int, arm: 
     server.env.update(env)
     server.start()
     try:
-        return {
-            kind: run_serving_benchmark(server.url, model_dir, model_dir, arguments, load, None,
-                                        arguments.out / f"{arm}-{index}-{kind}.json")
-            for kind, load in loads(arguments).items()
-        }  # fmt: skip
+        return run_phase(server.url, model_dir, model_dir, arguments, loads(arguments), None,
+                         f"{arm}-{index}")  # fmt: skip
     finally:
         server.stop()
 
@@ -180,11 +187,8 @@ def app_phase(model_dir: str, arguments: argparse.Namespace, index: int, arm: st
         made = subprocess.run([*run_accounts, "key", "create", "bench"], env=account_env, cwd=ROOT,
                               check=True, capture_output=True, text=True)  # fmt: skip
         key = made.stdout.split()[0]
-        return {
-            kind: run_serving_benchmark(server.base_url, "bench-model", model_dir, arguments, load, key,
-                                        arguments.out / f"{arm}-{index}-{kind}.json")
-            for kind, load in loads(arguments).items()
-        }  # fmt: skip
+        return run_phase(server.base_url, "bench-model", model_dir, arguments, loads(arguments), key,
+                         f"{arm}-{index}")  # fmt: skip
     finally:
         server.stop()
         with contextlib.suppress(OSError):

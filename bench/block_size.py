@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.api_overhead import Load, app_engine_options, run_serving_benchmark
+from bench.api_overhead import Load, app_engine_options, run_phase
 from harness.server import VllmServer
 from services.config import Settings
 from services.engine.model_prep import ensure_default_model
@@ -52,11 +52,7 @@ def main() -> None:
             server.env.update(env)
             server.start()
             try:
-                phase = {
-                    kind: run_serving_benchmark(server.url, model, model, arguments, load, None,
-                                                arguments.out / f"{size}-{index}-{kind}.json")
-                    for kind, load in runs.items()
-                }  # fmt: skip
+                phase = run_phase(server.url, model, model, arguments, runs, None, f"{size}-{index}")
             finally:
                 server.stop()
             results.setdefault(size, []).append(

@@ -106,9 +106,8 @@ class SessionStore:
 
     def stop(self, session_id: str) -> None:
         """The user pressed Stop: cancel the running turn (aborting its engine request)."""
-        session = self._sessions.get(session_id)
-        if session is not None and session.cancel_turn() is not None:
-            logger.info("session %s stopped: cancelled its running turn", session_id[:8])
+        if (session := self._sessions.get(session_id)) is not None:
+            self._cancel_turn(session, "stopped")
 
     def disconnect(self, session_id: str, keep_seconds: float) -> None:
         """The page went away: cancel the running turn now (aborting its engine request), but keep
@@ -116,8 +115,7 @@ class SessionStore:
         session = self._sessions.get(session_id)
         if session is None:
             return
-        if session.cancel_turn() is not None:
-            logger.info("session %s disconnected: cancelled its running turn", session_id[:8])
+        self._cancel_turn(session, "disconnected")
         session.reconnect_deadline = self.timer() + keep_seconds
 
     def expire(self) -> int:
@@ -148,6 +146,11 @@ class SessionStore:
     def close_all(self) -> None:
         for session_id in list(self._sessions.keys()):
             self.close(session_id)
+
+    @staticmethod
+    def _cancel_turn(session: ChatSession, why: str) -> None:
+        if session.cancel_turn() is not None:
+            logger.info("session %s %s: cancelled its running turn", session.session_id[:8], why)
 
     def _release(self, session: ChatSession, reason: str) -> None:
         self.dropped_total[reason] += 1
