@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Page, sync_playwright
+from playwright.sync_api import Page, expect, sync_playwright
 
 from harness.documents import long_document
 from harness.server import AppServer
@@ -33,6 +33,24 @@ def page(tmp_path: Path):
         browser.close()
 
 
+def wait_for_session(page: Page) -> None:
+    """Wait until the server's chat session exists. The chat settings come from on_chat_start, after any
+    sign-in redirect: the page can show its input first, then go to /login and back (a message typed
+    in between is lost), and an upload sent before the session exists is refused ("Session not found")."""
+    page.locator("#chat-settings-open-modal").wait_for(timeout=30_000)
+
+
+def open_chat(page: Page, url: str) -> None:
+    page.goto(url)
+    wait_for_session(page)
+
+
+def send_message(page: Page, text: str) -> None:
+    page.locator("#chat-input").fill(text)
+    expect(page.locator("#chat-submit")).to_be_enabled(timeout=10_000)
+    page.locator("#chat-submit").click()
+
+
 def answer_lengths(page: Page, seconds: float) -> list[int]:
     """Length of the newest answer, sampled while it streams."""
     lengths = []
@@ -45,10 +63,8 @@ def answer_lengths(page: Page, seconds: float) -> list[int]:
 
 
 def test_browser_chat_streams_an_answer(default_server: AppServer, page: Page) -> None:
-    page.goto(default_server.base_url)
-    page.locator("#chat-input").wait_for(timeout=30_000)
-    page.locator("#chat-input").fill("Write three sentences about the sea.")
-    page.locator("#chat-submit").click()
+    open_chat(page, default_server.base_url)
+    send_message(page, "Write three sentences about the sea.")
     page.locator(ANSWER).first.wait_for(timeout=60_000)
     lengths = answer_lengths(page, seconds=1.5)
     assert len({n for n in lengths if n}) >= 3, f"the answer should grow while streaming: {lengths}"
@@ -64,15 +80,10 @@ def test_browser_upload_gets_a_summary(default_server: AppServer, page: Page, tm
     document = tmp_path / "solar-report.txt"
     document.write_text(long_document(600, seed=11))
     summaries_before = default_server.status()["summary_cache"]["entries"]
-    page.goto(default_server.base_url)
-    page.locator("#chat-input").wait_for(timeout=30_000)
-    # The chat settings arrive from on_chat_start: the server's session exists. An upload sent before
-    # it is refused ("Session not found") and the message would go without its document.
-    page.locator("#chat-settings-open-modal").wait_for(timeout=30_000)
+    open_chat(page, default_server.base_url)
     page.locator("#upload-button-input").set_input_files(str(document))
     page.get_by_text("solar-report.txt").first.wait_for(timeout=30_000)
-    page.locator("#chat-input").fill("Summarize this document in three sentences.")
-    page.locator("#chat-submit").click()
+    send_message(page, "Summarize this document in three sentences.")
     page.locator(ANSWER).first.wait_for(timeout=120_000)
     page.locator("#chat-submit").wait_for(timeout=180_000)
     summary = page.locator(ANSWER).last.inner_text()

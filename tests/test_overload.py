@@ -23,7 +23,7 @@ from harness.chat_client import ChatClient, Reply
 from harness.documents import long_document
 from harness.server import AppServer
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, TINY_OPS_TOKEN, server_env
-from tests.test_browser import ANSWER, page  # noqa: F401  (the browser fixture)
+from tests.test_browser import ANSWER, open_chat, page, send_message  # noqa: F401  (the browser fixture)
 from tests.test_maintenance import scrape
 
 aio = pytest.mark.asyncio(loop_scope="module")
@@ -249,10 +249,8 @@ def test_a_person_in_the_browser_sees_their_place_then_the_answer(small_server: 
         for client in holders:  # both running slots taken by long answers
             background.run(client.connect())
             background.run(start_long(client))
-        page.goto(small_server.base_url)
-        page.locator("#chat-input").wait_for(timeout=30_000)
-        page.locator("#chat-input").fill("Is it my turn yet?")
-        page.locator("#chat-submit").click()
+        open_chat(page, small_server.base_url)
+        send_message(page, "Is it my turn yet?")
         status = page.get_by_text("The service is busy")
         status.first.wait_for(timeout=10_000)
         assert "you are next in line" in status.first.inner_text()

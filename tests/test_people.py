@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from harness.chat_client import ChatClient, SignInError, sign_in
 from harness.server import ROOT, AppServer
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
-from tests.test_browser import ANSWER, CHROMIUM, CHROMIUM_ARGS
+from tests.test_browser import ANSWER, CHROMIUM, CHROMIUM_ARGS, send_message, wait_for_session
 
 in_loop = pytest.mark.asyncio(loop_scope="module")
 
@@ -329,9 +329,8 @@ def test_browser_signs_in_chats_reloads_and_continues(people_server: AppServer) 
             page.get_by_text("Wrong username or password.").wait_for(timeout=15_000)
             page.screenshot(path=str(screenshots / "sign-in-refused.png"))
             sign_in_on_page(page, people_server, BOB)
-            page.locator("#chat-input").wait_for(timeout=30_000)
-            page.locator("#chat-input").fill("A conversation worth keeping.")
-            page.locator("#chat-submit").click()
+            wait_for_session(page)
+            send_message(page, "A conversation worth keeping.")
             page.locator(ANSWER).first.wait_for(timeout=60_000)
             page.locator("#chat-submit").wait_for(timeout=60_000)
             page.wait_for_timeout(1000)  # the messages are written to the database as they go
@@ -342,8 +341,7 @@ def test_browser_signs_in_chats_reloads_and_continues(people_server: AppServer) 
             earlier = page.locator(USER_STEP, has_text="A conversation worth keeping.")
             earlier.wait_for(timeout=30_000)  # reopened: the stored messages are on the page again
             page.screenshot(path=str(screenshots / "reopened.png"))
-            page.locator("#chat-input").fill("And it goes on.")
-            page.locator("#chat-submit").click()
+            send_message(page, "And it goes on.")
             page.locator(USER_STEP, has_text="And it goes on.").wait_for(timeout=30_000)
             page.locator(ANSWER).nth(1).wait_for(timeout=60_000)
             page.screenshot(path=str(screenshots / "resumed.png"), full_page=True)
