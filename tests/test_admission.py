@@ -305,12 +305,19 @@ def test_streams_slower_than_the_pace_lower_the_limit_and_fast_ones_raise_it_bac
     stream_for(8, 3.0)  # six streams at 3 tokens/s, under the pace of 5 (prefill slowing the steps)
     assert pace.slowest() == pytest.approx(3.0, abs=0.3)
     pace.adjust(running=6, model_limit=6)
-    assert gate.limit == 5 and pace.lowered_total == 1
+    assert gate.limit == 3 and pace.lowered_total == 1, "6 streams at 3/5 of the pace: 3 keep it"
+    stream_for(5.5, 4.5)
     pace.adjust(running=6, model_limit=6)
-    assert gate.limit == 5, "one step per ADJUST_SECONDS: each change gets time to show"
-    stream_for(5.5, 3.0)
-    pace.adjust(running=6, model_limit=6)
-    assert gate.limit == 4
+    assert gate.limit == 3, "never above the cap it had"
+    stream_for(5.5, 4.8)
+    pace.adjust(running=4, model_limit=6)
+    assert gate.limit == 3 and pace.lowered_total == 3, "at least one below what runs"
+    pace.adjust(running=3, model_limit=6)
+    assert gate.limit == 3, "one move per ADJUST_SECONDS: each change gets time to show"
+    stream_for(5.5, 4.8)
+    pace.adjust(running=4, model_limit=6)
+    assert gate.limit == 3
+    pace.cap = 4  # as if it had risen meanwhile
     for stream in streams[4:]:
         pace.ended(stream)
     assert len(pace) == 4, "ended streams are forgotten"

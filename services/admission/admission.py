@@ -38,7 +38,9 @@ class Admission:
     def __init__(self, settings: Settings, load: EngineLoad, max_running: int) -> None:
         self.settings = settings
         self.load = load
-        self.capacity = DecodeCapacity(settings.reading_pace_tokens_per_second, max_running)
+        self.capacity = DecodeCapacity(
+            settings.reading_pace_tokens_per_second * settings.reading_pace_headroom, max_running
+        )
         self.gate = AdmissionGate(settings, self.capacity)
         self.limits = UserLimits(settings)
         self.last_overload_at: float | None = None  # monotonic time of the latest capacity refusal

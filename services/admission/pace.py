@@ -7,9 +7,12 @@ six streams while they got 2.6 tokens/s at the median and 1.1 at P5, because
 document parts' prefill chunks made the steps several times longer than decode
 alone. `StreamPace` watches the result instead: the tokens each running chat
 stream received over its last PACE_WINDOW_SECONDS. Every ADJUST_SECONDS at most,
-when the slowest is under the pace, it caps the running limit one below what
-runs; when every stream keeps HEADROOM times the pace while the cap is reached,
-the cap rises by one, and it goes away once it reaches the model's limit.
+when the slowest is under the pace, it caps the running limit at the share of
+what runs that the slowest's rate says keeps the pace (six running at 3 tokens/s
+for a pace of 5: three), at least one below what runs: a burst of admissions is
+undone in one move, not one stream per ADJUST_SECONDS. When every stream keeps
+HEADROOM times the pace while the cap is reached, the cap rises by one, and it
+goes away once it reaches the model's limit.
 """
 
 from __future__ import annotations
@@ -74,7 +77,9 @@ class StreamPace:
         if slowest is None:
             return
         if slowest < self.pace and running > 1:
-            self.cap = max(1, min(running, self.cap or running) - 1)
+            # Streams share the steps: at slowest/pace of the rate, about that share of them keeps the pace.
+            keeps_pace = math.floor(running * slowest / self.pace)
+            self.cap = max(1, min(running - 1, self.cap or running, keeps_pace))
             self.lowered_total += 1
             self._changed_at = now
         elif self.cap is not None and slowest >= HEADROOM * self.pace and running >= self.cap:

@@ -42,6 +42,15 @@ class AdmissionSettings:
         "(no waiting queue).",
         0,
     )
+    reading_pace_headroom: float = setting(
+        1.25,
+        "READING_PACE_HEADROOM",
+        "The running limit is planned for this multiple of READING_PACE_TOKENS_PER_SECOND: the "
+        "decode-speed model leaves out the prefills of newly admitted turns and document parts, "
+        "which slow every stream while they run. 1 = plan for the pace exactly (the slowest "
+        "streams then fall under it).",
+        1,
+    )
     admission_queue_max: int = setting(
         64,
         "ADMISSION_QUEUE_MAX",

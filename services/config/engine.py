@@ -37,7 +37,7 @@ class EngineSettings:
         16,
     )
     long_prefill_token_threshold: int = setting(
-        512,
+        128,
         "LONG_PREFILL_TOKEN_THRESHOLD",
         "vLLM's cap on the prompt tokens one request prefills per engine step: a document is read "
         "in pieces this size, so a step, and the pause it puts on every running stream and on a chat "
