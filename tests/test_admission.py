@@ -51,6 +51,7 @@ def settings(**changes) -> Settings:
 
 def gate_with(limit: int, clock: Clock | None = None, **changes) -> AdmissionGate:
     changes.setdefault("admission_max_wait_seconds", 1000)  # these tests queue turns on purpose
+    changes.setdefault("max_prefilling_requests", 0)  # no tokens stream here, unless a test sends them
     return AdmissionGate(settings(**changes), FixedCapacity(limit), clock or Clock())
 
 
@@ -118,6 +119,31 @@ async def test_document_parts_hold_only_their_share_and_chat_passes_the_rest() -
     assert queue.admitted[3:] == ["doc-2"], "the next part takes the documents' slot"
     await queue.finish("chat-1", "chat-2", "doc-2")
     await queue.finish("doc-3")
+    assert queue.gate.running_total == 0 and not queue.gate.waiting
+
+
+@aio
+async def test_a_burst_is_read_a_few_prompts_at_a_time_and_documents_one_of_them() -> None:
+    clock = Clock()
+    queue = Queue(gate_with(8, clock, max_prefilling_requests=2, document_slot_share=0.5), clock)
+    for name, kind in (("doc-1", DOCUMENT), ("doc-2", DOCUMENT), ("chat-1", CHAT), ("chat-2", CHAT)):
+        await queue.submit(name, kind, after_seconds=0)
+    assert queue.admitted == ["doc-1", "chat-1"], "two prompts read at once, one of them a document's"
+    queue.gate.note_token(queue.tickets["chat-1"])  # its first token: its prompt is read
+    await settle()
+    assert queue.admitted[2:] == ["chat-2"], "the next prompt is read; the second part still waits"
+    queue.gate.note_token(queue.tickets["chat-1"])
+    queue.gate.note_token(queue.tickets["chat-2"])
+    await settle()
+    assert queue.admitted[3:] == [], "one document prompt at a time"
+    queue.gate.note_token(queue.tickets["doc-1"])
+    await settle()
+    assert queue.admitted[3:] == ["doc-2"] and queue.gate.running_total == 4
+    await queue.finish("doc-2")  # released before its first token (stopped, say): its place frees
+    await queue.submit("chat-3", CHAT)
+    await queue.submit("chat-4", CHAT)
+    assert queue.admitted[4:] == ["chat-3", "chat-4"]
+    await queue.finish("doc-1", "chat-1", "chat-2", "chat-3", "chat-4")
     assert queue.gate.running_total == 0 and not queue.gate.waiting
 
 

@@ -11,6 +11,9 @@ DOCUMENT_AGING_SECONDS later, so chat goes first but cannot starve them. The
 same order goes to vLLM as the request's priority (lower is earlier).
 Document parts hold at most DOCUMENT_SLOT_SHARE of the running limit at once:
 a part that may not run yet keeps its place while chat turns behind it go.
+At most MAX_PREFILLING_REQUESTS admitted requests may still be reading their
+prompt (no first token yet), documents one of them: the prefill in each engine
+step, which every running stream waits for, stays small when many arrive at once.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class Ticket:
     admitted: asyncio.Event = field(default_factory=asyncio.Event)
     admitted_at: float | None = None
     released: bool = False
+    reports_tokens: bool = True  # note_token is called for its tokens (not for the API's requests)
 
     def order(self) -> tuple[float, int]:
         return self.key, self.seq
@@ -72,6 +76,7 @@ class AdmissionGate:
         self.waiting_by_kind: Counter[str] = Counter()  # chat turns: at most ADMISSION_QUEUE_MAX
         self.running: Counter[str] = Counter()
         self._running_tickets: set[Ticket] = set()
+        self._prefilling: set[Ticket] = set()  # admitted, no token yet (a subset of the running ones)
         self.refusals: Counter[str] = Counter()  # by reason (errors.REASONS)
         self.admitted_total = 0
         self.waited_seconds_total = 0.0
@@ -99,6 +104,15 @@ class AdmissionGate:
         """Whether `ticket`'s kind has a slot (after `documents_before` parts admitted ahead of it)."""
         return ticket.kind != DOCUMENT or self.running[DOCUMENT] + documents_before < self.document_slots
 
+    def may_prefill(self, ticket: Ticket) -> bool:
+        """Whether `ticket`'s prompt may be read now: few prompts at once, documents one of them."""
+        bound = self.settings.max_prefilling_requests
+        if not self.enabled or bound <= 0 or not self._prefilling:
+            return True
+        if ticket.kind == DOCUMENT and any(t.kind == DOCUMENT for t in self._prefilling):
+            return False
+        return len(self._prefilling) < bound
+
     def has_room(self, ticket: Ticket) -> bool:
         """Under the running limit, or a chat turn while no chat runs: with DOCUMENT_SLOT_SHARE below 1,
         document parts never hold every slot against conversation (at a limit of 1, one part once kept
@@ -107,6 +121,9 @@ class AdmissionGate:
             return True
         chat_reserved = self.settings.document_slot_share < 1
         return chat_reserved and ticket.kind == CHAT and self.running[CHAT] == 0
+
+    def _may_start(self, ticket: Ticket) -> bool:
+        return self.has_room(ticket) and self.may_run(ticket) and self.may_prefill(ticket)
 
     @property
     def running_total(self) -> int:
@@ -126,7 +143,7 @@ class AdmissionGate:
     async def enter(self, ticket: Ticket) -> None:
         """Return once `ticket` may run; raise Refused at once when the queue is full or the wait too long."""
         ahead = bisect.bisect_left(self.waiting, ticket.order(), key=Ticket.order)
-        if self.has_room(ticket) and self.may_run(ticket) and self._nobody_ahead_runs(ticket, ahead):
+        if self._may_start(ticket) and self._nobody_ahead_runs(ticket, ahead):
             self._admit(ticket)
             return
         if ticket.kind == CHAT:
@@ -164,9 +181,13 @@ class AdmissionGate:
         return busy(reason, ahead, wait_seconds)
 
     def note_token(self, ticket: Ticket) -> None:
-        """A running request streamed a token: chat streams feed the pace (what a person reads)."""
+        """A running request streamed a token: chat streams feed the pace (what a person reads), and
+        the first token ends its prefill (the next prompt may be read)."""
         if ticket.kind == CHAT:
             self.pace.token(ticket)
+        if ticket in self._prefilling:
+            self._prefilling.discard(ticket)
+            self.admit_waiting()
 
     def release(self, ticket: Ticket) -> None:
         """The ticket's request ended: free its slot and admit whoever is next."""
@@ -176,6 +197,7 @@ class AdmissionGate:
         ticket.released = True
         self.running[ticket.kind] -= 1
         self._running_tickets.discard(ticket)
+        self._prefilling.discard(ticket)
         self.completed[ticket.kind] += 1
         served = self.clock() - ticket.admitted_at
         mean = self.service_seconds[ticket.kind]
@@ -187,7 +209,7 @@ class AdmissionGate:
         index = 0
         while index < len(self.waiting):
             ticket = self.waiting[index]
-            if self.has_room(ticket) and self.may_run(ticket):
+            if self._may_start(ticket):
                 del self.waiting[index]
                 self.waiting_by_kind[ticket.kind] -= 1
                 self._admit(ticket)
@@ -200,6 +222,8 @@ class AdmissionGate:
         ticket.admitted_at = self.clock()
         self.running[ticket.kind] += 1
         self._running_tickets.add(ticket)
+        if ticket.reports_tokens:
+            self._prefilling.add(ticket)
         self.admitted_total += 1
         self.waited_seconds_total += ticket.admitted_at - ticket.entered_at
         ticket.admitted.set()

@@ -43,6 +43,7 @@ class ApiAdmission:
         try:
             async with self.admission.turn(user_key(holder)) as turn:
                 ticket = gate.ticket(CHAT)
+                ticket.reports_tokens = False  # vLLM's layer streams it: its prefill is not seen
                 if gate.settings.priority_scheduling:
                     ticket.key += self.aging_seconds
                 turn.waiting.add(ticket)

@@ -51,6 +51,15 @@ class AdmissionSettings:
         "streams then fall under it).",
         1,
     )
+    max_prefilling_requests: int = setting(
+        2,
+        "MAX_PREFILLING_REQUESTS",
+        "Requests admitted to the engine that have not streamed their first token yet (their prompt "
+        "is being read) at most; more wait in our queue a moment. Every engine step that reads "
+        "prompts pauses every running stream, so a burst of arrivals is read a few at a time. "
+        "Document parts take at most one of them. 0 = no bound.",
+        0,
+    )
     admission_queue_max: int = setting(
         64,
         "ADMISSION_QUEUE_MAX",
