@@ -1,6 +1,6 @@
 """ENGINE_URLS routing: follow-up time to first token with prefix affinity against fewest-in-flight.
 
-    .venv/bin/python bench/affinity.py                      # default model, ~12 minutes here
+    .venv/bin/python bench/affinity.py                      # default model, ~5 minutes here
     .venv/bin/python bench/affinity.py --rounds 1 --turns 3 # a validation run
 
 Starts two vLLM servers (the module form of `vllm serve`) on loopback, each worker on its own core,
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import sys
 import time
 from datetime import datetime
@@ -53,13 +54,16 @@ class TracedRemote(RemoteLLM):
 
 
 async def conversation(
-    engine: ChatEngine, remote: TracedRemote, document: str, turns: int, tag: str
+    engine: ChatEngine, remote: TracedRemote, document: str, turns: int, tag: str, pauses: list[float]
 ) -> list[dict]:
-    """One conversation about `document`; per turn: TTFT and whether it landed where the last one did."""
+    """One conversation about `document`; per turn: TTFT and whether it landed where the last one did.
+    `pauses[turn]` seconds pass before each turn (a person reading), so conversations interleave
+    unevenly, as people do: in lockstep, fewest-in-flight ties and keeps every conversation in place."""
     messages = [{"role": "system", "content": f"You answer questions about this document.\n\n{document}"}]
     sampling = SamplingSettings(0.0, 1.0, 24)
     records, previous = [], None
     for turn in range(turns):
+        await asyncio.sleep(pauses[turn])
         messages.append(
             {"role": "user", "content": f"Question {turn + 1}: what does section {turn + 1} say?"}
         )
@@ -88,9 +92,11 @@ async def run_round(
         documents = [
             long_document(1100, seed=1000 * round_ + 10 * i + len(name)) for i in range(options.conversations)
         ]
+        timing = random.Random(round_)  # the same pauses for both arms
+        pauses = [[timing.uniform(0, options.pause) for _ in range(options.turns)] for _ in documents]
         batches = await asyncio.gather(
             *(
-                conversation(engine, remote, doc, options.turns, f"{name}-r{round_}-c{i}")
+                conversation(engine, remote, doc, options.turns, f"{name}-r{round_}-c{i}", pauses[i])
                 for i, doc in enumerate(documents)
             )
         )
@@ -146,8 +152,11 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--conversations", type=int, default=4)
+    parser.add_argument("--conversations", type=int, default=6)
     parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument(
+        "--pause", type=float, default=3.0, help="Seconds before each turn: uniform in [0, this]."
+    )
     parser.add_argument("--model", type=Path, default=None, help="Default: the bundled default model.")
     parser.add_argument("--out", type=Path, default=None)
     options = parser.parse_args()
