@@ -9,7 +9,8 @@ alone. `StreamPace` watches the result instead: the tokens each running chat
 stream received over its last PACE_WINDOW_SECONDS. Every ADJUST_SECONDS at most,
 when the slowest is under the pace, it caps the running limit at the share of
 what runs that the slowest's rate says keeps the pace (six running at 3 tokens/s
-for a pace of 5: three), at least one below what runs: a burst of admissions is
+for a pace of 5: three; the pace counts MARGIN, 10%, above the setting), at least
+one below what runs: a burst of admissions is
 undone in one move, not one stream per ADJUST_SECONDS. When every stream keeps
 HEADROOM times the pace while the cap is reached, the cap rises by one, and it
 goes away once it reaches the model's limit.
@@ -26,6 +27,9 @@ PACE_WINDOW_SECONDS = 10.0  # a stream's pace is the tokens it received in this 
 MIN_STREAM_SECONDS = 4.0  # younger streams have no pace yet (the first token may take a prefill)
 ADJUST_SECONDS = 5.0  # the cap moves at most this often: each change gets time to show
 HEADROOM = 1.5  # grow only while every stream keeps this multiple of the pace
+# Lower while the slowest stream gets less than this multiple of the pace: answers shorter than
+# MIN_STREAM_SECONDS are never seen here, and one prefill step costs them more of their rate.
+MARGIN = 1.1
 MAX_TIMES_PER_STREAM = 4096  # token times kept per stream (a bound, far above any pace in the window)
 
 
@@ -67,7 +71,8 @@ class StreamPace:
         return min(rates) if rates else None
 
     def adjust(self, running: int, model_limit: int) -> None:
-        """Lower the cap below `running` when a stream is too slow; raise it when all keep HEADROOM."""
+        """Lower the cap below `running` when a stream is too slow (under MARGIN times the pace);
+        raise it when all keep HEADROOM times the pace."""
         if self.pace <= 0:
             return
         now = self.clock()
@@ -76,9 +81,10 @@ class StreamPace:
         slowest = self.slowest()
         if slowest is None:
             return
-        if slowest < self.pace and running > 1:
-            # Streams share the steps: at slowest/pace of the rate, about that share of them keeps the pace.
-            keeps_pace = math.floor(running * slowest / self.pace)
+        floor = MARGIN * self.pace
+        if slowest < floor and running > 1:
+            # Streams share the steps: at slowest/floor of the rate, about that share of them keeps it.
+            keeps_pace = math.floor(running * slowest / floor)
             self.cap = max(1, min(running - 1, self.cap or running, keeps_pace))
             self.lowered_total += 1
             self._changed_at = now
