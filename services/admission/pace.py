@@ -7,13 +7,12 @@ six streams while they got 2.6 tokens/s at the median and 1.1 at P5, because
 document parts' prefill chunks made the steps several times longer than decode
 alone. `StreamPace` watches the result instead: the tokens each running chat
 stream received over its last PACE_WINDOW_SECONDS. Every ADJUST_SECONDS at most,
-when the slowest is under the pace, it caps the running limit at the share of
-what runs that the slowest's rate says keeps the pace (six running at 3 tokens/s
-for a pace of 5: three; the pace counts MARGIN, 10%, above the setting), at least
-one below what runs: a burst of admissions is
-undone in one move, not one stream per ADJUST_SECONDS. When every stream keeps
-HEADROOM times the pace while the cap is reached, the cap rises by one, and it
-goes away once it reaches the model's limit.
+when the slowest is under the pace (counted MARGIN, 10%, above the setting), it
+caps the running limit at the share of what runs that the slowest's rate says
+keeps the pace (six running at 3 tokens/s for a pace of 5: three), at least one
+below what runs: a burst of admissions is undone in one move, not one stream per
+ADJUST_SECONDS. When every stream keeps HEADROOM times the pace while the cap is
+reached, the cap rises by one, and it goes away once it reaches the model's limit.
 """
 
 from __future__ import annotations
