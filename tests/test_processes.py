@@ -9,6 +9,7 @@ from pathlib import Path
 
 import psutil
 
+from services.engine.local import worker_thread_bind
 from services.engine.processes import OrphanGuard, process_role, reap, still_running
 
 
@@ -73,3 +74,11 @@ def test_process_role_names_vllm_processes_by_their_title() -> None:
     finally:
         titled.kill()
         titled.wait(5)
+
+
+def test_the_worker_gets_every_core_of_a_small_machine_and_vllms_layout_on_larger_ones() -> None:
+    assert worker_thread_bind({0, 1}) == "0,1", "2 cores: both for the worker (bench/thread_layout.py)"
+    assert worker_thread_bind({3}) == "3"
+    assert worker_thread_bind({2, 5}) == "2,5", "the cores this process may use, not 0..n-1"
+    assert worker_thread_bind(set(range(8))) == "auto"
+    assert worker_thread_bind(set()) == "auto"
