@@ -240,6 +240,8 @@ class SyncChat:
         turn = self.turn
         if turn is None or turn.done.is_set() or data.get("type") != "assistant_message":
             return
+        if (data.get("metadata") or {}).get("status"):
+            return  # the place-in-line status of a waiting turn, replaced by the answer: not the answer
         if turn.message_id is None and data.get("name") != "notice":
             turn.message_id = data["id"]  # answered without streaming (an error message)
         if data.get("id") == turn.message_id:
