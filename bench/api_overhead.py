@@ -56,6 +56,7 @@ from bench.common import machine_info
 from harness.server import AppServer, VllmServer
 from services.config import Settings
 from services.engine.allocators import engine_memory_env
+from services.engine.local import worker_thread_env
 from services.engine.model_prep import ensure_default_model
 
 TARGET_THROUGHPUT_RATIO = 0.95
@@ -150,6 +151,8 @@ def app_engine_options(settings: Settings) -> tuple[dict[str, str], list[str]]:
         **engine_memory_env(settings, {}),
         "ONEDNN_PRIMITIVE_CACHE_CAPACITY": str(settings.engine_onednn_cache_capacity),
     }
+    if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:  # the app's layout, as prepare_process_env picks it
+        env.update(worker_thread_env(os.sched_getaffinity(0)))
     flags = ["--long-prefill-token-threshold", str(settings.long_prefill_token_threshold)]
     if settings.priority_scheduling:
         flags += ["--scheduling-policy", "priority"]

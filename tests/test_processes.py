@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psutil
 
-from services.engine.local import worker_thread_bind
+from services.engine.local import worker_thread_bind, worker_thread_env
 from services.engine.processes import OrphanGuard, process_role, reap, still_running
 
 
@@ -82,3 +82,6 @@ def test_the_worker_gets_every_core_of_a_small_machine_and_vllms_layout_on_large
     assert worker_thread_bind({2, 5}) == "2,5", "the cores this process may use, not 0..n-1"
     assert worker_thread_bind(set(range(8))) == "auto"
     assert worker_thread_bind(set()) == "auto"
+    both = {"VLLM_CPU_OMP_THREADS_BIND": "0,1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    assert worker_thread_env({0, 1}) == both
+    assert worker_thread_env(set(range(8))) == {"VLLM_CPU_OMP_THREADS_BIND": "auto"}, "vLLM's reserve stays"

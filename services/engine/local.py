@@ -94,6 +94,13 @@ def worker_thread_bind(cpus: set[int]) -> str:
     return ",".join(str(cpu) for cpu in sorted(cpus))
 
 
+def worker_thread_env(cpus: set[int]) -> dict[str, str]:
+    """vLLM's thread-layout variables for `cpus` (worker_thread_bind; nothing reserved with a list)."""
+    bind = worker_thread_bind(cpus)
+    reserved = {} if bind == "auto" else {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    return {"VLLM_CPU_OMP_THREADS_BIND": bind, **reserved}
+
+
 def prepare_process_env(settings: Settings, rpc_dir: str) -> None:
     """Environment vLLM's processes read when they start.
 
@@ -105,10 +112,9 @@ def prepare_process_env(settings: Settings, rpc_dir: str) -> None:
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("DO_NOT_TRACK", "1")
     # The worker's OpenMP threads: every core on small machines, vLLM's own layout on larger ones.
-    bind = worker_thread_bind(os.sched_getaffinity(0))
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", bind)
-    if bind != "auto":
-        os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    # A layout set by hand is kept whole (a hand-set "auto" keeps vLLM's reserved core).
+    if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+        os.environ.update(worker_thread_env(os.sched_getaffinity(0)))
     # torch.compile's cache (vLLM compiles its CPU sampler on the first sampled request) next to the
     # model: kept across starts, out of /tmp.
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(settings.cache_dir) / "torchinductor"))
