@@ -24,7 +24,7 @@ from services.admission.errors import Refused
 from services.admission.feedback import WaitingFeedback
 from services.chat.session import ChatSession
 from services.config import SettingsError
-from services.engine.errors import report_failure
+from services.engine.errors import RepetitionError, report_failure
 from services.history.resume import ANSWER_METADATA, is_command
 from services.runtime import Runtime
 from services.web.access import install_access_guards
@@ -194,6 +194,8 @@ async def run_turn(session: ChatSession, message: cl.Message, reply: cl.Message)
                 await asyncio.shield(reply.update())
             raise
         except Exception as error:  # one error shape for every failure of a turn
+            if isinstance(error, RepetitionError):  # show what the history keeps: no repetition
+                reply.content = error.kept_text
             if not reply.content:
                 reply.metadata = {}  # nothing the model said: not part of its history
             reply.content += ("\n\n" if reply.content else "") + f"⚠️ {report_failure(error, request_id)}"

@@ -44,8 +44,9 @@ sys.path.insert(0, str(ROOT))
 from bench.common import PROMPTS_FILE, machine_info, percentile, reap_children
 from bench.signals import run_until_signalled
 from services.config import Settings
-from services.engine.chat_engine import ChatEngine, SamplingSettings, StreamStats
+from services.engine.chat_engine import ChatEngine, SamplingSettings
 from services.engine.lifespan import engine_lifespan
+from services.engine.stream_stats import StreamStats
 
 WORKLOADS = ("short", "long", "mix")
 MIX_LONG_SHARE = 0.3

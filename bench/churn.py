@@ -54,9 +54,10 @@ from bench.common import PROMPTS_FILE, machine_info
 from bench.signals import run_until_signalled
 from services.config import Settings
 from services.engine.allocators import engine_memory_env
-from services.engine.chat_engine import ChatEngine, SamplingSettings, StreamStats
+from services.engine.chat_engine import ChatEngine, SamplingSettings
 from services.engine.lifespan import engine_lifespan
 from services.engine.processes import engine_processes
+from services.engine.stream_stats import StreamStats
 from services.observability.attribution import attribute, mapping_categories
 from services.observability.memory import process_tree_memory
 from services.observability.series import theil_sen_interval

@@ -28,8 +28,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.signals import run_until_signalled
 from services.config import Settings
-from services.engine.chat_engine import ChatEngine, SamplingSettings, StreamStats
+from services.engine.chat_engine import ChatEngine, SamplingSettings
 from services.engine.lifespan import engine_lifespan
+from services.engine.stream_stats import StreamStats
 
 PROMPT = [{"role": "user", "content": "Write a long, detailed story about a lighthouse keeper."}]
 GREEDY_LONG = SamplingSettings(temperature=0.0, top_p=1.0, max_new_tokens=256)

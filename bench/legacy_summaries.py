@@ -72,6 +72,8 @@ class LegacyPrompts(SummaryPrompts):
 
 
 class LegacySummarizer(Summarizer):
+    prose = False  # no paraphrase guard, no stop at a "---" rule
+
     def prompts(self, job: SummaryJob) -> SummaryPrompts:
         return LegacyPrompts("en", job.request)
 

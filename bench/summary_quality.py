@@ -45,6 +45,7 @@ from services.chat.service import ChatService
 from services.chat.session import ChatSession
 from services.config import Settings
 from services.documents.planning import IN_PARTS, WHOLE
+from services.engine.answer_tokens import AnswerTokens
 from services.engine.chat_engine import ChatEngine, SamplingSettings
 from services.engine.errors import RepetitionError
 from services.engine.lifespan import engine_lifespan
@@ -195,6 +196,10 @@ async def one_run(
         return {"skipped": f"the document does not fit the {path} path"}
     await engine._llm.reset_prefix_cache()
     engine.loop_guard = LOOP_GUARD_OFF if side == "before" else chat_loop_guard(chat.settings)
+    # "before" re-encoded the summary for its follow-up; "after" quotes the ids the engine wrote
+    engine.answer_tokens = AnswerTokens(
+        0 if side == "before" else chat.settings.answer_token_cache_tokens, 3600
+    )
     run = await timed_summary(chat, session, f"q-{side}-{path}-{doc['id']}")
     text = run.pop("text")
     share, per_section = coverage.of(doc["sections"], text)
@@ -202,6 +207,7 @@ async def one_run(
         engine.tokenizer.encode(text, add_special_tokens=False),
         chat_loop_guard(chat.settings),
         engine.tokenizer.decode,
+        echoes=True,
     )
     language = identify_language(text)
     if side == "before":
@@ -224,9 +230,11 @@ async def one_run(
 
 
 def chat_loop_guard(settings: Settings) -> LoopGuardConfig:
+    s = settings
     return LoopGuardConfig(
-        settings.loop_guard_min_tokens, settings.loop_guard_min_repeats, settings.loop_guard_max_period_tokens
-    )
+        s.loop_guard_min_tokens, s.loop_guard_min_repeats, s.loop_guard_max_period_tokens,
+        s.loop_guard_echo_window, s.loop_guard_echo_share,
+    )  # fmt: skip
 
 
 def sides(engine: ChatEngine, settings: Settings) -> dict[str, ChatService]:

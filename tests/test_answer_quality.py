@@ -2,7 +2,9 @@
 
 - A crafted repeating stream (the engine may only emit one token) is stopped by the
   loop guard, and its engine request is aborted inside vLLM.
-- The model's real tokenizer: the loops of test_loop_guard.py fire, its lists and tables do not.
+- The model's real tokenizer: the loops of test_loop_guard.py fire, its lists and tables do not
+  (not even under the summaries' echo guard).
+- A follow-up quotes the previous answer in the ids the engine wrote, so the prefix cache serves it.
 - A follow-up on a document summarized in one pass raises vLLM's prefix_cache_hits
   counter by at least the document's token count.
 """
@@ -23,10 +25,11 @@ import services.engine.chat_engine as chat_engine_module
 from harness.documents import long_document
 from services.chat.service import ChatService
 from services.chat.session import ChatSession
-from services.engine.chat_engine import ChatEngine, SamplingSettings, StreamStats
+from services.engine.chat_engine import ChatEngine, SamplingSettings
 from services.engine.errors import REPETITION_STOPPED, RepetitionError, report_failure
 from services.engine.lifespan import engine_lifespan
 from services.engine.loop_guard import LoopGuardConfig, RepetitionDetector
+from services.engine.stream_stats import StreamStats
 from tests.conftest import tiny_settings
 from tests.test_loop_guard import LEGITIMATE, LOOPS
 
@@ -56,8 +59,8 @@ def one_token_only(engine: ChatEngine, monkeypatch: pytest.MonkeyPatch) -> int:
     token = engine.tokenizer.encode(" and", add_special_tokens=False)[0]
     original = chat_engine_module._sampling_params
 
-    def looping(sampling: SamplingSettings, max_tokens: int):
-        params = original(sampling, max_tokens)
+    def looping(sampling: SamplingSettings, max_tokens: int, *stop):
+        params = original(sampling, max_tokens, *stop)
         params.allowed_token_ids = [token]
         return params
 
@@ -122,7 +125,9 @@ async def test_loops_fire_with_the_real_tokenizer(engine: ChatEngine, name: str)
 
 @pytest.mark.parametrize("name", LEGITIMATE)
 async def test_lists_and_tables_do_not_fire_with_the_real_tokenizer(engine: ChatEngine, name: str) -> None:
-    detector = RepetitionDetector(LoopGuardConfig(), engine.tokenizer.decode)
+    detector = RepetitionDetector(
+        LoopGuardConfig(), engine.tokenizer.decode, echoes=True
+    )  # a summary's guard
     detector.feed(engine.tokenizer.encode(LEGITIMATE[name], add_special_tokens=False))
     assert not detector.fired
 
@@ -147,3 +152,41 @@ async def test_a_follow_up_reuses_the_whole_document_from_the_prefix_cache(
     await asyncio.sleep(0.2)  # the stat logger records the step after it hands out its outputs
     gained = counter("vllm:prefix_cache_hits_total") - hits_before
     assert gained >= document.tokens, f"the follow-up reused {gained:.0f} cached tokens of {document.tokens}"
+
+
+async def test_a_follow_up_reuses_the_previous_answer_in_the_ids_the_engine_wrote(
+    engine: ChatEngine, tiny_model_dir: Path
+) -> None:
+    """The tiny model writes tokens the tokenizer would not pick for the same text (so does the
+    default model under a frequency penalty); re-encoded, the answer would miss the prefix cache
+    from the first such token on. The follow-up's prompt carries the generated ids instead."""
+    chat = ChatService(engine, tiny_settings(tiny_model_dir))
+    for attempt in range(5):
+        session = ChatSession(
+            f"s-ids-{attempt}", SamplingSettings(1.0, 1.0, 48), "Be brief.", deque(maxlen=20)
+        )
+        first = chat.build_prompt(session, f"Tell me about ledger {attempt} of the archive.")
+        first_ids = engine.encode_chat(first.messages)
+        answer = "".join([d async for d in chat.reply(session, first, f"ids-{attempt}")])
+        generated = engine.answer_tokens.ids_for(answer)
+        assert generated, "the answer's ids were kept"
+        re_encoded = engine.tokenizer.encode(answer, add_special_tokens=False)
+        if re_encoded != generated:
+            break
+    else:
+        pytest.skip("five answers in a row were spelled the tokenizer's way")
+    same = next(
+        (i for i, (a, b) in enumerate(zip(re_encoded, generated, strict=False)) if a != b), len(generated)
+    )
+    hits_before = counter("vllm:prefix_cache_hits_total")
+    follow_up = chat.build_prompt(session, "And what else?")
+    follow_up_ids = engine.encode_chat(follow_up.messages)
+    assert follow_up_ids[: len(first_ids) + len(generated)] == first_ids + generated
+    assert "".join([d async for d in chat.reply(session, follow_up, f"ids-{attempt}-next")])
+    await asyncio.sleep(0.2)  # the stat logger records the step after it hands out its outputs
+    gained = counter("vllm:prefix_cache_hits_total") - hits_before
+    block = engine.backend.vllm_config.cache_config.block_size
+    assert gained >= len(first_ids) + len(generated) - block, (
+        f"the follow-up reused {gained:.0f} cached tokens; re-encoding would have kept "
+        f"{len(first_ids) + same} at most"
+    )

@@ -14,10 +14,11 @@ import pytest_asyncio
 from bench.shapes import distinct_size_prompts, sweep, worker_rss_mb
 from services.config import Settings
 from services.engine.allocators import PRELOAD_LIBRARIES
-from services.engine.chat_engine import ChatEngine, SamplingSettings, StreamStats
+from services.engine.chat_engine import ChatEngine, SamplingSettings
 from services.engine.errors import TokenBudgetError
 from services.engine.lifespan import engine_lifespan
 from services.engine.processes import engine_processes
+from services.engine.stream_stats import StreamStats
 from tests.conftest import tiny_settings
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

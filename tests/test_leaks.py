@@ -25,7 +25,8 @@ import pytest_asyncio
 
 from services.chat.service import ChatService
 from services.chat.store import SessionStore
-from services.engine.chat_engine import MAX_FINISH_CALLBACKS, ChatEngine, SamplingSettings, StreamStats
+from services.engine.chat_engine import MAX_FINISH_CALLBACKS, ChatEngine, SamplingSettings
+from services.engine.stream_stats import StreamStats
 from services.observability.maintenance import Maintenance
 from services.observability.memory import kv_cache_usage
 from services.runtime import Runtime

@@ -15,8 +15,9 @@ import re
 
 import pytest
 
-from services.engine.errors import RepetitionError
-from services.engine.loop_guard import LoopGuardConfig, RepetitionDetector, repeats_in
+from bench.quality_metrics import distinct_ngram_ratio
+from services.engine.errors import EchoError, RepetitionError
+from services.engine.loop_guard import EchoDetector, LoopGuardConfig, RepetitionDetector, repeats_in
 
 CONFIG = LoopGuardConfig()
 _TOKEN = re.compile(r"\w+|\s+|([^\w\s])\1{0,15}")  # like BPE: runs of one mark in pieces of <= 16
@@ -149,3 +150,87 @@ def test_repeats_in_reports_a_finished_answer() -> None:
     tokenizer = WordTokenizer()
     assert repeats_in(tokenizer.encode(LOOPS["one sentence over and over"]), CONFIG, tokenizer.decode)
     assert repeats_in(tokenizer.encode(TABLE), CONFIG, tokenizer.decode) is None
+
+
+# --- the echo guard: loops in paraphrase, for summaries ----------------------------------------
+# Real summaries of the default model (bench/results/summary-quality.json): each restates itself
+# with a word or two changed, so no exact period exists.
+PARAPHRASES = {
+    "a sentence again with one word changed (Portuguese)": (
+        "Ao verá a documentação, estou desenhados os nomes, comando e números importantes para cada "
+        "secção.\n\nPara verá as conclusões, estou desenhados os pontos principais de cada secção.\n\n"
+        "Para verá as conclusões, estou desenhidos os nomes, comando e números importantes para cada secção."
+    ),
+    "a run-on phrase with changing platforms": (
+        "It covers commands to install packages using pip, command for installing package from "
+        "virtualenv installed on Windows Server platform installed on Linux server platform installed "
+        "on Windows Server platform installed on Linux server platform installed on Unix system"
+    ),
+    "the summary written again after a rule": (
+        "The document is a collection of information about the group adm and its usage. The user-group "
+        "system is explained in detail, including its features and limitations.\n\n---\nThe document "
+        "ends with a summary of the file and how it is used to manage files. The user-group system is "
+        "explained in detail, including its features and limitations."
+    ),
+}
+
+
+def echo_stream(
+    text: str, config: LoopGuardConfig = CONFIG, *, echoes: bool = True
+) -> RepetitionError | None:
+    """Feed `text` as tokens with their text, as ChatEngine.generate does for summaries (prose=True)."""
+    tokenizer = WordTokenizer()
+    detector = RepetitionDetector(config, tokenizer.decode, echoes=echoes)
+    ids = tokenizer.encode(text)
+    try:
+        for start in range(0, len(ids), 2):
+            piece = ids[start : start + 2]
+            detector.feed(piece, tokenizer.decode(piece))
+    except RepetitionError as error:
+        return error
+    return None
+
+
+@pytest.mark.parametrize("name", PARAPHRASES)
+def test_a_summary_that_restates_itself_is_stopped_before_the_restatement(name: str) -> None:
+    text = PARAPHRASES[name]
+    assert stream(WordTokenizer(), text) is None, "an exact-period loop: this case is for the echo guard"
+    error = echo_stream(text)
+    assert isinstance(error, EchoError), f"{name}: the paraphrase was not caught"
+    assert error.kept_text and text.startswith(error.kept_text)
+    assert distinct_ngram_ratio(error.kept_text) > distinct_ngram_ratio(text)
+
+
+@pytest.mark.parametrize("name", LEGITIMATE)
+def test_lists_tables_and_code_do_not_trip_the_echo_guard(name: str) -> None:
+    assert echo_stream(LEGITIMATE[name]) is None
+
+
+def test_chat_answers_get_only_the_exact_guard() -> None:
+    """A templated list is a fine chat answer, so chat turns (echoes=False) let it through."""
+    templated = "".join(
+        f"- Test case {n}: verify that the login page shows an error when the password is wrong for "
+        f"user {name}.\n"
+        for n, name in enumerate(("ana", "bo", "cy", "dee", "ed"))
+    )
+    assert echo_stream(templated, echoes=False) is None
+    assert isinstance(echo_stream(templated), EchoError)  # in a summary, it counts as a loop
+    assert echo_stream(PARAPHRASES["a run-on phrase with changing platforms"], echoes=False) is None
+
+
+def test_the_echo_guard_reads_the_text_however_it_is_split() -> None:
+    text = PARAPHRASES["a sentence again with one word changed (Portuguese)"]
+    kept = set()
+    for size in (1, 3, 7, 50):
+        detector = EchoDetector(CONFIG.echo_window, CONFIG.echo_share)
+        with pytest.raises(EchoError) as caught:
+            for start in range(0, len(text), size):
+                detector.feed(text[start : start + size])
+        kept.add(caught.value.kept_text)
+    assert len(kept) == 1
+
+
+def test_the_echo_guard_skips_code_blocks_and_can_be_switched_off() -> None:
+    loop = PARAPHRASES["a run-on phrase with changing platforms"]
+    assert echo_stream(f"Here is the log:\n```\n{loop}\n```\nThat is all.\n") is None
+    assert echo_stream(loop, LoopGuardConfig(echo_window=0)) is None

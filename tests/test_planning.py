@@ -16,8 +16,9 @@ from services.chat.session import ChatSession, SessionDocument
 from services.config import Settings
 from services.documents.planning import IN_PARTS, WHOLE, Budget, plan_document
 from services.documents.progress import SummaryProgress
-from services.engine.chat_engine import Message, SamplingSettings, StreamStats
+from services.engine.chat_engine import Message, SamplingSettings
 from services.engine.prefill import PrefillMeter, tick_until_first
+from services.engine.stream_stats import StreamStats
 
 BUDGET = Budget(
     max_model_len=8192,

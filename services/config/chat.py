@@ -43,6 +43,23 @@ class ChatSettings:
     loop_guard_max_period_tokens: int = setting(
         256, "LOOP_GUARD_MAX_PERIOD_TOKENS", "Longest repeated unit, in tokens, the loop guard looks for.", 1
     )
+    loop_guard_echo_window: int = setting(
+        8,
+        "LOOP_GUARD_ECHO_WINDOW",
+        "Summaries only: the loop guard also stops a summary once LOOP_GUARD_ECHO_SHARE of its last "
+        "this many word 4-grams already appeared in it (a loop in paraphrase); 0 = off.",
+        0,
+    )
+    loop_guard_echo_share: float = setting(
+        0.6, "LOOP_GUARD_ECHO_SHARE", "Share of repeated word 4-grams that stops a summary.", 0.01
+    )
+    answer_token_cache_tokens: int = setting(
+        131_072,
+        "ANSWER_TOKEN_CACHE_TOKENS",
+        "Token ids of recent answers kept (for SESSION_TTL_SECONDS) so a follow-up quotes them "
+        "exactly and vLLM's prefix cache serves them; 0 = off.",
+        0,
+    )
     max_new_tokens: int = setting(512, "MAX_NEW_TOKENS", "Default answer budget in tokens.", 1)
     max_new_tokens_limit: int = setting(
         4096, "MAX_NEW_TOKENS_LIMIT", "Largest answer budget a user may pick in chat settings.", 1

@@ -5,9 +5,10 @@ the engine batches them; cancelling the summary cancels every chunk request.
 Single-pass prompts put the document first, in the system message, so a
 follow-up question shares the summary request's prefix and vLLM's prefix
 cache reuses its KV. The loop guard (services/engine/loop_guard.py) watches
-every request: a map or reduce part that starts repeating itself keeps the
-text before the repetition and the summary goes on (the user is told); a
-final summary that loops ends with the guard's message.
+every request for exact and (summaries being prose) paraphrased loops: a map
+or reduce part that starts repeating itself keeps the text before the
+repetition and the summary goes on (the user is told); a final summary that
+loops ends with the guard's message.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ class SummaryJob:
 
 class Summarizer:
     """Summaries through the engine, cached by content and settings."""
+
+    prose = True  # ChatEngine.generate's prose: the paraphrase guard and the stop at a "---" rule
 
     def __init__(self, engine: ChatEngine, settings: Settings) -> None:
         self.engine = engine
@@ -126,7 +129,7 @@ class Summarizer:
             partials = await self._reduce_until_it_fits(partials, prompts, sampling, request_id)
             messages = prompts.reduce(self.settings.system_prompt, partials)
         parts: list[str] = []
-        stream = self.engine.generate(messages, sampling, f"{request_id}-final")
+        stream = self.engine.generate(messages, sampling, f"{request_id}-final", prose=self.prose)
         async with contextlib.aclosing(tick_until_first(stream, tracker.tick, self._interval())) as deltas:
             async for delta in deltas:
                 if not parts:
@@ -223,7 +226,10 @@ class Summarizer:
         """The whole answer, and whether the loop guard cut it (then the text before the loop)."""
         try:
             return "".join(
-                [delta async for delta in self.engine.generate(messages, sampling, request_id)]
+                [
+                    delta
+                    async for delta in self.engine.generate(messages, sampling, request_id, prose=self.prose)
+                ]
             ), False
         except RepetitionError as error:
             self.loops_stopped += 1

@@ -19,10 +19,12 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from services.engine.answer_tokens import AnswerTokens
 from services.engine.backend import LLMBackend
 from services.engine.errors import EngineUnavailableError, TokenBudgetError
 from services.engine.load import EngineLoad
 from services.engine.loop_guard import LoopGuardConfig, RepetitionDetector
+from services.engine.stream_stats import StreamStats
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +32,9 @@ Message = dict[str, str]
 # on_finish listeners are per component (metrics, tests), never per session or request:
 # a longer list means someone registers in a loop, which would leak.
 MAX_FINISH_CALLBACKS = 16
-FinishCallback = Callable[["StreamStats"], None]
+FinishCallback = Callable[[StreamStats], None]
+# A summary ends at a horizontal rule: after one, the default model writes the summary again.
+PROSE_STOP = ("\n---",)
 
 
 @dataclass(frozen=True)
@@ -42,57 +46,6 @@ class SamplingSettings:
     max_new_tokens: int
     repetition_penalty: float = 1.0  # vLLM's (HF-style: prompt and answer tokens)
     frequency_penalty: float = 0.0  # vLLM's (OpenAI-style: answer tokens, by count)
-
-
-@dataclass
-class StreamStats:
-    """Timing of one request, filled in while it streams (read by metrics).
-
-    Times are `time.monotonic()` seconds in the app process, except
-    `queue_seconds`, which vLLM measures inside the engine core (from QUEUED
-    to first SCHEDULED, as reported on `RequestOutput.metrics`).
-    """
-
-    request_id: str
-    prompt_tokens: int = 0
-    output_tokens: int = 0
-    submitted_at: float = 0.0
-    first_token_at: float | None = None
-    last_token_at: float | None = None
-    finished_at: float | None = None
-    finish_reason: str | None = None  # vLLM's, or "abort", or "repetition" (the loop guard)
-    queue_seconds: float | None = None
-    cached_tokens: int | None = None  # prompt tokens vLLM found in its prefix cache
-
-    @property
-    def ttft_seconds(self) -> float | None:
-        return None if self.first_token_at is None else self.first_token_at - self.submitted_at
-
-    @property
-    def inter_token_seconds(self) -> float | None:
-        """Mean gap between output tokens as the app received them (needs two tokens)."""
-        if self.first_token_at is None or self.last_token_at is None or self.output_tokens < 2:
-            return None
-        return (self.last_token_at - self.first_token_at) / (self.output_tokens - 1)
-
-    @property
-    def e2e_seconds(self) -> float | None:
-        return None if self.finished_at is None else self.finished_at - self.submitted_at
-
-    def observe(self, output: Any, now: float) -> None:
-        """Account one streamed `RequestOutput` (DELTA kind) received at `now`."""
-        completion = output.outputs[0]
-        self.output_tokens += len(completion.token_ids)
-        if completion.token_ids:
-            self.last_token_at = now
-            if self.first_token_at is None:
-                self.first_token_at = now
-        if self.queue_seconds is None:
-            self.queue_seconds = _queue_seconds(output)
-        if self.cached_tokens is None:
-            self.cached_tokens = getattr(output, "num_cached_tokens", None)
-        if output.finished:
-            self.finish_reason = completion.finish_reason or "stop"
 
 
 def token_budget(max_model_len: int, prompt_tokens: int, max_new_tokens: int) -> int:
@@ -123,6 +76,9 @@ class ChatEngine:
         self.warm_up_report: Any = None  # what the lifespan's warm-up measured (warmup.WarmUpReport)
         self._ping_prompt: list[int] | None = None
         self.loop_guard = LoopGuardConfig()  # see loop_guard.py; the lifespan applies the settings
+        # Ids of recent answers, spliced back into the prompts that quote them (answer_tokens.py);
+        # the lifespan sizes it from the settings.
+        self.answer_tokens = AnswerTokens(max_tokens=131_072, ttl_seconds=3600.0)
         self.requests_finished_total = 0  # chat requests ended (any reason): memory per request
 
     @property
@@ -179,7 +135,10 @@ class ChatEngine:
             ids = self.tokenizer.apply_chat_template(merged, add_generation_prompt=True, tokenize=True)
         if not isinstance(ids, list):  # transformers 5 may hand back a BatchEncoding
             ids = ids["input_ids"]
-        return list(ids)
+        return self.answer_tokens.splice(messages, list(ids), self._encode_text)
+
+    def _encode_text(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def count_tokens(self, text: str) -> int:
         """Tokens of plain text (no template)."""
@@ -187,36 +146,57 @@ class ChatEngine:
 
     # --- requests ------------------------------------------------------------
     async def generate(
-        self, messages: list[Message], sampling: SamplingSettings, request_id: str, *, priority: int = 0
+        self,
+        messages: list[Message],
+        sampling: SamplingSettings,
+        request_id: str,
+        *,
+        priority: int = 0,
+        prose: bool = False,
     ) -> AsyncIterator[str]:
         """Stream the answer to `messages` as text deltas.
 
         The request is aborted in the engine on every early exit; the caller
         should close the iterator (``contextlib.aclosing``) when it stops early.
         `priority` goes to vLLM's scheduler (lower is earlier; services/admission picks it).
+        `prose` is for summaries: the loop guard also stops paraphrased loops, and
+        the answer ends at a "---" rule (after which a small model writes it again).
         """
         if self._llm.errored:
             raise EngineUnavailableError("the engine is not running")
         prompt_ids = self.encode_chat(messages)
         max_tokens = token_budget(self.max_model_len, len(prompt_ids), sampling.max_new_tokens)
-        params = _sampling_params(sampling, max_tokens)
+        params = _sampling_params(sampling, max_tokens, PROSE_STOP if prose else ())
         stats = StreamStats(request_id, prompt_tokens=len(prompt_ids), submitted_at=time.monotonic())
-        loops = RepetitionDetector(self.loop_guard, self.tokenizer.decode)
+        loops = RepetitionDetector(self.loop_guard, self.tokenizer.decode, echoes=prose)
+        answer_ids: list[int] = []
+        answer: list[str] = []
         stream = self._llm.generate({"prompt_token_ids": prompt_ids}, params, request_id, priority=priority)
         try:
             async with contextlib.aclosing(stream):
                 async for output in stream:
                     self.last_output_at = time.monotonic()
                     stats.observe(output, self.last_output_at)
-                    loops.feed(output.outputs[0].token_ids)  # raises RepetitionError on a loop
-                    if output.outputs[0].text:
-                        yield output.outputs[0].text
+                    completion = output.outputs[0]
+                    loops.feed(completion.token_ids, completion.text)  # raises RepetitionError on a loop
+                    answer_ids.extend(completion.token_ids)
+                    if completion.text:
+                        answer.append(completion.text)
+                        yield completion.text
         finally:
-            stats.finished_at = time.monotonic()
-            if stats.finish_reason is None:
-                stats.finish_reason = "repetition" if loops.fired else "abort"
-                await self.abort(request_id)
-            self._notify_finished(stats)
+            await self._finish(request_id, stats, loops, ("".join(answer), answer_ids))
+
+    async def _finish(
+        self, request_id: str, stats: StreamStats, loops: RepetitionDetector, answer: tuple[str, list[int]]
+    ) -> None:
+        """Abort a request left early, keep a whole answer's ids (quoted by the next turn), notify."""
+        stats.finished_at = time.monotonic()
+        if stats.finish_reason is None:
+            stats.finish_reason = "repetition" if loops.fired else "abort"
+            await self.abort(request_id)
+        elif answer[0]:
+            self.answer_tokens.remember(*answer, self.tokenizer.decode)
+        self._notify_finished(stats)
 
     async def ping(self, timeout_seconds: float) -> float:
         """Generate one token for a one-word prompt; return the seconds it took.
@@ -266,7 +246,7 @@ class ChatEngine:
         self._llm.shutdown()
 
 
-def _sampling_params(sampling: SamplingSettings, max_tokens: int) -> Any:
+def _sampling_params(sampling: SamplingSettings, max_tokens: int, stop: tuple[str, ...] = ()) -> Any:
     """vLLM SamplingParams that stream text deltas."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
@@ -277,18 +257,9 @@ def _sampling_params(sampling: SamplingSettings, max_tokens: int) -> Any:
         max_tokens=max_tokens,
         repetition_penalty=sampling.repetition_penalty,
         frequency_penalty=sampling.frequency_penalty,
+        stop=list(stop) or None,
         output_kind=RequestOutputKind.DELTA,
     )
-
-
-def _queue_seconds(output: Any) -> float | None:
-    """Engine-side queue time of a request, from vLLM's per-request stats (None when stats are off)."""
-    metrics = getattr(output, "metrics", None)
-    queued = getattr(metrics, "queued_ts", 0.0)
-    scheduled = getattr(metrics, "scheduled_ts", 0.0)
-    if not queued or not scheduled:
-        return None
-    return max(0.0, scheduled - queued)
 
 
 def _merge_system_into_first_user(messages: list[Message]) -> list[Message]:

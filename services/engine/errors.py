@@ -31,6 +31,18 @@ class RepetitionError(RuntimeError):
         self.kept_text = kept_text  # the answer up to the end of the unit's first copy
 
 
+class EchoError(RepetitionError):
+    """A summary kept re-using its own phrases (a loop in paraphrase) and was stopped."""
+
+    def __init__(self, echoes: int, window: int, kept_text: str) -> None:
+        RuntimeError.__init__(
+            self, f"{echoes} of the answer's last {window} word 4-grams had appeared before; it was stopped"
+        )
+        self.period_tokens = 0
+        self.repeated_tokens = 0
+        self.kept_text = kept_text  # the answer before the sentence where the echoes began
+
+
 class EngineBusyError(RuntimeError):
     """A vLLM server refused a request because its queue is full (HTTP 503)."""
 

@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from services.config import Settings
+from services.engine.answer_tokens import AnswerTokens
 from services.engine.chat_engine import ChatEngine
 from services.engine.local import local_engine_lifespan
 from services.engine.loop_guard import LoopGuardConfig
@@ -22,7 +23,10 @@ async def engine_lifespan(settings: Settings) -> AsyncIterator[ChatEngine]:
             settings.loop_guard_min_tokens,
             settings.loop_guard_min_repeats,
             settings.loop_guard_max_period_tokens,
+            settings.loop_guard_echo_window,
+            settings.loop_guard_echo_share,
         )
+        engine.answer_tokens = AnswerTokens(settings.answer_token_cache_tokens, settings.session_ttl_seconds)
         # Ready only after the first shapes ran once (warmup.py); what it measured stays with the engine.
         engine.warm_up_report = await warm_up(engine, settings)
         yield engine

@@ -13,14 +13,24 @@ exact re-emission of the same unit, several times over, fires. A unit with no
 letter or digit at all (a long separator row of a wide table, a rule of dashes)
 needs SYMBOL_ONLY_FACTOR times as many repeated tokens. The guard keeps
 the text before the repetition started (one copy of the unit) for the caller.
+
+Summaries also get the echo guard (EchoDetector): a small model often loops
+in paraphrase, the same sentence again with a word changed, which an exact
+period never sees. It watches the answer's word 4-grams and fires when most
+of the last few have appeared before in the same answer. Chat answers do not
+get it: a templated list ("Test case 3: verify that ...") is a fine chat
+answer, while a summary is asked for prose in its own words. Table rows and
+code blocks never count.
 """
 
 from __future__ import annotations
 
+import re
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from services.engine.errors import RepetitionError
+from services.engine.errors import EchoError, RepetitionError
 
 SYMBOL_ONLY_FACTOR = 4  # a unit of pure markup ("|---") must repeat this many times longer
 
@@ -32,6 +42,8 @@ class LoopGuardConfig:
     min_tokens: int = 32  # repeated tokens before the guard fires; 0 = the guard is off
     min_repeats: int = 3  # copies of the unit in the tail, the first one included
     max_period: int = 256  # longest unit, in tokens, looked for
+    echo_window: int = 8  # word 4-grams the echo guard looks back over; 0 = off
+    echo_share: float = 0.6  # share of them seen before in the answer that fires it
 
     @property
     def enabled(self) -> bool:
@@ -45,17 +57,27 @@ class RepetitionDetector:
     positions earlier: O(max_period) per token, memory bounded by the answer.
     """
 
-    def __init__(self, config: LoopGuardConfig, decode: Callable[[list[int]], str]) -> None:
+    def __init__(
+        self, config: LoopGuardConfig, decode: Callable[[list[int]], str], *, echoes: bool = False
+    ) -> None:
         self.config = config
         self._decode = decode
         self._ids: list[int] = []
         self._runs = [0] * (config.max_period + 1)
+        self._echoes = EchoDetector(config.echo_window, config.echo_share) if echoes else None
         self.fired = False
 
-    def feed(self, token_ids: Iterable[int]) -> None:
-        """Account new tokens; raise RepetitionError if the answer now loops."""
+    def feed(self, token_ids: Iterable[int], text: str | None = None) -> None:
+        """Account new tokens (and their text); raise RepetitionError if the answer now loops."""
         if not self.config.enabled:
             return
+        token_ids = list(token_ids)
+        if self._echoes is not None:
+            try:
+                self._echoes.feed(self._decode(token_ids) if text is None else text)
+            except EchoError:
+                self.fired = True
+                raise
         for token in token_ids:
             self._ids.append(token)
             period = self._periodic_tail()
@@ -85,11 +107,87 @@ class RepetitionDetector:
         return any(char.isalnum() for char in unit)
 
 
+_WORD_OR_NEWLINE = re.compile(r"\w+|\n")
+_LINE_HEAD = re.compile(r"[ \t]*(\S{1,3})")
+_SENTENCE_END = re.compile(r"[.!?;:](?=\s)|\n")
+_GRAM = 4  # words per n-gram: the unit of the distinct-4 measure in bench/summary_quality.py
+
+
+class EchoDetector:
+    """Feeds on answer text; raises EchoError when the answer keeps re-using its own phrases.
+
+    Each completed word closes a word 4-gram; it is an echo if the answer
+    already had it. When `share` of the last `window` 4-grams are echoes, the
+    answer is cut at the start of the sentence holding the first of them.
+    Words on table rows ("| ...") and inside code fences are not counted.
+    Memory is bounded by the answer's length.
+    """
+
+    def __init__(self, window: int, share: float) -> None:
+        self.window, self.share = window, share
+        self._text = ""
+        self._done = 0  # characters consumed
+        self._line_start = 0
+        self._line_head: str | None = None  # the line's first characters, once they arrived
+        self._in_code = False
+        self._seen: set[tuple[str, ...]] = set()
+        self._words: deque[tuple[str, int]] = deque(maxlen=_GRAM)  # (word, where it starts)
+        self._recent: deque[tuple[bool, int]] = deque(maxlen=max(1, window))  # (echo, where it starts)
+        self._echo_count = 0
+
+    def feed(self, text: str) -> None:
+        if self.window <= 0 or not text:
+            return
+        self._text += text
+        for match in _WORD_OR_NEWLINE.finditer(self._text, self._done):
+            if match.group() == "\n":
+                self._end_line(match.start())
+            elif match.end() == len(self._text):
+                break  # the word may go on in the next delta
+            elif not self._in_code and not self._line().startswith(("|", "```")):
+                self._word(match.group().lower(), match.start())
+            self._done = match.end()
+
+    def _line(self) -> str:
+        if self._line_head is None:
+            head = _LINE_HEAD.match(self._text, self._line_start)
+            if head is None:
+                return ""
+            self._line_head = head.group(1)
+        return self._line_head
+
+    def _end_line(self, at: int) -> None:
+        if self._line().startswith("```"):
+            self._in_code = not self._in_code
+        self._line_start, self._line_head = at + 1, None
+
+    def _word(self, word: str, start: int) -> None:
+        self._words.append((word, start))
+        if len(self._words) < _GRAM:
+            return
+        gram = tuple(w for w, _ in self._words)
+        echo = gram in self._seen
+        self._seen.add(gram)
+        if len(self._recent) == self._recent.maxlen:
+            self._echo_count -= self._recent[0][0]
+        self._recent.append((echo, self._words[0][1]))
+        self._echo_count += echo
+        if len(self._recent) == self.window and self._echo_count >= self.share * self.window:
+            first = next(start for echoed, start in self._recent if echoed)
+            raise EchoError(self._echo_count, self.window, self._kept(first))
+
+    def _kept(self, first_echo: int) -> str:
+        """The answer before the sentence where the echoes began (or before the echo, in the first one)."""
+        ends = [m.end() for m in _SENTENCE_END.finditer(self._text, 0, first_echo)]
+        cut = ends[-1] if ends and self._text[: ends[-1]].strip() else first_echo
+        return self._text[:cut].rstrip()
+
+
 def repeats_in(
-    token_ids: list[int], config: LoopGuardConfig, decode: Callable[[list[int]], str]
+    token_ids: list[int], config: LoopGuardConfig, decode: Callable[[list[int]], str], *, echoes: bool = False
 ) -> RepetitionError | None:
     """Whether a finished answer would have tripped the guard (benchmarks, tests)."""
-    detector = RepetitionDetector(config, decode)
+    detector = RepetitionDetector(config, decode, echoes=echoes)
     try:
         detector.feed(token_ids)
     except RepetitionError as error:

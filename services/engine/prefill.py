@@ -15,7 +15,7 @@ import logging
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from services.engine.chat_engine import StreamStats
+from services.engine.stream_stats import StreamStats
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,89 @@
+"""The token ids the engine wrote for recent answers, so the next turn's prompt repeats them exactly.
+
+vLLM's prefix cache matches token ids, not text. A model may spell a word
+with tokens the tokenizer would not pick for the same text (a frequency
+penalty makes that common: the usual token is penalized, another spelling
+wins). Re-encoding such an answer for the next prompt then differs from the
+KV vLLM cached from the first such word on, and the follow-up re-reads the
+rest of the answer. `AnswerTokens` keeps the generated ids of recent answers
+(bounded in tokens and in time) and splices them back over the re-encoded
+text when a prompt carries one of those answers unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Callable, Sequence
+
+from cachetools import TTLCache
+
+Message = dict[str, str]
+
+
+def _key(text: str) -> bytes:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+class AnswerTokens:
+    """Generated ids of recent answers by their text: `max_tokens` ids at most, each for `ttl_seconds`."""
+
+    def __init__(self, max_tokens: int, ttl_seconds: float) -> None:
+        self._ids: TTLCache[bytes, array] = TTLCache(
+            maxsize=max(1, max_tokens), ttl=ttl_seconds, getsizeof=len
+        )
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def ids_for(self, text: str) -> list[int] | None:
+        """The generated ids kept for `text`, if any."""
+        ids = self._ids.get(_key(text))
+        return None if ids is None else list(ids)
+
+    def remember(self, text: str, token_ids: Sequence[int], decode: Callable[[list[int]], str]) -> bool:
+        """Keep `token_ids` for `text` if they spell it (a stop token or stop string may trail them)."""
+        ids = list(token_ids)
+        for _ in range(8):  # drop what the text leaves out: an end-of-turn token, a stop string's tokens
+            if not ids or len(ids) > self._ids.maxsize:
+                return False
+            spelled = decode(ids)
+            if spelled == text:
+                self._ids[_key(text)] = array("i", ids)  # 4 bytes a token
+                return True
+            if not spelled.startswith(text):
+                return False
+            ids.pop()
+        return False
+
+    def splice(
+        self, messages: Sequence[Message], prompt_ids: list[int], encode: Callable[[str], list[int]]
+    ) -> list[int]:
+        """`prompt_ids` with each remembered assistant answer in the ids the engine generated for it."""
+        out, search_from = prompt_ids, 0
+        for message in messages:
+            if message["role"] != "assistant" or not message["content"]:
+                continue
+            generated = self.ids_for(message["content"])
+            if generated is None:
+                continue
+            encoded = encode(message["content"])
+            at = _find(out, encoded, search_from)
+            if at < 0:  # the template changed the text: keep its encoding
+                continue
+            if out is prompt_ids:
+                out = list(prompt_ids)
+            out[at : at + len(encoded)] = generated
+            search_from = at + len(generated)
+        return out
+
+
+def _find(haystack: list[int], needle: list[int], start: int) -> int:
+    """Index of `needle` in `haystack` at or after `start`, or -1."""
+    if not needle:
+        return -1
+    first, size = needle[0], len(needle)
+    for index in range(start, len(haystack) - size + 1):
+        if haystack[index] == first and haystack[index : index + size] == needle:
+            return index
+    return -1
