@@ -63,6 +63,7 @@ from services.observability.memory import process_tree_memory
 from services.observability.series import theil_sen_interval
 
 TINY_MAX_MODEL_LEN = 4096  # as in tests/conftest.py
+DEFAULT_MODEL_POOL_TOKENS = 46_592  # the default model's KV pool in 1 GiB (bfloat16) here, per vLLM's log
 # Arms of the allocator comparison: settings changes over the configured defaults.
 ARMS: dict[str, dict[str, Any]] = {
     "glibc": {"engine_allocator": "glibc", "engine_malloc_arena_max": 0},
@@ -362,10 +363,15 @@ def tiny_model_settings(base: Settings) -> dict[str, Any]:
 
     default_dir = ensure_default_model(Settings.from_env({}))
     tiny_dir = build_tiny_model(default_dir, Path(base.cache_dir) / "models" / "tiny-llama")
+    # The default model's KV pool in tokens, not the tiny model's 2M in the same GiB: the prefix
+    # cache keeps a hash for every block it ever filled, so a pool 45x larger keeps growing
+    # ~240 B per request for ~20,000 requests before it is full (the 2026-12-01 17:05 run).
+    blocks = base.num_gpu_blocks_override or DEFAULT_MODEL_POOL_TOKENS // (base.block_size or 16)
     return {
         "model": str(tiny_dir),
         "max_model_len": TINY_MAX_MODEL_LEN,
         "max_num_batched_tokens": TINY_MAX_MODEL_LEN,
+        "num_gpu_blocks_override": blocks,
     }
 
 

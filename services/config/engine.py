@@ -91,6 +91,13 @@ class EngineSettings:
     cpu_kvcache_space_gib: int = setting(
         1, "VLLM_CPU_KVCACHE_SPACE", "KV-cache size in GiB on CPU (vLLM's own variable).", 1
     )
+    num_gpu_blocks_override: int = setting(
+        0,
+        "KV_CACHE_BLOCKS",
+        "KV-cache blocks vLLM allocates whatever the memory (vLLM's num_gpu_blocks_override); "
+        "0 = as many as VLLM_CPU_KVCACHE_SPACE (or GPU_MEMORY_UTILIZATION) holds.",
+        0,
+    )
     engine_mmap_threshold_bytes: int = setting(
         128 * 1024,
         "ENGINE_MMAP_THRESHOLD_BYTES",

@@ -33,8 +33,9 @@ ENGINE_ARG_NAMES = (
     "long_prefill_token_threshold", "block_size", "max_num_queued_reqs", "max_num_queued_tokens",
     "enable_prefix_caching", "enable_chunked_prefill", "gpu_memory_utilization",
     "swap_space", "enforce_eager", "tensor_parallel_size", "quantization", "kv_cache_dtype",
+    "num_gpu_blocks_override",
 )  # fmt: skip
-NONE_WHEN_ZERO = ("block_size", "max_num_queued_reqs", "max_num_queued_tokens")  # 0 = vLLM's None
+NONE_WHEN_ZERO = ("block_size", "max_num_queued_reqs", "max_num_queued_tokens", "num_gpu_blocks_override")
 RPC_DIR_PREFIX = "vllm-chat-rpc-"
 ALL_CORES_UP_TO = 2  # the worker gets every core on machines this small (worker_thread_bind)
 
