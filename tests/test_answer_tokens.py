@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from services.engine.answer_tokens import AnswerTokens
+from services.engine.answer_tokens import ENTRY_OVERHEAD_IDS, AnswerTokens
 
 # A toy vocabulary: the "tokenizer" spells "hello" as [1]; the engine wrote it as [2, 3] ("hel" "lo").
 PIECES = {1: "hello", 2: "hel", 3: "lo", 4: " world", 5: "<s>", 6: "</s>", 7: "Q", 8: "\n---"}
@@ -49,11 +49,20 @@ def test_prompts_without_a_known_answer_are_unchanged() -> None:
     assert cache.splice(changed_template, [5, 4, 6], encode) == [5, 4, 6]  # not found: left alone
 
 
-def test_the_cache_is_bounded_in_tokens_and_in_time() -> None:
-    cache = AnswerTokens(max_tokens=4, ttl_seconds=0.05)
+def test_the_cache_is_bounded_in_tokens_with_each_entry_s_overhead_and_in_time() -> None:
+    cache = AnswerTokens(max_tokens=2 * ENTRY_OVERHEAD_IDS + 4, ttl_seconds=0.05)
     cache.remember("hello world", [2, 3, 4], decode)
-    cache.remember("hello", [2, 3], decode)  # 5 tokens > 4: the older answer goes
+    cache.remember("hello", [2, 3], decode)  # 3 + 2 ids and two overheads > the bound: the older goes
     assert cache.ids_for("hello world") is None and cache.ids_for("hello") == [2, 3]
-    assert not AnswerTokens(max_tokens=2, ttl_seconds=60).remember("hello world", [2, 3, 4], decode)
+    small = AnswerTokens(max_tokens=ENTRY_OVERHEAD_IDS + 2, ttl_seconds=60)
+    assert not small.remember("hello world", [2, 3, 4], decode)  # larger than the whole cache
     time.sleep(0.1)
     assert cache.ids_for("hello") is None
+
+
+def test_many_short_answers_stay_within_the_bound() -> None:
+    cache = AnswerTokens(max_tokens=10 * (ENTRY_OVERHEAD_IDS + 1), ttl_seconds=60)
+    pieces = {100 + n: f"w{n}" for n in range(1000)}
+    for n in range(1000):
+        assert cache.remember(f"w{n}", [100 + n], lambda ids: "".join(pieces[i] for i in ids))
+    assert len(cache) == 10

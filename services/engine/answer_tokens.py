@@ -19,6 +19,9 @@ from collections.abc import Callable, Sequence
 from cachetools import TTLCache
 
 Message = dict[str, str]
+# What an entry costs besides its ids (key, array header, the cache's links), in 4-byte ids:
+# the bound then holds for short answers too, not only in ids.
+ENTRY_OVERHEAD_IDS = 64
 
 
 def _key(text: str) -> bytes:
@@ -26,11 +29,15 @@ def _key(text: str) -> bytes:
 
 
 class AnswerTokens:
-    """Generated ids of recent answers by their text: `max_tokens` ids at most, each for `ttl_seconds`."""
+    """Generated ids of recent answers by their text, each for `ttl_seconds`.
+
+    Bounded by `max_tokens` ids, each entry counted with ENTRY_OVERHEAD_IDS more:
+    ~4 bytes per unit, so the default 131,072 hold at most ~0.5 MB.
+    """
 
     def __init__(self, max_tokens: int, ttl_seconds: float) -> None:
         self._ids: TTLCache[bytes, array] = TTLCache(
-            maxsize=max(1, max_tokens), ttl=ttl_seconds, getsizeof=len
+            maxsize=max(1, max_tokens), ttl=ttl_seconds, getsizeof=lambda ids: len(ids) + ENTRY_OVERHEAD_IDS
         )
 
     def __len__(self) -> int:
@@ -45,7 +52,7 @@ class AnswerTokens:
         """Keep `token_ids` for `text` if they spell it (a stop token or stop string may trail them)."""
         ids = list(token_ids)
         for _ in range(8):  # drop what the text leaves out: an end-of-turn token, a stop string's tokens
-            if not ids or len(ids) > self._ids.maxsize:
+            if not ids or len(ids) + ENTRY_OVERHEAD_IDS > self._ids.maxsize:
                 return False
             spelled = decode(ids)
             if spelled == text:
