@@ -363,16 +363,21 @@ def tiny_model_settings(base: Settings) -> dict[str, Any]:
 
     default_dir = ensure_default_model(Settings.from_env({}))
     tiny_dir = build_tiny_model(default_dir, Path(base.cache_dir) / "models" / "tiny-llama")
-    # The default model's KV pool in tokens, not the tiny model's 2M in the same GiB: the prefix
-    # cache keeps a hash for every block it ever filled, so a pool 45x larger keeps growing
-    # ~240 B per request for ~20,000 requests before it is full (the 2026-12-01 17:05 run).
-    blocks = base.num_gpu_blocks_override or DEFAULT_MODEL_POOL_TOKENS // (base.block_size or 16)
     return {
         "model": str(tiny_dir),
         "max_model_len": TINY_MAX_MODEL_LEN,
         "max_num_batched_tokens": TINY_MAX_MODEL_LEN,
-        "num_gpu_blocks_override": blocks,
+        "num_gpu_blocks_override": default_model_pool_blocks(base),
     }
+
+
+def default_model_pool_blocks(settings: Settings) -> int:
+    """KV blocks of the default model's pool, for the tiny model (whose 1 GiB holds 2M tokens).
+
+    vLLM's prefix cache keeps a hash for every block it ever filled, so a pool 45x larger
+    grows ~240 B per request for ~20,000 requests before it is full (BENCHMARKS.md, churn).
+    """
+    return settings.num_gpu_blocks_override or DEFAULT_MODEL_POOL_TOKENS // (settings.block_size or 16)
 
 
 def report_table(summary: dict[str, Any]) -> str:

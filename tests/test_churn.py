@@ -13,7 +13,7 @@ import asyncio
 import json
 from pathlib import Path
 
-from bench.churn import ChurnOptions, report_table, run
+from bench.churn import ChurnOptions, default_model_pool_blocks, report_table, run
 from tests.conftest import tiny_settings
 
 CI_REQUESTS = 2500
@@ -29,7 +29,9 @@ def test_short_churn_keeps_under_a_kilobyte_per_request_in_every_process(
         requests=CI_REQUESTS, sample_every=CI_SAMPLE_EVERY, warmup=CI_WARMUP,
         max_bytes_per_request=CI_MAX_BYTES_PER_REQUEST, out=tmp_path,
     )  # fmt: skip
-    summary = asyncio.run(run(options, tiny_settings(tiny_model_dir)))
+    settings = tiny_settings(tiny_model_dir)
+    settings = settings.replace(num_gpu_blocks_override=default_model_pool_blocks(settings))
+    summary = asyncio.run(run(options, settings))
     (arm,) = summary["arms"]
     table = report_table(summary)
     assert arm["requests"] == CI_REQUESTS
