@@ -233,7 +233,7 @@ def chat_loop_guard(settings: Settings) -> LoopGuardConfig:
     s = settings
     return LoopGuardConfig(
         s.loop_guard_min_tokens, s.loop_guard_min_repeats, s.loop_guard_max_period_tokens,
-        s.loop_guard_echo_window, s.loop_guard_echo_share,
+        s.loop_guard_echo_window, s.loop_guard_echo_share, s.loop_guard_echo_sentence_share,
     )  # fmt: skip
 
 

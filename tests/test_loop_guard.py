@@ -166,6 +166,11 @@ PARAPHRASES = {
         "virtualenv installed on Windows Server platform installed on Linux server platform installed "
         "on Windows Server platform installed on Linux server platform installed on Unix system"
     ),
+    "the same sentence with other misspellings (German)": (
+        'Diesen können die "jährlichen Abschnitts" und "jährlichen Schlussfolgerungen" aufrufen.\n\n'
+        'Diesen können die "järlichen Abschnitts" und "järliche Schlussfolgerungen" aufruften.\n\n'
+        'Diesen können die "järlichen Abschnitts" und der "järliich Schlussfolgerungen" zusammen.'
+    ),
     "the summary written again after a rule": (
         "The document is a collection of information about the group adm and its usage. The user-group "
         "system is explained in detail, including its features and limitations.\n\n---\nThe document "
@@ -218,16 +223,28 @@ def test_chat_answers_get_only_the_exact_guard() -> None:
     assert echo_stream(PARAPHRASES["a run-on phrase with changing platforms"], echoes=False) is None
 
 
-def test_the_echo_guard_reads_the_text_however_it_is_split() -> None:
-    text = PARAPHRASES["a sentence again with one word changed (Portuguese)"]
+@pytest.mark.parametrize("name", PARAPHRASES)
+def test_the_echo_guard_reads_the_text_however_it_is_split(name: str) -> None:
+    text = PARAPHRASES[name]
     kept = set()
     for size in (1, 3, 7, 50):
-        detector = EchoDetector(CONFIG.echo_window, CONFIG.echo_share)
+        detector = EchoDetector(CONFIG.echo_window, CONFIG.echo_share, CONFIG.echo_sentence_share)
         with pytest.raises(EchoError) as caught:
             for start in range(0, len(text), size):
                 detector.feed(text[start : start + size])
         kept.add(caught.value.kept_text)
     assert len(kept) == 1
+
+
+def test_a_summary_that_comes_back_to_its_subject_is_not_an_echo() -> None:
+    summary = (
+        "The guide explains how Debian assigns user and group ids to system accounts. It lists the "
+        "accounts the base system creates, such as root, daemon and bin, and what each is for. The "
+        "groups follow, from adm, which may read the logs, to staff and users. It ends with advice "
+        "for package maintainers: a package that needs its own account should create it with "
+        "adduser when it is installed, and the guide explains why ids of system accounts stay fixed."
+    )
+    assert echo_stream(summary) is None
 
 
 def test_the_echo_guard_skips_code_blocks_and_can_be_switched_off() -> None:

@@ -53,6 +53,13 @@ class ChatSettings:
     loop_guard_echo_share: float = setting(
         0.6, "LOOP_GUARD_ECHO_SHARE", "Share of repeated word 4-grams that stops a summary.", 0.01
     )
+    loop_guard_echo_sentence_share: float = setting(
+        0.7,
+        "LOOP_GUARD_ECHO_SENTENCE_SHARE",
+        "Summaries only: a sentence of prose (5+ words, not a list item) whose character 5-grams are "
+        "this share or more already in the summary stops it there (a sentence again, misspelled).",
+        0.01,
+    )
     answer_token_cache_tokens: int = setting(
         131_072,
         "ANSWER_TOKEN_CACHE_TOKENS",

@@ -25,6 +25,7 @@ async def engine_lifespan(settings: Settings) -> AsyncIterator[ChatEngine]:
             settings.loop_guard_max_period_tokens,
             settings.loop_guard_echo_window,
             settings.loop_guard_echo_share,
+            settings.loop_guard_echo_sentence_share,
         )
         engine.answer_tokens = AnswerTokens(settings.answer_token_cache_tokens, settings.session_ttl_seconds)
         # Ready only after the first shapes ran once (warmup.py); what it measured stays with the engine.

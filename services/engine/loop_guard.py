@@ -16,11 +16,13 @@ the text before the repetition started (one copy of the unit) for the caller.
 
 Summaries also get the echo guard (EchoDetector): a small model often loops
 in paraphrase, the same sentence again with a word changed, which an exact
-period never sees. It watches the answer's word 4-grams and fires when most
-of the last few have appeared before in the same answer. Chat answers do not
-get it: a templated list ("Test case 3: verify that ...") is a fine chat
-answer, while a summary is asked for prose in its own words. Table rows and
-code blocks never count.
+period never sees. It fires when most of the answer's last few word 4-grams
+appeared before in it, or when a finished sentence of prose is mostly made
+of character 5-grams the answer already had (the same sentence with other
+misspellings). Chat answers do not get it: a templated list ("Test case 3:
+verify that ...") is a fine chat answer, while a summary is asked for prose
+in its own words. Table rows and code blocks never count; list items count
+only for the word rule.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class LoopGuardConfig:
     max_period: int = 256  # longest unit, in tokens, looked for
     echo_window: int = 8  # word 4-grams the echo guard looks back over; 0 = off
     echo_share: float = 0.6  # share of them seen before in the answer that fires it
+    echo_sentence_share: float = 0.7  # share of a prose sentence's character 5-grams seen before
 
     @property
     def enabled(self) -> bool:
@@ -64,7 +67,11 @@ class RepetitionDetector:
         self._decode = decode
         self._ids: list[int] = []
         self._runs = [0] * (config.max_period + 1)
-        self._echoes = EchoDetector(config.echo_window, config.echo_share) if echoes else None
+        self._echoes = (
+            EchoDetector(config.echo_window, config.echo_share, config.echo_sentence_share)
+            if echoes
+            else None
+        )
         self.fired = False
 
     def feed(self, token_ids: Iterable[int], text: str | None = None) -> None:
@@ -107,26 +114,34 @@ class RepetitionDetector:
         return any(char.isalnum() for char in unit)
 
 
-_WORD_OR_NEWLINE = re.compile(r"\w+|\n")
+_PIECE = re.compile(r"\w+|\n|[.!?]+(?=\s)")  # a word, a line's end or a sentence's end
 _LINE_HEAD = re.compile(r"[ \t]*(\S{1,3})")
 _SENTENCE_END = re.compile(r"[.!?;:](?=\s)|\n")
+_NOT_WORD = re.compile(r"[^\w\s]+")
+_SPACES = re.compile(r"\s+")
 _GRAM = 4  # words per n-gram: the unit of the distinct-4 measure in bench/summary_quality.py
+_SHINGLE = 5  # characters per shingle of the sentence rule
+_SENTENCE_MIN_WORDS = 5  # shorter sentences ("See below.") may well repeat
 
 
 class EchoDetector:
     """Feeds on answer text; raises EchoError when the answer keeps re-using its own phrases.
 
-    Each completed word closes a word 4-gram; it is an echo if the answer
-    already had it. When `share` of the last `window` 4-grams are echoes, the
+    Word rule: each completed word closes a word 4-gram, an echo if the answer
+    already had it; when `share` of the last `window` 4-grams are echoes, the
     answer is cut at the start of the sentence holding the first of them.
-    Words on table rows ("| ...") and inside code fences are not counted.
-    Memory is bounded by the answer's length.
+    Sentence rule: a finished sentence of prose (5+ words, not a list item)
+    whose character 5-grams are `sentence_share` or more the answer's earlier
+    ones is cut with everything after it. Table rows ("| ...") and code fences
+    count for neither. Memory is bounded by the answer's length.
     """
 
-    def __init__(self, window: int, share: float) -> None:
-        self.window, self.share = window, share
+    def __init__(self, window: int, share: float, sentence_share: float = 1.0) -> None:
+        self.window, self.share, self.sentence_share = window, share, sentence_share
         self._text = ""
         self._done = 0  # characters consumed
+        self._sentence_start = 0
+        self._shingles: set[str] = set()
         self._line_start = 0
         self._line_head: str | None = None  # the line's first characters, once they arrived
         self._in_code = False
@@ -139,13 +154,19 @@ class EchoDetector:
         if self.window <= 0 or not text:
             return
         self._text += text
-        for match in _WORD_OR_NEWLINE.finditer(self._text, self._done):
-            if match.group() == "\n":
-                self._end_line(match.start())
-            elif match.end() == len(self._text):
-                break  # the word may go on in the next delta
-            elif not self._in_code and not self._line().startswith(("|", "```")):
-                self._word(match.group().lower(), match.start())
+        for match in _PIECE.finditer(self._text, self._done):
+            piece = match.group()
+            if match.end() == len(self._text) and piece != "\n":
+                break  # the word or the run of marks may go on in the next delta
+            counted = not self._in_code and not self._line().startswith(("|", "```"))
+            if piece == "\n" or piece[0] in ".!?":
+                if counted:
+                    self._end_sentence(match.end())
+                self._sentence_start = match.end()
+                if piece == "\n":
+                    self._end_line(match.start())
+            elif counted:
+                self._word(piece.lower(), match.start())
             self._done = match.end()
 
     def _line(self) -> str:
@@ -176,11 +197,27 @@ class EchoDetector:
             first = next(start for echoed, start in self._recent if echoed)
             raise EchoError(self._echo_count, self.window, self._kept(first))
 
+    def _end_sentence(self, end: int) -> None:
+        sentence = self._text[self._sentence_start : end]
+        if len(sentence.split()) < _SENTENCE_MIN_WORDS or _is_list_item(self._line()):
+            return
+        flat = _SPACES.sub(" ", _NOT_WORD.sub("", sentence.lower())).strip()
+        shingles = {flat[i : i + _SHINGLE] for i in range(len(flat) - _SHINGLE + 1)}
+        seen = len(shingles & self._shingles)
+        if shingles and seen >= self.sentence_share * len(shingles):
+            raise EchoError(seen, len(shingles), self._text[: self._sentence_start].rstrip())
+        self._shingles |= shingles
+
     def _kept(self, first_echo: int) -> str:
         """The answer before the sentence where the echoes began (or before the echo, in the first one)."""
         ends = [m.end() for m in _SENTENCE_END.finditer(self._text, 0, first_echo)]
         cut = ends[-1] if ends and self._text[: ends[-1]].strip() else first_echo
         return self._text[:cut].rstrip()
+
+
+def _is_list_item(head: str) -> bool:
+    """A bullet, a number and its dot, a heading: items there may share most of their wording."""
+    return head.startswith(("-", "*", "+", "•", "#")) or (head[:1].isdigit() and any(c in head for c in ".)"))
 
 
 def repeats_in(
