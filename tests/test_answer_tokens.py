@@ -27,14 +27,14 @@ PROMPT = [5, 7, 6, 5, 1, 4, 6, 5, 7, 6]  # <s>Q</s> <s>hello world</s> <s>Q</s>
 
 
 def test_a_quoted_answer_comes_back_in_the_generated_ids() -> None:
-    cache = AnswerTokens(max_tokens=100, ttl_seconds=60)
+    cache = AnswerTokens(max_tokens=1000, ttl_seconds=60)
     assert cache.remember("hello world", [2, 3, 4, 6], decode)  # the end-of-turn token is dropped
     assert cache.ids_for("hello world") == [2, 3, 4]
     assert cache.splice(MESSAGES, PROMPT, encode) == [5, 7, 6, 5, 2, 3, 4, 6, 5, 7, 6]
 
 
 def test_ids_of_a_stop_string_are_dropped_and_ids_that_do_not_spell_the_text_are_not_kept() -> None:
-    cache = AnswerTokens(max_tokens=100, ttl_seconds=60)
+    cache = AnswerTokens(max_tokens=1000, ttl_seconds=60)
     assert cache.remember("hello", [2, 3, 8], decode)  # vLLM's text leaves out the stop string
     assert cache.ids_for("hello") == [2, 3]
     assert not cache.remember("hello world", [1], decode)
@@ -42,7 +42,7 @@ def test_ids_of_a_stop_string_are_dropped_and_ids_that_do_not_spell_the_text_are
 
 
 def test_prompts_without_a_known_answer_are_unchanged() -> None:
-    cache = AnswerTokens(max_tokens=100, ttl_seconds=60)
+    cache = AnswerTokens(max_tokens=1000, ttl_seconds=60)
     assert cache.splice(MESSAGES, PROMPT, encode) is PROMPT
     cache.remember("hello", [2, 3], decode)
     changed_template = [{"role": "assistant", "content": "hello"}]

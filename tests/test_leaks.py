@@ -62,9 +62,11 @@ TRACEMALLOC_SECOND_HALF_LIMIT_BYTES = 96 * 1024
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def runtime(tiny_model_dir: Path) -> AsyncIterator[Runtime]:
     runtime = Runtime()
+    # The answer-ids cache is bounded (~1 MB by default, full after ~2,000 of these 4-token
+    # answers); sized here to fill within the warm-up, so the traced halves see it full.
     settings = tiny_settings(
         tiny_model_dir, max_new_tokens=6, max_history_messages=MAX_HISTORY, max_sessions=MAX_SESSIONS,
-        memory_sample_seconds=0.5,
+        memory_sample_seconds=0.5, answer_token_cache_tokens=16_384,
     )  # fmt: skip
     await runtime.start(settings)
     engine = runtime.engine

@@ -61,11 +61,11 @@ class ChatSettings:
         0.01,
     )
     answer_token_cache_tokens: int = setting(
-        131_072,
+        262_144,
         "ANSWER_TOKEN_CACHE_TOKENS",
         "Token ids of recent answers kept (for SESSION_TTL_SECONDS) so a follow-up quotes them "
-        "exactly and vLLM's prefix cache serves them; each answer counts 64 more (its overhead), "
-        "~4 bytes a unit: 0.5 MB at most by default; 0 = off.",
+        "exactly and vLLM's prefix cache serves them; each answer counts 128 more (its overhead), "
+        "~4 bytes a unit: ~1 MB at most by default; 0 = off.",
         0,
     )
     max_new_tokens: int = setting(512, "MAX_NEW_TOKENS", "Default answer budget in tokens.", 1)

@@ -78,7 +78,7 @@ class ChatEngine:
         self.loop_guard = LoopGuardConfig()  # see loop_guard.py; the lifespan applies the settings
         # Ids of recent answers, spliced back into the prompts that quote them (answer_tokens.py);
         # the lifespan sizes it from the settings.
-        self.answer_tokens = AnswerTokens(max_tokens=131_072, ttl_seconds=3600.0)
+        self.answer_tokens = AnswerTokens(max_tokens=262_144, ttl_seconds=3600.0)
         self.requests_finished_total = 0  # chat requests ended (any reason): memory per request
 
     @property
