@@ -17,7 +17,6 @@ from bench.legacy_summaries import LOOP_GUARD_OFF
 from bench.quality_metrics import Coverage, distinct_ngram_ratio, identify_language
 from bench.summary_quality import (
     attach,
-    chat_loop_guard,
     force_path,
     load_documents,
     new_session,
@@ -26,7 +25,7 @@ from bench.summary_quality import (
 from services.chat.service import ChatService
 from services.config import Settings
 from services.engine.lifespan import engine_lifespan
-from services.engine.loop_guard import repeats_in
+from services.engine.loop_guard import LoopGuardConfig, repeats_in
 
 
 def parse_pairs(text: str) -> list[tuple[float, float]]:
@@ -52,7 +51,7 @@ async def sweep(ids: set[str] | None, pairs_text: str) -> dict[str, Any]:
     results: dict[str, Any] = {"machine_before": machine_info(), "skipped": skipped, "runs": []}
     async with engine_lifespan(settings) as engine:
         engine.loop_guard = LOOP_GUARD_OFF
-        guard = chat_loop_guard(settings)
+        guard = LoopGuardConfig.from_settings(settings)
         for doc in docs:
             doc["sections"] = sections_of_document(engine, doc)
         coverage = Coverage([doc["sections"] for doc in docs])

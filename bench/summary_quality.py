@@ -195,7 +195,7 @@ async def one_run(
     if not force_path(chat, session, path):
         return {"skipped": f"the document does not fit the {path} path"}
     await engine._llm.reset_prefix_cache()
-    engine.loop_guard = LOOP_GUARD_OFF if side == "before" else chat_loop_guard(chat.settings)
+    engine.loop_guard = LOOP_GUARD_OFF if side == "before" else LoopGuardConfig.from_settings(chat.settings)
     # "before" re-encoded the summary for its follow-up; "after" quotes the ids the engine wrote
     engine.answer_tokens = AnswerTokens(
         0 if side == "before" else chat.settings.answer_token_cache_tokens, 3600
@@ -205,7 +205,7 @@ async def one_run(
     share, per_section = coverage.of(doc["sections"], text)
     would = repeats_in(
         engine.tokenizer.encode(text, add_special_tokens=False),
-        chat_loop_guard(chat.settings),
+        LoopGuardConfig.from_settings(chat.settings),
         engine.tokenizer.decode,
         echoes=True,
     )
@@ -227,14 +227,6 @@ async def one_run(
         "language_match": language == doc["language"],
         "follow_up": {**follow, "ttft_ratio": ratio}, "summary": text,
     }  # fmt: skip
-
-
-def chat_loop_guard(settings: Settings) -> LoopGuardConfig:
-    s = settings
-    return LoopGuardConfig(
-        s.loop_guard_min_tokens, s.loop_guard_min_repeats, s.loop_guard_max_period_tokens,
-        s.loop_guard_echo_window, s.loop_guard_echo_share, s.loop_guard_echo_sentence_share,
-    )  # fmt: skip
 
 
 def sides(engine: ChatEngine, settings: Settings) -> dict[str, ChatService]:

@@ -19,14 +19,7 @@ async def engine_lifespan(settings: Settings) -> AsyncIterator[ChatEngine]:
     """Create the engine, yield it, close it (on every exit path)."""
     lifespan = remote_engine_lifespan if settings.engine_url_list else local_engine_lifespan
     async with lifespan(settings) as engine:
-        engine.loop_guard = LoopGuardConfig(
-            settings.loop_guard_min_tokens,
-            settings.loop_guard_min_repeats,
-            settings.loop_guard_max_period_tokens,
-            settings.loop_guard_echo_window,
-            settings.loop_guard_echo_share,
-            settings.loop_guard_echo_sentence_share,
-        )
+        engine.loop_guard = LoopGuardConfig.from_settings(settings)
         engine.answer_tokens = AnswerTokens(settings.answer_token_cache_tokens, settings.session_ttl_seconds)
         # Ready only after the first shapes ran once (warmup.py); what it measured stays with the engine.
         engine.warm_up_report = await warm_up(engine, settings)

@@ -32,6 +32,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from services.config import Settings
 from services.engine.errors import EchoError, RepetitionError
 
 SYMBOL_ONLY_FACTOR = 4  # a unit of pure markup ("|---") must repeat this many times longer
@@ -47,6 +48,15 @@ class LoopGuardConfig:
     echo_window: int = 8  # word 4-grams the echo guard looks back over; 0 = off
     echo_share: float = 0.6  # share of them seen before in the answer that fires it
     echo_sentence_share: float = 0.7  # share of a prose sentence's character 5-grams seen before
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> LoopGuardConfig:
+        """The LOOP_GUARD_* settings."""
+        s = settings
+        return cls(
+            s.loop_guard_min_tokens, s.loop_guard_min_repeats, s.loop_guard_max_period_tokens,
+            s.loop_guard_echo_window, s.loop_guard_echo_share, s.loop_guard_echo_sentence_share,
+        )  # fmt: skip
 
     @property
     def enabled(self) -> bool:
