@@ -22,10 +22,11 @@ class EngineUnavailableError(RuntimeError):
 class RepetitionError(RuntimeError):
     """An answer started repeating itself and was stopped (its engine request is aborted)."""
 
-    def __init__(self, period_tokens: int, repeated_tokens: int, kept_text: str) -> None:
-        super().__init__(
-            f"the answer repeated a {period_tokens}-token unit over {repeated_tokens} tokens and was stopped"
-        )
+    def __init__(
+        self, period_tokens: int, repeated_tokens: int, kept_text: str, reason: str | None = None
+    ) -> None:
+        exact = f"the answer repeated a {period_tokens}-token unit over {repeated_tokens} tokens"
+        super().__init__(f"{reason or exact} and was stopped")
         self.period_tokens = period_tokens
         self.repeated_tokens = repeated_tokens
         self.kept_text = kept_text  # the answer up to the end of the unit's first copy
@@ -34,13 +35,9 @@ class RepetitionError(RuntimeError):
 class EchoError(RepetitionError):
     """A summary kept re-using its own phrases (a loop in paraphrase) and was stopped."""
 
-    def __init__(self, echoes: int, window: int, kept_text: str) -> None:
-        RuntimeError.__init__(
-            self, f"{echoes} of the answer's last {window} word 4-grams had appeared before; it was stopped"
-        )
-        self.period_tokens = 0
-        self.repeated_tokens = 0
-        self.kept_text = kept_text  # the answer before the sentence where the echoes began
+    def __init__(self, reason: str, kept_text: str) -> None:
+        # no exact unit repeated: kept_text is the answer before the sentence where the echoes began
+        super().__init__(0, 0, kept_text, reason)
 
 
 class EngineBusyError(RuntimeError):

@@ -205,7 +205,8 @@ class EchoDetector:
         self._echo_count += echo
         if len(self._recent) == self.window and self._echo_count >= self.share * self.window:
             first = next(start for echoed, start in self._recent if echoed)
-            raise EchoError(self._echo_count, self.window, self._kept(first))
+            reason = f"{self._echo_count} of the answer's last {self.window} word 4-grams had appeared before"
+            raise EchoError(reason, self._kept(first))
 
     def _end_sentence(self, end: int) -> None:
         sentence = self._text[self._sentence_start : end]
@@ -215,7 +216,8 @@ class EchoDetector:
         shingles = {flat[i : i + _SHINGLE] for i in range(len(flat) - _SHINGLE + 1)}
         seen = len(shingles & self._shingles)
         if shingles and seen >= self.sentence_share * len(shingles):
-            raise EchoError(seen, len(shingles), self._text[: self._sentence_start].rstrip())
+            reason = f"{seen} of a sentence's {len(shingles)} character 5-grams had appeared before"
+            raise EchoError(reason, self._text[: self._sentence_start].rstrip())
         self._shingles |= shingles
 
     def _kept(self, first_echo: int) -> str:
