@@ -184,18 +184,23 @@ class ChatEngine:
                         answer.append(completion.text)
                         yield completion.text
         finally:
-            await self._finish(request_id, stats, loops, ("".join(answer), answer_ids))
+            await self._finish(request_id, stats, loops, answer, answer_ids)
 
     async def _finish(
-        self, request_id: str, stats: StreamStats, loops: RepetitionDetector, answer: tuple[str, list[int]]
+        self,
+        request_id: str,
+        stats: StreamStats,
+        loops: RepetitionDetector,
+        answer: list[str],
+        answer_ids: list[int],
     ) -> None:
         """Abort a request left early, keep a whole answer's ids (quoted by the next turn), notify."""
         stats.finished_at = time.monotonic()
         if stats.finish_reason is None:
             stats.finish_reason = "repetition" if loops.fired else "abort"
             await self.abort(request_id)
-        elif answer[0]:
-            self.answer_tokens.remember(*answer, self.tokenizer.decode)
+        elif answer:
+            self.answer_tokens.remember("".join(answer), answer_ids, self.tokenizer.decode)
         self._notify_finished(stats)
 
     async def ping(self, timeout_seconds: float) -> float:
