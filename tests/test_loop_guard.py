@@ -89,13 +89,19 @@ LEGITIMATE = {
 }
 
 
-def stream(tokenizer: WordTokenizer, text: str, config: LoopGuardConfig = CONFIG) -> RepetitionError | None:
-    """Feed `text` token by token in small deltas, as the engine streams; the error if it fired."""
-    detector = RepetitionDetector(config, tokenizer.decode)
+def stream(
+    tokenizer: WordTokenizer, text: str, config: LoopGuardConfig = CONFIG, *, echoes: bool = False
+) -> RepetitionError | None:
+    """Feed `text` in deltas of 3 tokens with their text, as ChatEngine.generate does; the error if any.
+
+    `echoes` is what a summary's request gets (prose=True): the echo guard too.
+    """
+    detector = RepetitionDetector(config, tokenizer.decode, echoes=echoes)
     ids = tokenizer.encode(text)
     try:
         for start in range(0, len(ids), 3):
-            detector.feed(ids[start : start + 3])
+            piece = ids[start : start + 3]
+            detector.feed(piece, tokenizer.decode(piece))
     except RepetitionError as error:
         assert detector.fired
         return error
@@ -183,17 +189,8 @@ PARAPHRASES = {
 def echo_stream(
     text: str, config: LoopGuardConfig = CONFIG, *, echoes: bool = True
 ) -> RepetitionError | None:
-    """Feed `text` as tokens with their text, as ChatEngine.generate does for summaries (prose=True)."""
-    tokenizer = WordTokenizer()
-    detector = RepetitionDetector(config, tokenizer.decode, echoes=echoes)
-    ids = tokenizer.encode(text)
-    try:
-        for start in range(0, len(ids), 2):
-            piece = ids[start : start + 2]
-            detector.feed(piece, tokenizer.decode(piece))
-    except RepetitionError as error:
-        return error
-    return None
+    """`stream` with a summary's guard (echoes=True) unless told otherwise."""
+    return stream(WordTokenizer(), text, config, echoes=echoes)
 
 
 @pytest.mark.parametrize("name", PARAPHRASES)
