@@ -83,11 +83,15 @@ async def prompt_tokens_of(server: AppServer, client: ChatClient, text: str) -> 
     raise AssertionError("vLLM counted no prompt tokens for the request")
 
 
-async def stored_thread(client: ChatClient, thread_id: str, steps: int, timeout: float = 10) -> dict:
-    """The conversation as the sidebar loads it, once `steps` messages are stored (writes are async)."""
+async def stored_thread(
+    client: ChatClient, thread_id: str, steps: int, timeout: float = 10, containing: str | None = None
+) -> dict:
+    """The conversation as the sidebar loads it, once `steps` messages (and one whose output is
+    `containing`, if given) are stored: writes are async, and notices are steps too."""
     for _ in range(int(timeout / 0.2)):
         response = await client.http("GET", f"/project/thread/{thread_id}")
-        if response.status_code == 200 and len(response.json().get("steps") or []) >= steps:
+        stored = (response.json().get("steps") or []) if response.status_code == 200 else []
+        if len(stored) >= steps and (containing is None or any(s["output"] == containing for s in stored)):
             return response.json()
         await asyncio.sleep(0.2)
     raise AssertionError(f"thread {thread_id} did not reach {steps} stored steps")

@@ -81,7 +81,7 @@ async def test_postgres_going_away_mid_session_degrades_and_recovers(
     await server.poll(lambda s: s["history"]["available"], timeout=20)
     assert (await client.ask("After the outage.")).final is not None
     assert any("saved again" in text for text in client.notices())
-    thread = await stored_thread(client, thread_id, steps=4)  # type: ignore[arg-type]
+    thread = await stored_thread(client, thread_id, steps=4, containing="After the outage.")  # type: ignore[arg-type]
     outputs = [s["output"] for s in thread["steps"]]
     assert "Before the outage." in outputs and "After the outage." in outputs
     await asyncio.sleep(0)
