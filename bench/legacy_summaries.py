@@ -2,7 +2,7 @@
 
 Same engine, same code path, with what the issue changed put back: English
 instructions whatever the document's language, no repetition penalties, no
-loop guard, map parts of up to a sixth of a chunk (341 tokens), planning
+loop guard, no minimum summary length, map parts of up to a sixth of a chunk (341 tokens), planning
 without room for follow-ups (one pass whenever document + summary fit), the
 summary recorded in the history as "Summarize «name».", and follow-ups that
 keep the document whole only if a full answer budget still fits (else excerpts).
@@ -25,7 +25,8 @@ LOOP_GUARD_OFF = LoopGuardConfig(min_tokens=0)
 
 def legacy_settings(settings: Settings) -> Settings:
     return settings.replace(
-        repetition_penalty=1.0, frequency_penalty=0.0, follow_up_turns=0, single_pass_max_tokens=10**9,
+        repetition_penalty=1.0, frequency_penalty=0.0, follow_up_turns=0, summary_min_tokens=0,
+        single_pass_max_tokens=10**9,
         summary_map_tokens=max(32, min(settings.summary_max_tokens, settings.summary_chunk_tokens // 6)),
     )  # fmt: skip
 

@@ -190,3 +190,35 @@ async def test_a_follow_up_reuses_the_previous_answer_in_the_ids_the_engine_wrot
         f"the follow-up reused {gained:.0f} cached tokens; re-encoding would have kept "
         f"{len(first_ids) + same} at most"
     )
+
+
+@pytest.fixture
+def eager_to_end(engine: ChatEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every request wants to end at once (its end-of-text token is favoured by +100)."""
+    eos = engine.tokenizer.eos_token_id
+    original = chat_engine_module._sampling_params
+
+    def ending(sampling: SamplingSettings, max_tokens: int, *stop):
+        params = original(sampling, max_tokens, *stop)
+        params.logit_bias = {eos: 100.0}
+        return params
+
+    monkeypatch.setattr(chat_engine_module, "_sampling_params", ending)
+    monkeypatch.setattr(engine, "loop_guard", LoopGuardConfig(min_tokens=0))  # the tiny model loops
+
+
+async def test_a_summary_is_never_shorter_than_its_minimum_unless_the_user_asked(
+    engine: ChatEngine, tiny_model_dir: Path, finished: list[StreamStats], eager_to_end: None
+) -> None:
+    chat = ChatService(engine, tiny_settings(tiny_model_dir, summary_max_tokens=64, summary_min_tokens=20))
+    session = ChatSession("s-min", SamplingSettings(1.0, 1.0, 64), "Be brief.", deque(maxlen=20))
+    folder = Path(tempfile.mkdtemp())
+    (folder / "notes.txt").write_text(long_document(400, seed=2718))
+    result = await chat.attach_files(session, [(str(folder / "notes.txt"), "notes.txt")])
+    folder.rmdir()
+    assert result.document is not None and result.document.tokens >= 4 * 20
+    [_ async for _ in chat.summarize(session, "", "min-summary")]
+    assert finished[-1].output_tokens >= 20, "the summary may not end before SUMMARY_MIN_TOKENS"
+    [_ async for _ in chat.summarize(session, "In one line, please.", "min-request")]
+    assert finished[-1].output_tokens <= 1, "a request of the user's is not padded"
+    assert engine.unfinished_requests() == 0

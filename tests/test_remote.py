@@ -12,12 +12,15 @@ import types
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
+from transformers import AutoTokenizer
 
 from harness.chat_client import ChatClient
 from harness.server import AppServer, VllmServer, free_port
 from services.config import Settings, SettingsError
+from services.engine.chat_engine import PROSE_STOP, SamplingSettings, _sampling_params
 from services.engine.remote import (
     RemoteEngineError,
     RemoteLLM,
@@ -27,6 +30,7 @@ from services.engine.remote import (
     parse_event,
     servers_to_try,
 )
+from services.engine.remote_protocol import completion_body
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
 from tests.test_api import HELLO, accounts
 from tests.test_server import idle
@@ -187,6 +191,27 @@ def vllm_server(tiny_model_dir: Path) -> Iterator[VllmServer]:
     server = VllmServer(tiny_model_dir, ARTIFACTS / "logs" / "vllm-serve.log", TINY_MAX_MODEL_LEN).start()
     yield server
     server.stop()
+
+
+def test_a_summary_keeps_its_minimum_length_and_its_stop_on_a_vllm_server(
+    vllm_server: VllmServer, tiny_model_dir: Path
+) -> None:
+    """The body carries vLLM's min_tokens and stop; the real server ends at once without the minimum
+    (the test favours its end-of-text token by +100) and writes the minimum with it."""
+    eos = AutoTokenizer.from_pretrained(tiny_model_dir).eos_token_id
+    model = httpx.get(f"{vllm_server.url}/v1/models").json()["data"][0]["id"]
+    params = _sampling_params(SamplingSettings(1.0, 1.0, 40, min_new_tokens=24), 40, PROSE_STOP)
+    body = completion_body(model, [1, 2, 3, 4], params)
+    assert body["min_tokens"] == 24 and body["stop"] == list(PROSE_STOP)
+
+    def answer_tokens(min_tokens: int) -> int:
+        sent = {**body, "min_tokens": min_tokens, "stream": False, "logit_bias": {str(eos): 100}}
+        response = httpx.post(f"{vllm_server.url}/v1/completions", json=sent, timeout=60)
+        assert response.status_code == 200, response.text
+        return response.json()["usage"]["completion_tokens"]
+
+    assert answer_tokens(0) <= 1
+    assert answer_tokens(24) >= 24
 
 
 @pytest.fixture(scope="module")

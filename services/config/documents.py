@@ -36,6 +36,13 @@ class DocumentSettings:
         8, "SUMMARY_CONCURRENCY", "Chunk summaries in flight at once per document (map step).", 1
     )
     summary_max_tokens: int = setting(400, "SUMMARY_MAX_TOKENS", "Length budget of a summary.", 16)
+    summary_min_tokens: int = setting(
+        128,
+        "SUMMARY_MIN_TOKENS",
+        "Shortest summary (vLLM's min_tokens), so a long document never gets a one-line summary; "
+        "at most a quarter of the document and half of SUMMARY_MAX_TOKENS. Not for a request of the user's.",
+        0,
+    )
     summary_chunk_tokens: int = setting(
         2048, "SUMMARY_CHUNK_TOKENS", "Chunk size of the map step (smaller = more parallel).", 64
     )

@@ -69,6 +69,12 @@ class Summarizer:
     def answer_tokens(self) -> int:
         return min(self.settings.summary_max_tokens, self.engine.max_model_len // 4)
 
+    def min_tokens(self, job: SummaryJob, document_tokens: int) -> int:
+        """Shortest final summary: none for a request of the user's (it may ask for one line)."""
+        if job.request.strip():
+            return 0
+        return min(self.settings.summary_min_tokens, document_tokens // 4, self.answer_tokens() // 2)
+
     def _map_tokens(self, chunk_tokens: int) -> int:
         return max(32, min(self.settings.summary_map_tokens, self.answer_tokens(), chunk_tokens // 4))
 
@@ -103,7 +109,7 @@ class Summarizer:
         parts = (
             s.model_path, job.system_prompt, job.request.strip(), self.prompts(job).language, plan.path,
             repr(dataclasses.astuple(sampling)), str(self.answer_tokens()), str(s.summary_chunk_tokens),
-            str(s.summary_map_tokens),
+            str(s.summary_map_tokens), str(self.min_tokens(job, plan.document_tokens)),
         )  # fmt: skip
         return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
 
@@ -129,6 +135,7 @@ class Summarizer:
             partials = await self._reduce_until_it_fits(partials, prompts, sampling, request_id)
             messages = prompts.reduce(self.settings.system_prompt, partials)
         parts: list[str] = []
+        sampling = dataclasses.replace(sampling, min_new_tokens=self.min_tokens(job, plan.document_tokens))
         stream = self.engine.generate(messages, sampling, f"{request_id}-final", prose=self.prose)
         async with contextlib.aclosing(tick_until_first(stream, tracker.tick, self._interval())) as deltas:
             async for delta in deltas:

@@ -46,6 +46,7 @@ class SamplingSettings:
     max_new_tokens: int
     repetition_penalty: float = 1.0  # vLLM's (HF-style: prompt and answer tokens)
     frequency_penalty: float = 0.0  # vLLM's (OpenAI-style: answer tokens, by count)
+    min_new_tokens: int = 0  # vLLM's min_tokens: the answer may not end (or stop) sooner
 
 
 def token_budget(max_model_len: int, prompt_tokens: int, max_new_tokens: int) -> int:
@@ -262,6 +263,7 @@ def _sampling_params(sampling: SamplingSettings, max_tokens: int, stop: tuple[st
         max_tokens=max_tokens,
         repetition_penalty=sampling.repetition_penalty,
         frequency_penalty=sampling.frequency_penalty,
+        min_tokens=min(sampling.min_new_tokens, max_tokens),
         stop=list(stop) or None,
         output_kind=RequestOutputKind.DELTA,
     )

@@ -57,9 +57,12 @@ def completion_body(
         "top_p": params.top_p,
         "frequency_penalty": getattr(params, "frequency_penalty", 0.0),
         "repetition_penalty": getattr(params, "repetition_penalty", 1.0),  # vLLM's extension of the API
+        "min_tokens": getattr(params, "min_tokens", 0),  # vLLM's extension of the API
         "stream": True,
         "return_token_ids": True,
     }
+    if getattr(params, "stop", None):
+        body["stop"] = list(params.stop)
     if priority is not None:
         body["priority"] = priority
     return body
