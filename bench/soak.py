@@ -110,6 +110,18 @@ def theil_sen_slope(xs: list[float], ys: list[float], max_points: int = SLOPE_MA
     return None if math.isnan(value) else value
 
 
+def theil_sen_interval(xs: list[float], ys: list[float]) -> list[float] | None:
+    """Sen's 95% interval of that slope (per second); None with < 3 points."""
+    import numpy as np
+
+    from services.observability.series import theil_sen_interval as interval
+
+    if len(xs) < 3:
+        return None
+    _, low, high = interval(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float), 0.95, SLOPE_MAX_POINTS)
+    return None if math.isnan(low) else [low, high]
+
+
 def parse_duration(text: str) -> float:
     """Seconds from '90', '90s', '10m', '2h' or '1h30m'."""
     text = text.strip().lower()
@@ -389,6 +401,10 @@ def summarize(
         slope = theil_sen_slope([s["t_s"] for s in rows], [s[column] for s in rows])
         return None if slope is None else round(slope * 3600, 2)
 
+    def interval_per_hour(column: str) -> list[float] | None:
+        bounds = theil_sen_interval([s["t_s"] for s in load], [s[column] for s in load])
+        return None if bounds is None else [round(b * 3600, 2) for b in bounds]
+
     load_began = next((s["t_s"] for s in samples if s["phase"] == "load"), t0)
     windows = []
     for rows in split_evenly(load, SLOPE_WINDOWS):
@@ -430,9 +446,12 @@ def summarize(
             "slope_samples": len(load),
             "slope_window_s": round(load[-1]["t_s"] - load[0]["t_s"], 1) if load else 0,
             "rss_mb_per_hour": mb_per_hour("total_rss_mb"),
+            # Sen's interval takes the samples as independent; memory samples are not, so read it as a floor
+            "rss_mb_per_hour_95ci": interval_per_hour("total_rss_mb"),
             "pss_mb_per_hour": mb_per_hour("total_pss_mb"),
             "per_process_rss_mb_per_hour": {k: mb_per_hour(f"rss_mb_{k}") for k in PROCESS_LABELS},
             "per_process_anon_mb_per_hour": {k: mb_per_hour(f"anon_mb_{k}") for k in PROCESS_LABELS},
+            "per_process_rss_mb_per_hour_95ci": {k: interval_per_hour(f"rss_mb_{k}") for k in PROCESS_LABELS},
             "rss_mb_per_hour_by_window": windows,
             "worker_exec_maps_start_end": [first.get("exec_maps_worker"), last.get("exec_maps_worker")],
             "samples": len(samples),
