@@ -125,6 +125,8 @@ async def test_a_conversation_round_trips_with_tags_feedback_and_document(histor
     thread = await layer.get_thread(thread_id)
     assert thread is not None and thread["tags"] == ["work", "draft"]
     assert [s["output"] for s in thread["steps"]] == [f"message {i}" for i in range(4)]
+    assert await layer.get_thread_author(thread_id) == "alice"
+    assert await layer.get_thread_author(str(uuid.uuid4())) == "", "unknown: Chainlit answers 404"
     answer = thread["steps"][1]["id"]
     await layer.upsert_feedback(Feedback(forId=answer, value=1, comment="good"))
     assert history.feedback.labels("up")._value.get() == 1

@@ -149,6 +149,14 @@ class ChatDataLayer(SQLAlchemyDataLayer):
             self.feedback.labels("up" if feedback.value == 1 else "down").inc()
         return feedback_id
 
+    async def get_thread_author(self, thread_id: str) -> str:
+        """The conversation's owner; "" for an unknown id, which Chainlit answers with 404 (not 500)."""
+        query = 'SELECT "userIdentifier" FROM threads WHERE "id" = :id'
+        rows = await self.execute_sql(query, {"id": thread_id})
+        if not isinstance(rows, list):
+            raise RuntimeError("Chat history is unavailable right now.")
+        return (rows[0].get("userIdentifier") or "") if rows else ""
+
     async def get_all_user_threads(self, user_id: str | None = None, thread_id: str | None = None) -> Any:
         threads = await super().get_all_user_threads(user_id=user_id, thread_id=thread_id)
         for thread in threads or []:
