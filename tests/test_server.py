@@ -91,6 +91,31 @@ async def test_new_message_replaces_the_running_answer(tiny_server: AppServer) -
         await tiny_server.poll(idle, timeout=2)
 
 
+async def test_an_answer_that_loops_is_cut_back_to_what_the_history_keeps(tiny_model_dir) -> None:
+    """Greedy and without the penalties, the random tiny model falls into a loop: the page replaces
+    what streamed with the text before the repetition and says why it stopped."""
+    env = server_env(
+        MODEL=tiny_model_dir, MAX_MODEL_LEN=TINY_MAX_MODEL_LEN, MAX_NUM_BATCHED_TOKENS=4096,
+        TEMPERATURE=0, FREQUENCY_PENALTY=0, REPETITION_PENALTY=1, MAX_NEW_TOKENS=LONG_ANSWER_TOKENS,
+    )  # fmt: skip
+    server = AppServer(env, ARTIFACTS / "logs" / "looping-server.log")
+    await asyncio.to_thread(server.start)
+    try:
+        async with connected(server) as (client,):
+            reply = await client.ask("Tell me everything you know.", timeout=300)
+            assert reply.final, "the answer was finished"
+            assert "started repeating itself and was stopped" in reply.final, reply.final[-300:]
+            kept = reply.final.partition("⚠️")[0].rstrip()
+            assert reply.streamed_text.startswith(kept) and len(kept) < len(reply.streamed_text.rstrip())
+            assert len(reply.streamed) < LONG_ANSWER_TOKENS, "stopped early, not at the cap"
+            await client.update_settings(max_new_tokens=16)
+            after = await client.ask("A short question?")
+            assert after.final and "⚠️" not in after.final
+        await server.poll(idle, timeout=2)
+    finally:
+        assert not await asyncio.to_thread(server.stop), "engine processes outlived the server"
+
+
 async def test_message_beyond_the_context_gets_a_clear_error(tiny_server: AppServer) -> None:
     async with connected(tiny_server) as (client,):
         reply = await client.ask("hello " * (TINY_MAX_MODEL_LEN + 100))
