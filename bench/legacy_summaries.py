@@ -2,10 +2,11 @@
 
 Same engine, same code path, with what the issue changed put back: English
 instructions whatever the document's language, no repetition penalties, no
-loop guard, no minimum summary length, map parts of up to a sixth of a chunk (341 tokens), planning
-without room for follow-ups (one pass whenever document + summary fit), the
-summary recorded in the history as "Summarize «name».", and follow-ups that
-keep the document whole only if a full answer budget still fits (else excerpts).
+loop guard, no minimum summary length, map parts of up to a sixth of a chunk
+(341 tokens), planning without room for follow-ups (one pass whenever
+document + summary fit), the summary recorded in the history as "Summarize
+«name».", and follow-ups that keep the document whole only if a full answer
+budget still fits (else excerpts).
 """
 
 from __future__ import annotations
