@@ -49,6 +49,7 @@ install_upload_guard(
     http_app,
     runtime.settings.max_upload_bytes,
     linger_seconds=runtime.settings.upload_linger_seconds,
+    session_wait_seconds=runtime.settings.upload_session_wait_seconds,
     on_reject=tell_uploader,
 )
 

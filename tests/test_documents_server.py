@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from harness import documents as build
-from harness.chat_client import ChatClient
+from harness.chat_client import ChatClient, sign_in
 from harness.server import AppServer
 from tests.conftest import TINY_MAX_UPLOAD_BYTES
 from tests.test_server import connected, idle
@@ -99,6 +99,22 @@ async def test_stop_during_map_reduce_aborts_every_chunk(tiny_server: AppServer)
         status = await tiny_server.poll(idle, timeout=2)
         assert status["engine_unfinished_requests"] == 0
         assert (await client.ask("Are you still there?")).final
+
+
+async def test_a_file_dropped_before_the_page_connects_waits_for_it(tiny_server: AppServer) -> None:
+    """The page may post a file before its socket has connected; the upload waits for the connection
+    instead of failing with Chainlit's "Session not found"."""
+    client = ChatClient(tiny_server.base_url)
+    client.cookie = await sign_in(tiny_server.base_url, client.username, client.password)
+    upload = asyncio.create_task(client.upload("early.txt", SHORT_TEXT.encode(), "text/plain"))
+    await asyncio.sleep(0.5)
+    assert not upload.done(), "held until the page connects"
+    await client.connect()
+    try:
+        reply = await client.ask("", file_ids=[await upload], timeout=300)
+        assert reply.final and "⚠️" not in reply.final
+    finally:
+        await client.close()
 
 
 async def test_empty_upload_is_refused_with_a_message(tiny_server: AppServer) -> None:

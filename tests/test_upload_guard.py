@@ -18,6 +18,7 @@ from starlette.routing import Route
 from services.web.upload_guard import (
     DEFAULT_LINGER_SECONDS,
     UploadSizeGuard,
+    UploadWaitsForSession,
     install_upload_guard,
     too_large_detail,
 )
@@ -271,6 +272,25 @@ async def test_after_the_limit_the_app_reads_a_disconnect_not_more_body() -> Non
     assert len(chunks) == 3, "no chunk was read past the one that crossed the limit"
     assert [message["type"] for message in sent] == ["http.response.start", "http.response.body"]
     assert sent[0]["status"] == 413
+
+
+@pytest.mark.asyncio
+async def test_an_upload_waits_for_its_page_to_connect_and_no_longer_than_the_bound() -> None:
+    recorder, connected = Recorder(), set()
+    waiting = UploadWaitsForSession(recorder.app, connected.__contains__, wait_seconds=0.6)
+    async with client_for(waiting) as client:
+        early = asyncio.create_task(client.post(UPLOAD, params={"session_id": "page-1"}, content=b"a"))
+        await asyncio.sleep(0.2)
+        assert recorder.handler_calls == 0, "held until the page's socket connects"
+        connected.add("page-1")
+        assert (await early).status_code == 200
+        started = time.monotonic()
+        never = await client.post(UPLOAD, params={"session_id": "no-such-page"}, content=b"b")
+        waited = time.monotonic() - started
+        unnamed = await client.post(UPLOAD, content=b"c")  # nothing to wait for
+        other = await client.post("/other", params={"session_id": "no-such-page"}, content=b"d")
+    assert never.status_code == 200 and 0.5 <= waited < 2, "then Chainlit's route answers it"
+    assert unnamed.status_code == other.status_code == 200 and recorder.handler_calls == 4
 
 
 def test_limit_message_names_the_size() -> None:

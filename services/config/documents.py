@@ -21,6 +21,12 @@ class DocumentSettings:
         "client sees the refusal instead of a connection reset.",
         0,
     )
+    upload_session_wait_seconds: float = setting(
+        10.0,
+        "UPLOAD_SESSION_WAIT_SECONDS",
+        "How long an upload waits for its page's connection (a file dropped as the page opens).",
+        0,
+    )
     max_files_per_message: int = setting(5, "MAX_FILES_PER_MESSAGE", "Files read from one message.", 1)
     max_document_pages: int = setting(500, "MAX_DOCUMENT_PAGES", "PDF pages read at most.", 1)
     max_document_chars: int = setting(

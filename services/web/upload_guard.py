@@ -1,9 +1,12 @@
-"""Reject oversized uploads before they are read into memory (pure ASGI middleware).
+"""Guards in front of Chainlit's upload route (pure ASGI middleware).
 
-Chainlit 2.12's upload route (POST /project/file) reads the whole file into
-memory before it checks the size, so the limit is enforced here, in front of
-it: by the Content-Length header when there is one, and by counting streamed
-body bytes.
+- Oversized uploads are refused before they are read into memory: Chainlit
+  2.12's route (POST /project/file) reads the whole file before it checks the
+  size, so the limit is enforced here, by the Content-Length header when there
+  is one, and by counting streamed body bytes.
+- An upload that names a page whose socket has not connected yet waits (a
+  bounded time) for it: a file dropped in the page's first moment is posted
+  before its session exists, and Chainlit would answer "Session not found".
 """
 
 from __future__ import annotations
@@ -12,8 +15,10 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+from urllib.parse import parse_qs
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +30,8 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 DEFAULT_UPLOAD_PATH = "/project/file"  # Chainlit's upload route
 DEFAULT_LINGER_SECONDS = 5.0
+DEFAULT_SESSION_WAIT_SECONDS = 10.0
+SESSION_POLL_SECONDS = 0.05
 EMPTY_UPLOAD_DETAIL = "The file is empty; please upload a file with some text in it."
 
 
@@ -70,14 +77,8 @@ class UploadSizeGuard:
         self.path = path
         self.on_reject = on_reject  # e.g. tell the uploader's chat session
 
-    def _guards(self, scope: Scope) -> bool:
-        if scope["type"] != "http" or scope.get("method") != "POST":
-            return False
-        path = scope.get("path", "")
-        return path == self.path or path == scope.get("root_path", "") + self.path
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not self._guards(scope):
+        if not _is_post_on(scope, self.path):
             await self.app(scope, receive, send)
             return
         declared = _content_length(scope)
@@ -177,6 +178,37 @@ class UploadSizeGuard:
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
+class UploadWaitsForSession:
+    """Holds a POST on `path` whose `session_id` is not (yet) a connected page, for at most
+    `wait_seconds`; then Chainlit's route answers it either way."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        session_exists: Callable[[str], bool],
+        wait_seconds: float = DEFAULT_SESSION_WAIT_SECONDS,
+        path: str = DEFAULT_UPLOAD_PATH,
+    ) -> None:
+        self.app = app
+        self.session_exists = session_exists
+        self.wait_seconds = wait_seconds
+        self.path = path
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if _is_post_on(scope, self.path):
+            session_id = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("session_id", [""])[0]
+            deadline = time.monotonic() + self.wait_seconds
+            while session_id and not self.session_exists(session_id) and time.monotonic() < deadline:
+                await asyncio.sleep(SESSION_POLL_SECONDS)
+        await self.app(scope, receive, send)
+
+
+def _is_post_on(scope: Scope, path: str) -> bool:
+    if scope["type"] != "http" or scope.get("method") != "POST":
+        return False
+    return scope.get("path", "") in (path, scope.get("root_path", "") + path)
+
+
 def _content_length(scope: Scope) -> int | None:
     """The declared body size; None when absent or unparsable (the counter still applies)."""
     values = [value for name, value in scope.get("headers", ()) if name.lower() == b"content-length"]
@@ -192,8 +224,18 @@ def install_upload_guard(
     path: str = DEFAULT_UPLOAD_PATH,
     on_reject: Callable[[Scope, str], Awaitable[None]] | None = None,
     linger_seconds: float = DEFAULT_LINGER_SECONDS,
+    session_wait_seconds: float = DEFAULT_SESSION_WAIT_SECONDS,
 ) -> None:
-    """Put UploadSizeGuard in front of `fastapi_app` (call at import time, before it starts)."""
+    """Put the guards in front of `fastapi_app` (call at import time, before it starts): the size
+    guard first, so an oversized upload is refused at once, then the wait for the page's session."""
+    from chainlit.session import WebsocketSession
+
+    fastapi_app.add_middleware(
+        UploadWaitsForSession,
+        session_exists=lambda session_id: WebsocketSession.get_by_id(session_id) is not None,
+        wait_seconds=session_wait_seconds,
+        path=path,
+    )
     fastapi_app.add_middleware(
         UploadSizeGuard,
         max_upload_bytes=max_upload_bytes,
