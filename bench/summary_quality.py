@@ -320,9 +320,33 @@ def overall(documents: list[dict]) -> dict[str, Any]:
             [table[k]["all"].get("language_match") for k in table if k.startswith("after/")]
         ),
         "max_follow_up_ratio_after_single_planned": after_single.get("max_follow_up_ratio"),
+        "coverage_planned": planned_coverage(documents),
         "targets": TARGETS,
     }
     return table
+
+
+def planned_coverage(documents: list[dict]) -> dict[str, Any]:
+    """Each document's coverage on the path each side picks, paired: the coverage target's comparison."""
+    rows = []
+    for doc in documents:
+        picked = {
+            side: next(
+                (r for key, r in doc["runs"].items() if key.startswith(f"{side}/") and r.get("planned")), None
+            )
+            for side in ("before", "after")
+        }
+        if picked["before"] and picked["after"]:
+            rows.append({"id": doc["id"], **{side: run["coverage"] for side, run in picked.items()}})
+    differences = [row["after"] - row["before"] for row in rows]
+    return {
+        "documents": rows,
+        "mean_before": _mean([row["before"] for row in rows]),
+        "mean_after": _mean([row["after"] for row in rows]),
+        "mean_difference": _mean(differences),
+        "after_higher": sum(d > 0 for d in differences),
+        "after_lower": sum(d < 0 for d in differences),
+    }
 
 
 def first_words(documents: list[dict]) -> dict[str, Any]:
