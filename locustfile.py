@@ -18,6 +18,9 @@ Locust request events (type / name):
     chat / ttft short|long           send -> first streamed token
     chat / total short|long          send -> final message (complete turns only)
     chat / vanish                    send -> abrupt close (a deliberate drop, not a failure)
+    chat / refused                   send -> "busy, please try again in ~N" (the service's answer
+                                     to overload, not a failure); the user waits N, as a person
+                                     would, and goes on in the same session
 --requests-csv FILE appends one row per event (for bench/soak.py's percentiles and plots).
 """
 
@@ -28,6 +31,7 @@ import itertools
 import json
 import math
 import random
+import re
 import socket
 import threading
 import time
@@ -44,6 +48,8 @@ from harness.csv_log import CsvLog
 
 PROMPTS_FILE = Path(__file__).resolve().parent / "bench" / "data" / "prompts.json"
 ERROR_MARK = "⚠️"  # app.py prefixes every failed turn's message with it
+RETRY_HINT = re.compile(r"try again in ~(\d+) (s|min|h)\b")  # services/admission/errors.py
+MAX_RETRY_WAIT_S = 120.0  # a person gives up waiting on the hint after this
 REQUESTS_CSV_HEADER = (
     "unix_time",
     "request_type",
@@ -291,6 +297,14 @@ class SyncChat:
 
 
 # --- the user ------------------------------------------------------------------------
+def retry_hint_seconds(final: str) -> float | None:
+    """The wait a refusal asks for ("Please try again in ~40 s"), in seconds; None if it is no refusal."""
+    match = RETRY_HINT.search(final)
+    if match is None:
+        return None
+    return float(match.group(1)) * {"s": 1, "min": 60, "h": 3600}[match.group(2)]
+
+
 class ChatUser(User):
     """A person chatting: sessions of a few messages; some people vanish mid-answer."""
 
@@ -363,6 +377,11 @@ class ChatUser(User):
             )
             return False
         final = turn.final or ""
+        retry_after = retry_hint_seconds(final) if turn.first_token_at is None else None
+        if retry_after is not None:
+            self._fire("chat", "refused", turn.sent_at, len(final))
+            time.sleep(min(retry_after, MAX_RETRY_WAIT_S))  # gevent's: other users go on
+            return True
         if turn.error is not None or ERROR_MARK in final or turn.first_token_at is None:
             problem = turn.error or (final.strip()[:160] or "answered without streaming")
             self._fire("chat", f"total {kind}", turn.sent_at, len(final), RuntimeError(problem))

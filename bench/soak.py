@@ -424,6 +424,7 @@ def summarize(
         },
         "turns_completed": len(named("total")),
         "turns_vanished": len(named("vanish")),
+        "turns_refused": len(named("refused")),  # "busy, try again in ~N": the user waited N
         "sessions_opened": len(named("connect")),
         "ttft_s": latency_summary([row["seconds"] for row in named("ttft")]),
         "end_to_end_s": latency_summary([row["seconds"] for row in named("total")]),
