@@ -398,7 +398,11 @@ class ChatUser(User):
         if turn.first_token_at is not None:
             self._fire("chat", f"ttft {kind}", turn.sent_at, end=turn.first_token_at)
         chat.drop()
-        if not reached or turn.error is not None or turn.first_token_at is None:
+        retry_after = retry_hint_seconds(turn.final or "") if turn.first_token_at is None else None
+        if retry_after is not None:  # refused before it streamed: nothing to vanish from
+            self._fire("chat", "refused", turn.sent_at, len(turn.final or ""))
+            time.sleep(min(retry_after, MAX_RETRY_WAIT_S))
+        elif not reached or turn.error is not None or turn.first_token_at is None:
             problem = turn.error or f"no streamed answer in {self.knobs.turn_timeout:g} s"
             self._fire("chat", "vanish", turn.sent_at, turn.chars, RuntimeError(problem))
         else:
