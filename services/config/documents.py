@@ -43,7 +43,7 @@ class DocumentSettings:
     )
     summary_max_tokens: int = setting(400, "SUMMARY_MAX_TOKENS", "Length budget of a summary.", 16)
     summary_min_tokens: int = setting(
-        128,
+        64,
         "SUMMARY_MIN_TOKENS",
         "Shortest summary (vLLM's min_tokens), so a long document never gets a one-line summary; "
         "at most a quarter of the document and half of SUMMARY_MAX_TOKENS. Not for a request of the user's.",
