@@ -28,7 +28,12 @@ from services.engine.errors import RepetitionError, report_failure
 from services.history.resume import ANSWER_METADATA, is_command
 from services.runtime import Runtime
 from services.web.access import install_access_guards
-from services.web.chainlit_state import current_user_identifier, forget_chat_context, tell_uploader
+from services.web.chainlit_state import (
+    current_user_identifier,
+    forget_chat_context,
+    page_connected,
+    tell_uploader,
+)
 from services.web.chat_feedback import StatusMessage, notice, summary_progress, user_key
 from services.web.key_chat import answer_key_command
 from services.web.page_assets import install_page_assets
@@ -49,6 +54,7 @@ install_upload_guard(
     http_app,
     runtime.settings.max_upload_bytes,
     linger_seconds=runtime.settings.upload_linger_seconds,
+    session_exists=page_connected,
     session_wait_seconds=runtime.settings.upload_session_wait_seconds,
     on_reject=tell_uploader,
 )

@@ -59,6 +59,11 @@ class ChainlitStateCollector(Collector):
         yield family
 
 
+def page_connected(session_id: str) -> bool:
+    """Whether the page with this session id has its socket connected (Chainlit knows the session)."""
+    return WebsocketSession.get_by_id(session_id) is not None
+
+
 async def tell_uploader(scope: MutableMapping[str, Any], text: str) -> None:
     """Show `text` in the chat of the session an HTTP upload came from (`?session_id=`)."""
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"))

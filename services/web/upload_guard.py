@@ -224,18 +224,16 @@ def install_upload_guard(
     path: str = DEFAULT_UPLOAD_PATH,
     on_reject: Callable[[Scope, str], Awaitable[None]] | None = None,
     linger_seconds: float = DEFAULT_LINGER_SECONDS,
+    session_exists: Callable[[str], bool] | None = None,
     session_wait_seconds: float = DEFAULT_SESSION_WAIT_SECONDS,
 ) -> None:
     """Put the guards in front of `fastapi_app` (call at import time, before it starts): the size
-    guard first, so an oversized upload is refused at once, then the wait for the page's session."""
-    from chainlit.session import WebsocketSession
-
-    fastapi_app.add_middleware(
-        UploadWaitsForSession,
-        session_exists=lambda session_id: WebsocketSession.get_by_id(session_id) is not None,
-        wait_seconds=session_wait_seconds,
-        path=path,
-    )
+    guard first, so an oversized upload is refused at once, then (given `session_exists`) the wait
+    for the page's session."""
+    if session_exists is not None:
+        fastapi_app.add_middleware(
+            UploadWaitsForSession, session_exists=session_exists, wait_seconds=session_wait_seconds, path=path
+        )
     fastapi_app.add_middleware(
         UploadSizeGuard,
         max_upload_bytes=max_upload_bytes,
