@@ -377,10 +377,7 @@ class ChatUser(User):
             )
             return False
         final = turn.final or ""
-        retry_after = retry_hint_seconds(final) if turn.first_token_at is None else None
-        if retry_after is not None:
-            self._fire("chat", "refused", turn.sent_at, len(final))
-            time.sleep(min(retry_after, MAX_RETRY_WAIT_S))  # gevent's: other users go on
+        if self._waited_out_refusal(turn):
             return True
         if turn.error is not None or ERROR_MARK in final or turn.first_token_at is None:
             problem = turn.error or (final.strip()[:160] or "answered without streaming")
@@ -398,15 +395,23 @@ class ChatUser(User):
         if turn.first_token_at is not None:
             self._fire("chat", f"ttft {kind}", turn.sent_at, end=turn.first_token_at)
         chat.drop()
-        retry_after = retry_hint_seconds(turn.final or "") if turn.first_token_at is None else None
-        if retry_after is not None:  # refused before it streamed: nothing to vanish from
-            self._fire("chat", "refused", turn.sent_at, len(turn.final or ""))
-            time.sleep(min(retry_after, MAX_RETRY_WAIT_S))
-        elif not reached or turn.error is not None or turn.first_token_at is None:
+        if self._waited_out_refusal(turn):  # refused before it streamed: nothing to vanish from
+            return
+        if not reached or turn.error is not None or turn.first_token_at is None:
             problem = turn.error or f"no streamed answer in {self.knobs.turn_timeout:g} s"
             self._fire("chat", "vanish", turn.sent_at, turn.chars, RuntimeError(problem))
         else:
             self._fire("chat", "vanish", turn.sent_at, turn.chars)
+
+    def _waited_out_refusal(self, turn: Turn) -> bool:
+        """If the turn was refused with a retry hint: count it and wait the hint out, as a person does."""
+        final = turn.final or ""
+        retry_after = retry_hint_seconds(final) if turn.first_token_at is None else None
+        if retry_after is None:
+            return False
+        self._fire("chat", "refused", turn.sent_at, len(final))
+        time.sleep(min(retry_after, MAX_RETRY_WAIT_S))  # gevent's: other users go on
+        return True
 
     def _fire(
         self,
