@@ -75,6 +75,7 @@ JEMALLOC_PROFILING = "prof:true,prof_active:true,lg_prof_sample:16"
 ENGINE_ROLES = ("EngineCore", "Worker")
 PROBE_WAIT_SECONDS = 300.0
 IDLE_WAIT_SECONDS = 60.0
+MAX_SETTLE_SECONDS = 15.0
 
 
 @dataclass
@@ -171,11 +172,26 @@ async def run_block(
     await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
-async def wait_until_idle(engine: ChatEngine) -> None:
+def settle_seconds(memory_env: dict[str, str]) -> float:
+    """How long to wait after the last request before a sample: the worker's last step, plus
+    jemalloc's decay time, after which it has handed back the pages a burst dirtied.
+
+    Sampled sooner, a process holds up to a few MB it is about to purge; over
+    a few thousand requests that noise reads as a kilobyte per request.
+    """
+    decays = [
+        int(value) / 1000
+        for key, _, value in (item.partition(":") for item in memory_env.get("MALLOC_CONF", "").split(","))
+        if key in ("dirty_decay_ms", "muzzy_decay_ms") and value.lstrip("-").isdigit() and int(value) > 0
+    ]
+    return 0.5 + min(max(decays, default=0.0), MAX_SETTLE_SECONDS)
+
+
+async def wait_until_idle(engine: ChatEngine, settle: float = 0.5) -> None:
     deadline = time.monotonic() + IDLE_WAIT_SECONDS
     while engine.unfinished_requests() and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    await asyncio.sleep(0.5)  # the worker finishes its last step
+    await asyncio.sleep(settle)
 
 
 def memory_row(requests: int, seconds: float) -> dict[str, Any]:
@@ -265,12 +281,15 @@ async def run_arm(base: Settings, arm: str, options: ChurnOptions, out: Path) ->
     """One engine, `options.requests` requests, a memory row every `sample_every`."""
     probe_dir = out / f"probe-{arm}" if options.attribute else None
     settings = arm_settings(base, arm, probe_dir)
-    print(f"[churn] arm {arm}: {engine_memory_env(settings, {}) or 'glibc defaults'}", flush=True)
+    memory_env = engine_memory_env(settings, {})
+    settle = settle_seconds(memory_env)
+    described = memory_env or "glibc defaults"
+    print(f"[churn] arm {arm}: {described}; samples {settle:.1f} s after idle", flush=True)
     tally, rows, busy_seconds = Tally(), [], 0.0
     workload = Workload(options, settings.system_prompt)
     async with engine_lifespan(settings) as engine:
         engine.on_finish(tally.record)
-        await wait_until_idle(engine)
+        await wait_until_idle(engine, settle)
         rows.append(memory_row(0, 0.0))
         if probe_dir is not None:
             await probe_snapshots(probe_dir, "r000000")
@@ -279,7 +298,7 @@ async def run_arm(base: Settings, arm: str, options: ChurnOptions, out: Path) ->
             started = time.monotonic()
             await run_block(engine, workload, first, last, options.concurrency, arm)
             busy_seconds += time.monotonic() - started
-            await wait_until_idle(engine)
+            await wait_until_idle(engine, settle)
             gc.collect()
             rows.append(memory_row(last, busy_seconds))
             if probe_dir is not None:
