@@ -55,6 +55,7 @@ from bench.signals import run_until_signalled
 from services.config import Settings
 from services.engine.allocators import engine_memory_env
 from services.engine.chat_engine import ChatEngine, SamplingSettings
+from services.engine.errors import RepetitionError
 from services.engine.lifespan import engine_lifespan
 from services.engine.processes import engine_processes
 from services.engine.stream_stats import StreamStats
@@ -149,14 +150,19 @@ class Tally:
 
 
 async def one_request(engine: ChatEngine, plan: Plan, request_id: str) -> None:
-    """Stream one answer; stop reading after `abort_after_deltas` deltas when the plan says so."""
+    """Stream one answer; stop reading after `abort_after_deltas` deltas when the plan says so.
+
+    The loop guard may end it too (random words make a real model loop); it aborts the request in
+    the engine, one more way a request ends.
+    """
     stream = engine.generate(plan.messages, plan.sampling, request_id)
+    deltas = 0
     async with contextlib.aclosing(stream):
-        deltas = 0
-        async for _ in stream:
-            deltas += 1
-            if plan.abort_after_deltas is not None and deltas >= plan.abort_after_deltas:
-                break
+        with contextlib.suppress(RepetitionError):
+            async for _ in stream:
+                deltas += 1
+                if plan.abort_after_deltas is not None and deltas >= plan.abort_after_deltas:
+                    break
 
 
 async def run_block(
