@@ -185,10 +185,11 @@ def settle_seconds(memory_env: dict[str, str]) -> float:
     Sampled sooner, a process holds up to a few MB it is about to purge; over
     a few thousand requests that noise reads as a kilobyte per request.
     """
+    options = dict(item.partition(":")[::2] for item in memory_env.get("MALLOC_CONF", "").split(","))
     decays = [
         int(value) / 1000
-        for key, _, value in (item.partition(":") for item in memory_env.get("MALLOC_CONF", "").split(","))
-        if key in ("dirty_decay_ms", "muzzy_decay_ms") and value.lstrip("-").isdigit() and int(value) > 0
+        for key in ("dirty_decay_ms", "muzzy_decay_ms")
+        if (value := options.get(key, "")).isdigit()  # -1 (never decay) is not a wait
     ]
     return 0.5 + min(max(decays, default=0.0), MAX_SETTLE_SECONDS)
 
