@@ -15,6 +15,13 @@ request has its own prompt length (a shared system prompt plus 1 to
 `--max-answer-tokens`), and `--abort-fraction` of them are dropped after 1-3
 deltas (the consumer stops reading: ChatEngine aborts them in the engine).
 
+`--conversations N` shapes the requests like the app's traffic instead: they
+are the turns of N interleaved conversations of `--turns` turns. A first turn
+summarizes a document (up to `--max-prompt-words` words) as the app does
+(summary rules, minimum length, the documents' priority); later turns ask a
+short follow-up over the whole history (prefix-cache hits) with the chat
+penalties, first in the queue.
+
 Every `--sample-every` requests the load pauses until the engine holds no
 request, and the RSS and anonymous memory of every process in the tree (this
 process = "app", vLLM's EngineCore and worker, helpers) are recorded. The
@@ -33,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import json
 import os
@@ -96,6 +104,8 @@ class ChurnOptions:
     attribute: bool = False
     max_bytes_per_request: float | None = None
     arm_seconds: float | None = None  # each arm stops at the first sample after this much load
+    conversations: int = 0  # 0: independent requests; N: turns of N interleaved conversations
+    turns: int = 4
     out: Path | None = None
 
     @property
@@ -110,30 +120,84 @@ class Plan:
     messages: list[dict[str, str]]
     sampling: SamplingSettings
     abort_after_deltas: int | None
+    prose: bool = False  # summary rules: the loop guard's paraphrase check, the "---" stop
+    priority: int = 0
+
+
+FOLLOW_UP_WORDS = 30
+SUMMARY_MIN_TOKENS = 8
 
 
 class Workload:
     """Deterministic requests: index -> Plan, from a seed and the prompt file's words."""
 
-    def __init__(self, options: ChurnOptions, system_prompt: str) -> None:
+    def __init__(
+        self,
+        options: ChurnOptions,
+        system_prompt: str,
+        chat: SamplingSettings | None = None,
+        document_aging: float | None = None,
+    ) -> None:
+        """`document_aging`: seconds a document's priority is pushed back (None: priorities off)."""
         self.options = options
         self.system_prompt = system_prompt
+        self.chat = chat or SamplingSettings(temperature=0.8, top_p=0.95, max_new_tokens=1)
+        self.document_aging = document_aging
+        self.epoch = time.monotonic()
         prompts = json.loads(PROMPTS_FILE.read_text())
         text = " ".join([*prompts["short"], *(doc["prompt"] for doc in prompts["long"])])
         self.words = sorted(set(text.split()))
 
     def plan(self, index: int) -> Plan:
         rng = random.Random(self.options.seed * 1_000_003 + index)
+        abort_after = rng.randint(1, 3) if rng.random() < self.options.abort_fraction else None
+        max_new_tokens = rng.randint(1, self.options.max_answer_tokens)
+        if self.options.conversations:
+            return self._turn(index, max_new_tokens, abort_after)
         words = rng.choices(self.words, k=rng.randint(1, self.options.max_prompt_words))
         messages = [
             {"role": "system", "content": self.system_prompt},
             {"role": "user", "content": " ".join(words)},
         ]
-        sampling = SamplingSettings(
-            temperature=0.8, top_p=0.95, max_new_tokens=rng.randint(1, self.options.max_answer_tokens)
-        )
-        aborted = rng.random() < self.options.abort_fraction
-        return Plan(messages, sampling, rng.randint(1, 3) if aborted else None)
+        sampling = SamplingSettings(temperature=0.8, top_p=0.95, max_new_tokens=max_new_tokens)
+        return Plan(messages, sampling, abort_after)
+
+    def conversation_turn(self, index: int) -> tuple[int, int]:
+        """(conversation, turn) of request `index`: conversations interleave, so a follow-up comes
+        `conversations` requests after its previous turn, whose prompt is in the prefix cache by then."""
+        conversations, turns = self.options.conversations, max(1, self.options.turns)
+        conversation = index % conversations + conversations * (index // (conversations * turns))
+        return conversation, (index // conversations) % turns
+
+    def _turn(self, index: int, max_new_tokens: int, abort_after: int | None) -> Plan:
+        """A turn as the app sends it; its priority is its arrival second, a document's aged as
+        services/admission ages it (vLLM sees a new priority value every second)."""
+        conversation, turn = self.conversation_turn(index)
+        arrival = time.monotonic() - self.epoch
+        rng = random.Random(self.options.seed * 1_000_003 + 7_919 * conversation + 1)
+        document = rng.choices(self.words, k=rng.randint(1, self.options.max_prompt_words))
+        messages = [
+            {"role": "system", "content": self.system_prompt},
+            {"role": "user", "content": "Summarize this document:\n\n" + " ".join(document)},
+        ]
+        for _ in range(turn):  # the history: earlier answers and questions, the same on every turn
+            answer = rng.choices(self.words, k=rng.randint(1, self.options.max_answer_tokens))
+            question = rng.choices(self.words, k=rng.randint(1, FOLLOW_UP_WORDS))
+            messages += [
+                {"role": "assistant", "content": " ".join(answer)},
+                {"role": "user", "content": " ".join(question)},
+            ]
+        if turn == 0:
+            minimum = min(SUMMARY_MIN_TOKENS, max_new_tokens)
+            sampling = dataclasses.replace(self.chat, max_new_tokens=max_new_tokens, min_new_tokens=minimum)
+            return Plan(messages, sampling, abort_after, prose=True, priority=self._priority(arrival, True))
+        sampling = dataclasses.replace(self.chat, max_new_tokens=max_new_tokens)
+        return Plan(messages, sampling, abort_after, priority=self._priority(arrival, False))
+
+    def _priority(self, arrival: float, document: bool) -> int:
+        if self.document_aging is None:
+            return 0
+        return int(arrival + (self.document_aging if document else 0.0))
 
 
 class Tally:
@@ -155,7 +219,9 @@ async def one_request(engine: ChatEngine, plan: Plan, request_id: str) -> None:
     The loop guard may end it too (random words make a real model loop); it aborts the request in
     the engine, one more way a request ends.
     """
-    stream = engine.generate(plan.messages, plan.sampling, request_id)
+    stream = engine.generate(
+        plan.messages, plan.sampling, request_id, priority=plan.priority, prose=plan.prose
+    )
     deltas = 0
     async with contextlib.aclosing(stream):
         with contextlib.suppress(RepetitionError):
@@ -274,6 +340,14 @@ def _value(row: dict[str, Any], role: str) -> dict[str, int] | None:
     return processes.get(role)
 
 
+def chat_sampling(settings: Settings) -> SamplingSettings:
+    """A chat turn's sampling, as the app's sessions start with (services/chat/store.py)."""
+    s = settings
+    return SamplingSettings(
+        s.temperature, s.top_p, s.max_new_tokens, s.repetition_penalty, s.frequency_penalty
+    )
+
+
 def arm_settings(base: Settings, arm: str, probe_dir: Path | None) -> Settings:
     settings = base if arm == "configured" else base.replace(**ARMS[arm])
     if probe_dir is not None:
@@ -293,7 +367,8 @@ async def run_arm(base: Settings, arm: str, options: ChurnOptions, out: Path) ->
     described = memory_env or "glibc defaults"
     print(f"[churn] arm {arm}: {described}; samples {settle:.1f} s after idle", flush=True)
     tally, rows, busy_seconds = Tally(), [], 0.0
-    workload = Workload(options, settings.system_prompt)
+    aging = settings.document_aging_seconds if settings.priority_scheduling else None
+    workload = Workload(options, settings.system_prompt, chat_sampling(settings), aging)
     async with engine_lifespan(settings) as engine:
         engine.on_finish(tally.record)
         await wait_until_idle(engine, settle)
@@ -454,6 +529,10 @@ def parse_args(argv: list[str] | None = None) -> ChurnOptions:
     parser.add_argument(
         "--out", type=Path, default=None, help="report folder (default bench/out/churn-<time>)"
     )
+    parser.add_argument(
+        "--conversations", type=int, default=0, help="app-like: turns of this many interleaved conversations"
+    )
+    parser.add_argument("--turns", type=int, default=4, help="turns per conversation (with --conversations)")
     args = parser.parse_args(argv)
     arms = [name.strip() for name in args.allocators.split(",") if name.strip()]
     unknown = [name for name in arms if name != "configured" and name not in ARMS]
@@ -465,6 +544,7 @@ def parse_args(argv: list[str] | None = None) -> ChurnOptions:
         max_prompt_words=args.max_prompt_words, max_answer_tokens=args.max_answer_tokens, seed=args.seed,
         tiny=args.tiny, allocators=arms, attribute=args.attribute,
         max_bytes_per_request=args.max_bytes_per_request, arm_seconds=args.arm_seconds, out=args.out,
+        conversations=args.conversations, turns=args.turns,
     )  # fmt: skip
 
 
