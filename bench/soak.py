@@ -98,28 +98,19 @@ def latency_summary(seconds: list[float]) -> dict[str, float | int | None]:
     }
 
 
-def theil_sen_slope(xs: list[float], ys: list[float], max_points: int = SLOPE_MAX_POINTS) -> float | None:
-    """The app's own leak-alarm slope (services.maintenance) on lists; None with < 3 points."""
+def theil_sen(xs: list[float], ys: list[float]) -> tuple[float, list[float]] | None:
+    """The Theil-Sen slope (the app's leak alarm's, services.maintenance) and Sen's 95% interval
+    (per x unit), from one pass over the pairwise slopes; None with < 3 points."""
     import numpy as np
 
-    from services.observability.series import theil_sen_slope as slope
+    from services.observability.series import theil_sen_interval
 
     if len(xs) < 3:
         return None
-    value = slope(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float), max_points)
-    return None if math.isnan(value) else value
-
-
-def theil_sen_interval(xs: list[float], ys: list[float]) -> list[float] | None:
-    """Sen's 95% interval of that slope (per second); None with < 3 points."""
-    import numpy as np
-
-    from services.observability.series import theil_sen_interval as interval
-
-    if len(xs) < 3:
-        return None
-    _, low, high = interval(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float), 0.95, SLOPE_MAX_POINTS)
-    return None if math.isnan(low) else [low, high]
+    slope, low, high = theil_sen_interval(
+        np.asarray(xs, dtype=float), np.asarray(ys, dtype=float), 0.95, SLOPE_MAX_POINTS
+    )
+    return None if math.isnan(slope) else (slope, [low, high])
 
 
 def parse_duration(text: str) -> float:
@@ -397,19 +388,21 @@ def summarize(
     load = [s for s in samples if s["phase"] == "load" and s["t_s"] >= options.warmup]
     t0 = samples[0]["t_s"] if samples else 0.0
 
-    def mb_per_hour(column: str, rows: list[dict[str, Any]] = load) -> float | None:
-        slope = theil_sen_slope([s["t_s"] for s in rows], [s[column] for s in rows])
-        return None if slope is None else round(slope * 3600, 2)
+    def per_hour(column: str, rows: list[dict[str, Any]]) -> tuple[float | None, list[float] | None]:
+        fit = theil_sen([s["t_s"] for s in rows], [s[column] for s in rows])
+        if fit is None:
+            return None, None
+        return round(fit[0] * 3600, 2), [round(bound * 3600, 2) for bound in fit[1]]
 
-    def interval_per_hour(column: str) -> list[float] | None:
-        bounds = theil_sen_interval([s["t_s"] for s in load], [s[column] for s in load])
-        return None if bounds is None else [round(b * 3600, 2) for b in bounds]
+    fits = {column: per_hour(column, load) for column in memory_columns()}
+    slope = {column: fit[0] for column, fit in fits.items()}
+    interval = {column: fit[1] for column, fit in fits.items()}
 
     load_began = next((s["t_s"] for s in samples if s["phase"] == "load"), t0)
     windows = []
     for rows in split_evenly(load, SLOPE_WINDOWS):
         span = [round((rows[i]["t_s"] - load_began) / 60, 1) for i in (0, -1)]
-        windows.append({"minutes": span, "rss_mb_per_hour": mb_per_hour("total_rss_mb", rows)})
+        windows.append({"minutes": span, "rss_mb_per_hour": per_hour("total_rss_mb", rows)[0]})
 
     first, last = (samples[0], samples[-1]) if samples else ({}, {})
     options_dict = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(options).items()}
@@ -446,13 +439,14 @@ def summarize(
             "warmup_s": options.warmup,
             "slope_samples": len(load),
             "slope_window_s": round(load[-1]["t_s"] - load[0]["t_s"], 1) if load else 0,
-            "rss_mb_per_hour": mb_per_hour("total_rss_mb"),
+            "rss_mb_per_hour": slope["total_rss_mb"],
             # Sen's interval takes the samples as independent; memory samples are not, so read it as a floor
-            "rss_mb_per_hour_95ci": interval_per_hour("total_rss_mb"),
-            "pss_mb_per_hour": mb_per_hour("total_pss_mb"),
-            "per_process_rss_mb_per_hour": {k: mb_per_hour(f"rss_mb_{k}") for k in PROCESS_LABELS},
-            "per_process_anon_mb_per_hour": {k: mb_per_hour(f"anon_mb_{k}") for k in PROCESS_LABELS},
-            "per_process_rss_mb_per_hour_95ci": {k: interval_per_hour(f"rss_mb_{k}") for k in PROCESS_LABELS},
+            "rss_mb_per_hour_95ci": interval["total_rss_mb"],
+            "pss_mb_per_hour": slope["total_pss_mb"],
+            "per_process_rss_mb_per_hour": {k: slope[f"rss_mb_{k}"] for k in PROCESS_LABELS},
+            "per_process_anon_mb_per_hour": {k: slope[f"anon_mb_{k}"] for k in PROCESS_LABELS},
+            "per_process_rss_mb_per_hour_95ci": {k: interval[f"rss_mb_{k}"] for k in PROCESS_LABELS},
+            "per_process_anon_mb_per_hour_95ci": {k: interval[f"anon_mb_{k}"] for k in PROCESS_LABELS},
             "rss_mb_per_hour_by_window": windows,
             "worker_exec_maps_start_end": [first.get("exec_maps_worker"), last.get("exec_maps_worker")],
             "samples": len(samples),
@@ -460,6 +454,12 @@ def summarize(
         },
         "after_clients_left": after,
     }
+
+
+def memory_columns() -> list[str]:
+    """The samples' memory columns that get a slope: the tree's RSS and PSS, each process's RSS and anon."""
+    per_process = [f"{kind}_mb_{label}" for label in PROCESS_LABELS for kind in ("rss", "anon")]
+    return ["total_rss_mb", "total_pss_mb", *per_process]
 
 
 def split_evenly(rows: list[dict[str, Any]], parts: int) -> list[list[dict[str, Any]]]:

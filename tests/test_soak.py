@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bench.soak import SoakOptions, parse_duration, run_soak, split_evenly, theil_sen_slope
+from bench.soak import SoakOptions, parse_duration, run_soak, split_evenly, theil_sen
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN
 
 pytestmark = pytest.mark.timeout(900)
@@ -44,9 +44,11 @@ def test_windows_split_the_samples_in_order_without_losing_any() -> None:
 def test_slope_ignores_a_one_off_step_and_outliers() -> None:
     hours = [i / 60 for i in range(120)]  # two hours, one sample a minute
     flat = [1000.0 + (50 if i > 90 else 0) + (300 if i % 17 == 0 else 0) for i in range(120)]
-    assert abs(theil_sen_slope(hours, flat)) < 1.0, "a GC step and spikes are not a trend"
+    slope, (low, high) = theil_sen(hours, flat)
+    assert abs(slope) < 1.0 and low <= slope <= high, "a GC step and spikes are not a trend"
     growing = [1000.0 + 70 * h for h in hours]
-    assert theil_sen_slope(hours, growing) == pytest.approx(70.0)
+    assert theil_sen(hours, growing) == (pytest.approx(70.0), [pytest.approx(70.0), pytest.approx(70.0)])
+    assert theil_sen(hours[:2], growing[:2]) is None, "a slope needs three samples"
     assert parse_duration("1h30m") == 5400 and parse_duration("45s") == 45 and parse_duration("600") == 600
 
 
