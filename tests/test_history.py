@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import time
 import typing
 import uuid
 from collections.abc import AsyncIterator
@@ -26,7 +27,7 @@ from services.chat.session import SessionDocument
 from services.chat.store import SessionStore
 from services.config import Settings
 from services.history import conversations
-from services.history.database import sqlite_path
+from services.history.database import POOL_SIZE, sqlite_path
 from services.history.migrations import CHAINLIT_COLUMNS, LATEST_VERSION, migrate
 from services.history.resume import ANSWER_METADATA, history_from_steps
 from services.history.service import History
@@ -163,6 +164,28 @@ async def test_resume_rebuilds_history_settings_and_document(history: History, t
     assert [m["content"] for m in session.history] == [f"message {i}" for i in range(6)]
     assert session.sampling.temperature == 0.7 and session.system_prompt == "Be brief."
     assert session.document is not None and session.document.name == "report.txt"
+
+
+SLOW_QUERY = (  # a read that holds its connection for a while on either database
+    "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < :n) SELECT count(*) AS n FROM c"
+)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_burst_of_statements_waits_its_turn_instead_of_opening_the_breaker(history: History) -> None:
+    """Many more statements at once than the pool has connections, each holding one longer than the
+    pool's timeout (1 s here) shared out: they queue, all succeed, and nothing counts as an outage."""
+    layer = history.layer
+    assert layer is not None
+    started = time.monotonic()
+    single = await layer.execute_sql(SLOW_QUERY, {"n": 100_000})
+    held = time.monotonic() - started
+    burst = max(60, int(3 * POOL_SIZE / max(held, 0.01)))  # the last one waits ~3 s: past the timeout
+    results = await asyncio.gather(*(layer.execute_sql(SLOW_QUERY, {"n": 100_000}) for _ in range(burst)))
+    assert single == [{"n": 100_000}]
+    assert all(result == [{"n": 100_000}] for result in results), f"{sum(r is None for r in results)} failed"
+    assert history.health.failures_total == 0 and history.health.outage == 0 and history.available
+    assert time.monotonic() - started > 1.0, "the burst outlasted the pool's timeout, so it really queued"
 
 
 @pytest.mark.asyncio(loop_scope="module")

@@ -3,6 +3,9 @@
 What this subclass changes, and why:
 - statements go through the breaker (health.py): while the database is down they are skipped at
   once, and a statement that fails opens the breaker instead of being logged and forgotten;
+- at most STATEMENT_SLOTS statements run at once and the rest wait their turn here: a burst of
+  people arriving together (the soak's first seconds) no longer waits out the connection pool's
+  timeout, which counted as an outage and left their first messages unsaved;
 - a write made of several statements (a thread upsert that first reads the thread, a step that
   first upserts its thread, a delete of four tables) stops at its first failed statement, so a
   read that failed is never mistaken for "no such row" and followed by a write that overwrites it;
@@ -15,6 +18,7 @@ What this subclass changes, and why:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import json
@@ -32,11 +36,15 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import sessionmaker
 
+from services.history.database import POOL_OVERFLOW, POOL_SIZE
 from services.history.health import HistoryHealth, _first_line
 
 logger = logging.getLogger(__name__)
 
 USER_THREAD_LIMIT = 1000  # conversations listed per user at most (Chainlit's own default)
+# Connections Chainlit's statements may hold at once; the rest of the pool stays free for sign-in,
+# the breaker's probe and maintenance, so none of those waits behind a burst of saves.
+STATEMENT_SLOTS = POOL_SIZE + POOL_OVERFLOW - 2
 
 
 @dataclass
@@ -86,9 +94,14 @@ class ChatDataLayer(SQLAlchemyDataLayer):
         self.async_session = sessionmaker(bind=engine, expire_on_commit=False, class_=AsyncSession)  # type: ignore[call-overload]
         self.health = health
         self.feedback = feedback
+        self._slots = asyncio.Semaphore(STATEMENT_SLOTS)
 
     async def execute_sql(self, query: str, parameters: dict) -> list[dict[str, Any]] | int | None:
         """Chainlit's execute_sql (rows, a row count, or None on failure), through the breaker."""
+        async with self._slots:  # the breaker is read after the wait: it may have opened meanwhile
+            return await self._execute(query, parameters)
+
+    async def _execute(self, query: str, parameters: dict) -> list[dict[str, Any]] | int | None:
         unit = _UNIT.get()
         if (unit is not None and unit.failed) or not self.health.available:
             self.health.skipped_total += 1

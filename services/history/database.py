@@ -12,6 +12,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from services.config import Settings
 
 SQLITE_FILE_NAME = "chat.db"
+POOL_SIZE = 5  # connections kept open
+POOL_OVERFLOW = 5  # more opened under load, closed when returned
 
 
 def ensure_data_dir(settings: Settings) -> Path:
@@ -53,8 +55,8 @@ def create_engine(settings: Settings) -> AsyncEngine:
         url,
         connect_args=connect_args(settings, url),
         pool_pre_ping=True,
-        pool_size=5,
-        max_overflow=5,
+        pool_size=POOL_SIZE,
+        max_overflow=POOL_OVERFLOW,
         pool_timeout=settings.database_timeout_seconds,
     )
     if is_sqlite(url):
