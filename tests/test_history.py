@@ -177,6 +177,7 @@ async def test_a_burst_of_statements_waits_its_turn_instead_of_opening_the_break
     pool's timeout (1 s here) shared out: they queue, all succeed, and nothing counts as an outage."""
     layer = history.layer
     assert layer is not None
+    await asyncio.gather(*(layer.execute_sql("SELECT 1", {}) for _ in range(POOL_SIZE)))  # connected
     started = time.monotonic()
     single = await layer.execute_sql(SLOW_QUERY, {"n": 100_000})
     held = time.monotonic() - started

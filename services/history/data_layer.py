@@ -36,15 +36,16 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import sessionmaker
 
-from services.history.database import POOL_OVERFLOW, POOL_SIZE
+from services.history.database import POOL_SIZE
 from services.history.health import HistoryHealth, _first_line
 
 logger = logging.getLogger(__name__)
 
 USER_THREAD_LIMIT = 1000  # conversations listed per user at most (Chainlit's own default)
-# Connections Chainlit's statements may hold at once; the rest of the pool stays free for sign-in,
-# the breaker's probe and maintenance, so none of those waits behind a burst of saves.
-STATEMENT_SLOTS = POOL_SIZE + POOL_OVERFLOW - 2
+# Connections Chainlit's statements may hold at once: the pool's kept ones, so a burst never opens
+# and closes overflow connections (a new PostgreSQL backend each); the overflow stays free for
+# sign-in, the breaker's probe and maintenance, so none of those waits behind a burst of saves.
+STATEMENT_SLOTS = POOL_SIZE
 
 
 @dataclass
