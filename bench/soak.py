@@ -275,6 +275,7 @@ def run_soak(options: SoakOptions) -> dict[str, Any]:
     """Run one soak and write its report; returns the summary (also in summary.json)."""
     out = options.out or ROOT / "bench" / "out" / f"soak-{datetime.now():%Y%m%d-%H%M%S}"
     out.mkdir(parents=True, exist_ok=True)
+    (out / "requests.csv").unlink(missing_ok=True)  # Locust appends: a reused folder kept an old run's rows
     env = server_env(options)
     print(f"[soak] report folder: {out}", flush=True)
     server = AppServer(env, out / "server.log")
