@@ -60,6 +60,8 @@ import numpy as np
 
 from bench.common import PROMPTS_FILE, machine_info
 from bench.signals import run_until_signalled
+from services.admission.gate import CHAT, DOCUMENT, engine_priority, queue_key
+from services.chat.store import session_sampling
 from services.config import Settings
 from services.engine.allocators import engine_memory_env
 from services.engine.chat_engine import ChatEngine, SamplingSettings
@@ -131,18 +133,12 @@ SUMMARY_MIN_TOKENS = 8
 class Workload:
     """Deterministic requests: index -> Plan, from a seed and the prompt file's words."""
 
-    def __init__(
-        self,
-        options: ChurnOptions,
-        system_prompt: str,
-        chat: SamplingSettings | None = None,
-        document_aging: float | None = None,
-    ) -> None:
-        """`document_aging`: seconds a document's priority is pushed back (None: priorities off)."""
+    def __init__(self, options: ChurnOptions, settings: Settings) -> None:
+        """Chat turns and summaries sample and queue as the app's do under `settings`."""
         self.options = options
-        self.system_prompt = system_prompt
-        self.chat = chat or SamplingSettings(temperature=0.8, top_p=0.95, max_new_tokens=1)
-        self.document_aging = document_aging
+        self.settings = settings
+        self.system_prompt = settings.system_prompt
+        self.chat = session_sampling(settings)
         self.epoch = time.monotonic()
         prompts = json.loads(PROMPTS_FILE.read_text())
         text = " ".join([*prompts["short"], *(doc["prompt"] for doc in prompts["long"])])
@@ -190,14 +186,14 @@ class Workload:
         if turn == 0:
             minimum = min(SUMMARY_MIN_TOKENS, max_new_tokens)
             sampling = dataclasses.replace(self.chat, max_new_tokens=max_new_tokens, min_new_tokens=minimum)
-            return Plan(messages, sampling, abort_after, prose=True, priority=self._priority(arrival, True))
+            return Plan(
+                messages, sampling, abort_after, prose=True, priority=self._priority(DOCUMENT, arrival)
+            )
         sampling = dataclasses.replace(self.chat, max_new_tokens=max_new_tokens)
-        return Plan(messages, sampling, abort_after, priority=self._priority(arrival, False))
+        return Plan(messages, sampling, abort_after, priority=self._priority(CHAT, arrival))
 
-    def _priority(self, arrival: float, document: bool) -> int:
-        if self.document_aging is None:
-            return 0
-        return int(arrival + (self.document_aging if document else 0.0))
+    def _priority(self, kind: str, arrival: float) -> int:
+        return engine_priority(self.settings, queue_key(self.settings, kind, arrival))
 
 
 class Tally:
@@ -340,14 +336,6 @@ def _value(row: dict[str, Any], role: str) -> dict[str, int] | None:
     return processes.get(role)
 
 
-def chat_sampling(settings: Settings) -> SamplingSettings:
-    """A chat turn's sampling, as the app's sessions start with (services/chat/store.py)."""
-    s = settings
-    return SamplingSettings(
-        s.temperature, s.top_p, s.max_new_tokens, s.repetition_penalty, s.frequency_penalty
-    )
-
-
 def arm_settings(base: Settings, arm: str, probe_dir: Path | None) -> Settings:
     settings = base if arm == "configured" else base.replace(**ARMS[arm])
     if probe_dir is not None:
@@ -367,8 +355,7 @@ async def run_arm(base: Settings, arm: str, options: ChurnOptions, out: Path) ->
     described = memory_env or "glibc defaults"
     print(f"[churn] arm {arm}: {described}; samples {settle:.1f} s after idle", flush=True)
     tally, rows, busy_seconds = Tally(), [], 0.0
-    aging = settings.document_aging_seconds if settings.priority_scheduling else None
-    workload = Workload(options, settings.system_prompt, chat_sampling(settings), aging)
+    workload = Workload(options, settings)
     async with engine_lifespan(settings) as engine:
         engine.on_finish(tally.record)
         await wait_until_idle(engine, settle)

@@ -23,7 +23,7 @@ from bench.churn import (
     run,
     settle_seconds,
 )
-from services.engine.chat_engine import SamplingSettings
+from services.config import Settings
 from tests.conftest import tiny_settings
 
 CI_REQUESTS = 3000
@@ -68,8 +68,10 @@ def test_samples_wait_out_jemallocs_decay_and_no_longer_than_the_bound() -> None
 def test_app_like_requests_are_interleaved_conversations_whose_turns_extend_the_history() -> None:
     conversations, turns = 5, 3
     options = ChurnOptions(conversations=conversations, turns=turns, max_prompt_words=200, abort_fraction=0)
-    chat = SamplingSettings(0.7, 0.9, 100, repetition_penalty=1.1, frequency_penalty=1.0)
-    workload = Workload(options, "system", chat, document_aging=30.0)
+    settings = Settings.from_env(
+        {"FREQUENCY_PENALTY": "1.0", "DOCUMENT_AGING_SECONDS": "30", "PRIORITY_SCHEDULING": "true"}
+    )
+    workload = Workload(options, settings)
     first, second, third = (workload.plan(2 + conversations * turn) for turn in range(turns))
     assert workload.conversation_turn(2) == (2, 0) and workload.conversation_turn(2 + conversations) == (2, 1)
     assert first.prose and first.sampling.min_new_tokens >= 1 and first.priority >= 30, "a document summary"
@@ -81,5 +83,5 @@ def test_app_like_requests_are_interleaved_conversations_whose_turns_extend_the_
     after = workload.plan(2 + conversations * turns)  # the conversation is over: a new one begins
     assert workload.conversation_turn(2 + conversations * turns) == (2 + conversations, 0)
     assert after.prose and after.messages[1] != first.messages[1]
-    independent = Workload(ChurnOptions(), "system").plan(2)
+    independent = Workload(ChurnOptions(), settings).plan(2)
     assert len(independent.messages) == 2 and independent.priority == 0 and not independent.prose

@@ -62,6 +62,19 @@ class Ticket:
         return self.key, self.seq
 
 
+def queue_key(settings: Settings, kind: str, arrived_after: float) -> float:
+    """A request's place in the queue: seconds since the start, a document's pushed back by
+    DOCUMENT_AGING_SECONDS when priority scheduling is on."""
+    if kind == DOCUMENT and settings.priority_scheduling:
+        return arrived_after + settings.document_aging_seconds
+    return arrived_after
+
+
+def engine_priority(settings: Settings, key: float) -> int:
+    """A queue key as vLLM's priority (whole seconds, lower first); 0 when priority is off."""
+    return int(key) if settings.priority_scheduling else 0
+
+
 class AdmissionGate:
     """The running requests and our bounded queue of waiting ones."""
 
@@ -131,14 +144,10 @@ class AdmissionGate:
 
     def ticket(self, kind: str) -> Ticket:
         now = self.clock()
-        key = now - self._epoch
-        if kind == DOCUMENT and self.settings.priority_scheduling:
-            key += self.settings.document_aging_seconds
-        return Ticket(kind, key, next(self._numbers), now)
+        return Ticket(kind, queue_key(self.settings, kind, now - self._epoch), next(self._numbers), now)
 
     def engine_priority(self, ticket: Ticket) -> int:
-        """The ticket's place as vLLM's priority (whole seconds, lower first); 0 when priority is off."""
-        return int(ticket.key) if self.settings.priority_scheduling else 0
+        return engine_priority(self.settings, ticket.key)
 
     async def enter(self, ticket: Ticket) -> None:
         """Return once `ticket` may run; raise Refused at once when the queue is full or the wait too long."""

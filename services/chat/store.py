@@ -31,6 +31,14 @@ logger = logging.getLogger(__name__)
 PREVIOUS_TURN_GRACE_SECONDS = 2.0
 
 
+def session_sampling(settings: Settings) -> SamplingSettings:
+    """The sampling a new session starts with (the user may tune it afterwards)."""
+    s = settings
+    return SamplingSettings(
+        s.temperature, s.top_p, s.max_new_tokens, s.repetition_penalty, s.frequency_penalty
+    )
+
+
 class SessionStore:
     """All sessions of the process. Bounded by MAX_SESSIONS and SESSION_TTL_SECONDS.
 
@@ -59,9 +67,7 @@ class SessionStore:
             s = self.settings
             session = ChatSession(
                 session_id=session_id,
-                sampling=SamplingSettings(
-                    s.temperature, s.top_p, s.max_new_tokens, s.repetition_penalty, s.frequency_penalty
-                ),
+                sampling=session_sampling(s),
                 system_prompt=s.system_prompt,
                 history=deque(maxlen=s.max_history_messages),
                 user_identifier=user_identifier,
