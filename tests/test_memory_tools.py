@@ -7,6 +7,7 @@ they wrote: tracemalloc snapshots, and jemalloc heap profiles through jeprof.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import signal
@@ -15,6 +16,7 @@ import sys
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -220,6 +222,15 @@ def test_probe_snapshots_on_signal_and_names_the_site_that_grew(
     )
     assert top["blocks"] >= 20_000 and top["share_of_growth"] > 0.8
     assert python["net_bytes"] > 2 * MB
+    before, after = read_counters(tmp_path)[-2:]  # written right after each snapshot
+    assert after["python_allocated_blocks"] - before["python_allocated_blocks"] >= 20_000
+    assert after["anonymous_bytes"] - before["anonymous_bytes"] > 1 * MB
+    assert after["threads"] == before["threads"] >= 3  # main thread, the probe, its counters
+
+
+def read_counters(directory: Path) -> list[dict[str, Any]]:
+    (path,) = directory.glob("counters-*.jsonl")
+    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 @pytest.mark.slow  # jeprof symbolizes the interpreter and its libraries: 10-100 s, no model
@@ -237,6 +248,9 @@ def test_probe_writes_jemalloc_profiles_that_jeprof_reads(
     # 20,000 strings of ~100 bytes, sampled (lg_prof_sample:10): about 2-3 MB, most in pymalloc.
     assert 1 * MB < native["net_bytes"] < 20 * MB
     assert any("Malloc" in site["site"] or "malloc" in site["site"] for site in native["sites"])
+    before, after = read_counters(tmp_path)[-2:]
+    assert after["jemalloc.allocated"] - before["jemalloc.allocated"] > 1 * MB
+    assert after["jemalloc.resident"] >= after["jemalloc.active"] >= after["jemalloc.allocated"]
 
 
 def test_probe_stays_off_outside_multiprocessing_children(tmp_path: Path) -> None:

@@ -11,6 +11,10 @@ In EngineCore and the worker it writes, on SIGUSR2 and every
 ENGINE_MEMORY_PROBE_SECONDS (0 = signal only):
     <dir>/<role>-<pid>-<seq>-<label>.tracemalloc   a tracemalloc snapshot (after gc.collect())
     <dir>/<role>-<pid>-<seq>-<label>.heap          jemalloc's heap profile, when jemalloc runs with prof:true
+    <dir>/counters-<pid>.jsonl                     every COUNTERS_SECONDS and after each snapshot:
+        jemalloc's allocated/active/metadata/resident/mapped/retained bytes and dirty/muzzy
+        pages (when jemalloc is the malloc), Python's allocated blocks, pyzmq's zero-copy
+        messages not yet released, threads, and anonymous/RSS bytes from /proc
 <label> is the text of <dir>/label when present (the churn bench writes its
 request count there). The first snapshot and the newest KEEP_NEWEST are kept.
 tracemalloc starts with the first snapshot (tracing vLLM's imports would take
@@ -26,6 +30,17 @@ import threading
 
 TRACEMALLOC_FRAMES = 16
 KEEP_NEWEST = 12
+COUNTERS_SECONDS = 30
+JEMALLOC_COUNTERS = (
+    "stats.allocated",
+    "stats.active",
+    "stats.metadata",
+    "stats.resident",
+    "stats.mapped",
+    "stats.retained",
+    "stats.arenas.4096.pdirty",
+    "stats.arenas.4096.pmuzzy",
+)  # fmt: skip  (4096 = MALLCTL_ARENAS_ALL: the sum over arenas)
 SUFFIXES = (".tracemalloc", ".heap")
 
 
@@ -50,6 +65,63 @@ def jemalloc_dump(path: str) -> bool:
         return False
     name = ctypes.c_char_p(path.encode())
     return mallctl(b"prof.dump", None, None, ctypes.byref(name), ctypes.sizeof(name)) == 0
+
+
+def jemalloc_counters() -> dict[str, int]:
+    """jemalloc's global statistics (bytes; dirty/muzzy in pages), refreshed; {} without jemalloc."""
+    import ctypes
+
+    try:
+        mallctl = ctypes.CDLL(None).mallctl
+    except (OSError, AttributeError):
+        return {}
+    epoch = ctypes.c_uint64(1)
+    mallctl(b"epoch", None, None, ctypes.byref(epoch), ctypes.sizeof(epoch))
+    counters = {}
+    for name in JEMALLOC_COUNTERS:
+        value, size = ctypes.c_size_t(0), ctypes.c_size_t(ctypes.sizeof(ctypes.c_size_t))
+        if mallctl(name.encode(), ctypes.byref(value), ctypes.byref(size), None, 0) == 0:
+            counters["jemalloc." + name.removeprefix("stats.").replace("arenas.4096.", "")] = value.value
+    return counters
+
+
+def process_counters() -> dict[str, float | str]:
+    """One line of counters for this process (see the module's docstring)."""
+    import time
+
+    line: dict[str, float | str] = {"time": round(time.time(), 1), "role": process_role()}
+    line.update(jemalloc_counters())
+    line["python_allocated_blocks"] = sys.getallocatedblocks()
+    garbage = sys.modules.get("zmq.utils.garbage")
+    if garbage is not None:
+        line["pyzmq_pending_zero_copy"] = len(garbage.gc.refs)
+    line["threads"] = threading.active_count()
+    with open("/proc/self/smaps_rollup", encoding="ascii") as file:
+        for row in file:
+            key, _, rest = row.partition(":")
+            if key in ("Rss", "Anonymous"):
+                line[key.lower() + "_bytes"] = int(rest.split()[0]) * 1024
+    return line
+
+
+def append_counters(directory: str) -> None:
+    """Append one line of this process's counters to <dir>/counters-<pid>.jsonl."""
+    import json
+
+    path = os.path.join(directory, f"counters-{os.getpid()}.jsonl")  # the role is set after start
+    try:
+        with open(path, "a", encoding="utf-8") as file:
+            file.write(json.dumps(process_counters()) + "\n")
+    except Exception as error:  # counters must not stop the engine
+        print(f"memory probe: counters failed: {error!r}", file=sys.stderr)
+
+
+def record_counters(directory: str) -> None:
+    import time
+
+    while True:
+        append_counters(directory)
+        time.sleep(COUNTERS_SECONDS)
 
 
 def read_label(directory: str) -> str:
@@ -87,6 +159,7 @@ def snapshot(directory: str, sequence: int) -> None:
     tracemalloc.take_snapshot().dump(partial)
     os.replace(partial, base + ".tracemalloc")
     prune(directory, prefix)
+    append_counters(directory)
 
 
 def run(directory: str, interval_seconds: float | None, wake: threading.Event) -> None:
@@ -111,6 +184,7 @@ def install() -> None:
     signal.signal(signal.SIGUSR2, lambda *_: wake.set())
     interval = float(os.environ.get("ENGINE_MEMORY_PROBE_SECONDS") or 0) or None
     threading.Thread(target=run, args=(directory, interval, wake), name="memory-probe", daemon=True).start()
+    threading.Thread(target=record_counters, args=(directory,), name="memory-counters", daemon=True).start()
 
 
 install()
