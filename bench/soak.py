@@ -50,6 +50,7 @@ STATUS_FIELDS = (
     "sessions", "turns_in_flight", "engine_unfinished_requests",
     "chainlit_ws_sessions", "chainlit_user_sessions", "chainlit_chat_contexts",
 )  # fmt: skip
+HISTORY_FIELDS = ("database_bytes", "sqlite_memory_bytes")  # from /status["history"], as history_<name>
 PROCESS_LABELS = ("app", "engine_core", "worker", "other")
 SLOPE_MAX_POINTS = 400  # Theil-Sen on at most this many samples (~80k pairs)
 SLOPE_WINDOWS = 4  # the post-warm-up period is also fitted in this many consecutive windows
@@ -140,7 +141,7 @@ class MemorySampler:
         self._columns = ["t_s", "unix_time", "phase", "total_rss_mb", "total_pss_mb", "processes"]
         self._columns += [f"rss_mb_{label}" for label in PROCESS_LABELS]
         self._columns += [f"anon_mb_{label}" for label in PROCESS_LABELS] + ["exec_maps_worker"]
-        self._columns += list(STATUS_FIELDS)
+        self._columns += [*STATUS_FIELDS, *(f"history_{name}" for name in HISTORY_FIELDS)]
 
     def start(self) -> MemorySampler:
         with self.path.open("w", newline="") as file:
@@ -199,6 +200,8 @@ class MemorySampler:
         except Exception:
             status = {}
         row.update({name: status.get(name, "") for name in STATUS_FIELDS})
+        history = status.get("history") or {}
+        row.update({f"history_{name}": history.get(name, "") for name in HISTORY_FIELDS})
         self.rows.append(row)
         with self.path.open("a", newline="") as file:
             csv.writer(file).writerow([row[column] for column in self._columns])

@@ -32,6 +32,11 @@ from services.history.migrations import CHAINLIT_COLUMNS, LATEST_VERSION, migrat
 from services.history.resume import ANSWER_METADATA, history_from_steps
 from services.history.service import History
 
+MB = 1024 * 1024
+BIG_SERIES = (
+    "(WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 4000) SELECT i FROM n)"
+)
+
 
 @pytest_asyncio.fixture(params=["sqlite", "postgresql"], loop_scope="module")
 async def history(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[History]:
@@ -187,6 +192,34 @@ async def test_a_burst_of_statements_waits_its_turn_instead_of_opening_the_break
     assert all(result == [{"n": 100_000}] for result in results), f"{sum(r is None for r in results)} failed"
     assert history.health.failures_total == 0 and history.health.outage == 0 and history.available
     assert time.monotonic() - started > 1.0, "the burst outlasted the pool's timeout, so it really queued"
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_sqlite_page_caches_are_bounded_by_the_setting_and_their_bytes_are_reported(
+    tmp_path: Path,
+) -> None:
+    """Each pooled SQLite connection caches at most SQLITE_CACHE_KIB of pages; /status shows what
+    SQLite holds in this process, which stays under the pool's bound after reading a large table."""
+    settings = Settings.from_env({"DATA_DIR": str(tmp_path), "SQLITE_CACHE_KIB": "64"})
+    history = History(settings, keep_conversations=True, use_database=True)
+    await history.start()
+    try:
+        assert history.engine is not None and history.layer is not None
+        async with history.engine.connect() as connection:
+            assert (await connection.execute(text("PRAGMA cache_size"))).scalar_one() == -64
+            await connection.execute(text("CREATE TABLE filler (x TEXT)"))
+            await connection.execute(
+                text("INSERT INTO filler SELECT hex(randomblob(2000)) FROM " + BIG_SERIES)
+            )
+            await connection.commit()
+        reads = [
+            history.layer.execute_sql("SELECT SUM(LENGTH(x)) AS n FROM filler", {}) for _ in range(POOL_SIZE)
+        ]
+        assert all(r == [{"n": 4000 * 4000}] for r in await asyncio.gather(*reads))  # ~16 MB read by each
+        used = history.status()["sqlite_memory_bytes"]
+        assert used is not None and 0 < used < POOL_SIZE * 64 * 1024 + 4 * MB, used  # + schemas, statements
+    finally:
+        await history.stop()
 
 
 @pytest.mark.asyncio(loop_scope="module")

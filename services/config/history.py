@@ -46,6 +46,13 @@ class HistorySettings:
         "Longest wait for a database connection or a locked SQLite file before the write counts as failed.",
         0.1,
     )
+    sqlite_cache_kib: int = setting(
+        512,
+        "SQLITE_CACHE_KIB",
+        "Page cache of each pooled SQLite connection, in KiB (SQLite's default is 2,000): the files "
+        "stay in the operating system's cache, so a small one costs little and bounds the app's memory.",
+        16,
+    )
     history_retry_seconds: float = setting(
         5.0,
         "HISTORY_RETRY_SECONDS",

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import _sqlite3
+import ctypes
 import os
+from collections.abc import Callable
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -60,16 +64,34 @@ def create_engine(settings: Settings) -> AsyncEngine:
         pool_timeout=settings.database_timeout_seconds,
     )
     if is_sqlite(url):
-        event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+        event.listen(engine.sync_engine, "connect", partial(_sqlite_pragmas, settings.sqlite_cache_kib))
     return engine
 
 
-def _sqlite_pragmas(connection: Any, _record: Any) -> None:
-    """WAL: readers never wait for the writer, and several processes may share the file."""
+def _sqlite_pragmas(cache_kib: int, connection: Any, _record: Any) -> None:
+    """WAL: readers never wait for the writer, and several processes may share the file.
+    A bounded page cache per pooled connection: POOL_SIZE x cache_kib at most."""
     cursor = connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute(f"PRAGMA cache_size=-{int(cache_kib)}")  # negative: KiB, not pages
     cursor.close()
+
+
+@cache
+def _sqlite_memory_used() -> Callable[[], int] | None:
+    try:
+        function = ctypes.CDLL(_sqlite3.__file__).sqlite3_memory_used  # the library Python's sqlite3 uses
+    except (OSError, AttributeError):  # linked in without exported symbols
+        return None
+    function.restype = ctypes.c_int64
+    return function
+
+
+def sqlite_memory_bytes() -> int | None:
+    """Heap bytes SQLite holds in this process (page caches, schemas, statements), or None if unknown."""
+    function = _sqlite_memory_used()
+    return None if function is None else int(function())
 
 
 def sqlite_path(settings: Settings) -> Path | None:

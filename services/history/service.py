@@ -20,7 +20,7 @@ from services.chat.store import SessionStore
 from services.config import Settings
 from services.history import conversations
 from services.history.data_layer import ChatDataLayer
-from services.history.database import create_engine, file_size_bytes, sqlite_path
+from services.history.database import create_engine, file_size_bytes, sqlite_memory_bytes, sqlite_path
 from services.history.health import HistoryHealth
 from services.history.migrations import migrate
 from services.history.resume import chat_settings_of, history_from_steps
@@ -193,6 +193,7 @@ class History:
             "reason": self.health.reason,
             "database": "sqlite" if path else "postgresql",
             "database_bytes": file_size_bytes(path) if path and path.exists() else None,
+            "sqlite_memory_bytes": sqlite_memory_bytes() if path else None,
             "failed_statements_total": self.health.failures_total,
             "outages_total": self.health.outage,
         }
@@ -222,8 +223,10 @@ class HistoryCollector(Collector):
              history.retention_deleted_total),
         ):  # fmt: skip
             yield CounterMetricFamily(name, doc, value=value)
-        size = history.status().get("database_bytes")
-        if size is not None:
-            yield GaugeMetricFamily(
-                "chat_history_database_bytes", "Size of the SQLite database files.", value=size
-            )
+        status = history.status()
+        for name, doc in (
+            ("database_bytes", "Size of the SQLite database files."),
+            ("sqlite_memory_bytes", "Heap bytes SQLite holds in this process (page caches, statements)."),
+        ):
+            if status.get(name) is not None:
+                yield GaugeMetricFamily(f"chat_history_{name}", doc, value=status[name])
