@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import signal
 
 import pytest
@@ -49,6 +50,15 @@ async def test_twenty_concurrent_sessions_stream_their_replies(tiny_server: AppS
     status = await tiny_server.poll(lambda s: s["sessions"] == 0, timeout=5)
     assert idle(status)
     assert status["chainlit_chat_contexts"] == 0
+
+
+async def test_vllm_processes_run_the_app_s_workarounds(tiny_server: AppServer) -> None:
+    """EngineCore and its worker loaded services/engine/vllm_plugins as a vLLM general plugin."""
+    log = tiny_server.log_path.read_text(errors="replace")
+    applied = set(re.findall(r"vllm_chat_patches: spin_condition applied in pid (\d+)", log))
+    for role in ("EngineCore", "Worker"):
+        pids = set(re.findall(rf"^\({role}\S* pid=(\d+)\)", log, flags=re.MULTILINE))
+        assert pids and pids <= applied, f"{role} {pids}, applied in {applied}"
 
 
 async def test_stop_mid_stream_aborts_the_engine_request(tiny_server: AppServer) -> None:

@@ -25,6 +25,7 @@ from services.engine.chat_engine import ChatEngine
 from services.engine.load import EngineLoad, load_stat_logger
 from services.engine.model_prep import prepare_default_model
 from services.engine.processes import OrphanGuard, engine_processes, reap
+from services.engine.vllm_plugins import register as register_vllm_plugins
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +125,8 @@ def prepare_process_env(settings: Settings, rpc_dir: str) -> None:
     # Their malloc (glibc tuned, or jemalloc/tcmalloc preloaded) and the memory probe when asked.
     allocator = apply_engine_memory_env(settings)
     logger.info("vLLM's processes start with %s", allocator or "glibc's defaults")
+    # Our workarounds for vLLM, which its processes load as a general plugin (services/engine/vllm_plugins).
+    register_vllm_plugins()
     # Read by the oneDNN inside vLLM's CPU kernels when its cache is first used (in the worker).
     os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = str(settings.engine_onednn_cache_capacity)
 

@@ -1,0 +1,126 @@
+"""Workarounds applied inside vLLM's processes, as vLLM's general plugin (see __init__.py).
+
+Standard library, pyzmq and vLLM only: this module is imported by its own name
+from a folder on sys.path, in processes that may not see the repository.
+
+## Busy shared-memory readers pile up libzmq commands: drain them
+
+vLLM's processes pass each engine step through a shared-memory ring
+(`vllm.distributed.device_communicators.shm_broadcast.MessageQueue`): EngineCore
+writes the step for the worker, the worker writes its result back. After every
+write the writer also sends a wake-up on a zmq PUB socket (`SpinCondition.notify`).
+The reader's SUB socket has ZMQ_CONFLATE, so libzmq keeps one message, but its I/O
+thread still posts an `activate_read` command (40 bytes, in 16-command chunks) to
+the socket's mailbox for each one, and a socket's mailbox is emptied only when the
+program calls into that socket. The reader does so only after a second without
+work (`SpinCondition.wait`), so as long as the engine stays busy, EngineCore and
+the worker each keep ~48 bytes per step: ~4 MB an hour at ~25 steps a second,
+freed only when the engine next idles for a second. (Found in the 2-hour soak:
+BENCHMARKS.md, issue 15.)
+
+The workaround: after a read, at most once every DRAIN_SECONDS, the reader asks
+its notify socket for ZMQ_EVENTS, which makes libzmq process the queued commands.
+It costs one system call a second and keeps the mailbox to a second's worth.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+DRAIN_SECONDS = 1.0
+_DRAINED_AT = "_vllm_chat_drained_at"
+# vLLM's logger tree: its handlers print from EngineCore and the workers too.
+logger = logging.getLogger("vllm.vllm_chat_patches")
+
+
+def apply() -> None:
+    """vLLM's entry point: apply every workaround (safe to call more than once)."""
+    for name, patch in (("spin_condition", drain_busy_readers),):
+        applied = patch()
+        state = "applied" if applied else "not applicable to this vLLM"
+        logger.info("vllm_chat_patches: %s %s in pid %d", name, state, os.getpid())
+
+
+def drain_busy_readers() -> bool:
+    """Patch `SpinCondition.record_read`; False when this vLLM has no such reader to patch."""
+    try:
+        import zmq
+        from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+    except ImportError:
+        return False
+    original = getattr(SpinCondition, "record_read", None)
+    if original is None or getattr(original, "drains_notifications", False):
+        return original is not None
+
+    def record_read(self: Any) -> None:
+        original(self)
+        now = time.monotonic()
+        if now - getattr(self, _DRAINED_AT, 0.0) >= DRAIN_SECONDS:
+            setattr(self, _DRAINED_AT, now)
+            self.local_notify_socket.getsockopt(zmq.EVENTS)  # libzmq runs the socket's commands
+
+    record_read.drains_notifications = True  # type: ignore[attr-defined]
+    SpinCondition.record_read = record_read
+    return True
+
+
+def malloc_in_use_bytes() -> int:
+    """Bytes allocated with glibc's malloc in this process (all arenas), from mallinfo2()."""
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+            "keepcost",
+        )]  # fmt: skip
+
+    mallinfo2: Callable[[], MallInfo2] = ctypes.CDLL("libc.so.6").mallinfo2
+    mallinfo2.restype = MallInfo2
+    info = mallinfo2()
+    return int(info.uordblks + info.hblkhd)
+
+
+def kept_bytes_per_notification(notifications: int, pace_seconds: float = 0.0005) -> float:
+    """Run a busy vLLM reader against its writer and return the malloc bytes kept per wake-up.
+
+    The writer notifies every `pace_seconds` (about an engine step's pace, so that
+    PUB's high-water mark of 1 drops none); the reader reads after each, as a busy
+    EngineCore or worker does, and never waits. Run it in a fresh process on glibc:
+    it reads this process's malloc totals.
+    """
+    import zmq
+    from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+    from vllm.utils.network_utils import get_open_zmq_ipc_path
+
+    address = get_open_zmq_ipc_path()
+    contexts = [zmq.Context(), zmq.Context()]
+    writer = SpinCondition(is_reader=False, context=contexts[0], notify_address=address)
+    reader = SpinCondition(is_reader=True, context=contexts[1], notify_address=address)
+    try:
+        for _ in range(200):  # connect, and let the first chunks be allocated
+            writer.notify()
+            reader.record_read()
+            time.sleep(pace_seconds)
+        before = malloc_in_use_bytes()
+        pause = threading.Event()
+        for _ in range(notifications):
+            writer.notify()
+            reader.record_read()
+            pause.wait(pace_seconds)
+        time.sleep(DRAIN_SECONDS + 0.2)  # the last wake-ups reach the reader's I/O thread
+        reader.record_read()  # a drain is due here if the reader drains at all
+        return (malloc_in_use_bytes() - before) / notifications
+    finally:
+        for condition in (writer, reader):
+            condition.local_notify_socket.close(linger=0)
+        reader.read_cancel_socket.close(linger=0)
+        reader.write_cancel_socket.close(linger=0)
+        for context in contexts:
+            context.term()
+        Path(address.removeprefix("ipc://")).unlink(missing_ok=True)
