@@ -138,7 +138,15 @@ class MemorySampler:
         self.rows: list[dict[str, Any]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="memory-sampler", daemon=True)
-        self._columns = ["t_s", "unix_time", "phase", "total_rss_mb", "total_pss_mb", "processes"]
+        self._columns = [
+            "t_s",
+            "unix_time",
+            "phase",
+            "total_rss_mb",
+            "total_pss_mb",
+            "total_anon_mb",
+            "processes",
+        ]
         self._columns += [f"rss_mb_{label}" for label in PROCESS_LABELS]
         self._columns += [f"anon_mb_{label}" for label in PROCESS_LABELS] + ["exec_maps_worker"]
         self._columns += [*STATUS_FIELDS, *(f"history_{name}" for name in HISTORY_FIELDS)]
@@ -192,6 +200,7 @@ class MemorySampler:
             total_pss += getattr(info, "pss", info.rss) / MB
             count += 1
         row.update(total_rss_mb=round(total_rss, 1), total_pss_mb=round(total_pss, 1), processes=count)
+        row["total_anon_mb"] = round(sum(anon_by_label.values()), 1)
         row.update({f"rss_mb_{label}": round(value, 1) for label, value in by_label.items()})
         row.update({f"anon_mb_{label}": round(value, 1) for label, value in anon_by_label.items()})
         row["exec_maps_worker"] = exec_maps
@@ -406,7 +415,13 @@ def summarize(
     windows = []
     for rows in split_evenly(load, SLOPE_WINDOWS):
         span = [round((rows[i]["t_s"] - load_began) / 60, 1) for i in (0, -1)]
-        windows.append({"minutes": span, "rss_mb_per_hour": per_hour("total_rss_mb", rows)[0]})
+        windows.append(
+            {
+                "minutes": span,
+                "rss_mb_per_hour": per_hour("total_rss_mb", rows)[0],
+                "anon_mb_per_hour": per_hour("total_anon_mb", rows)[0],
+            }
+        )
 
     first, last = (samples[0], samples[-1]) if samples else ({}, {})
     options_dict = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(options).items()}
@@ -447,6 +462,10 @@ def summarize(
             # Sen's interval takes the samples as independent; memory samples are not, so read it as a floor
             "rss_mb_per_hour_95ci": interval["total_rss_mb"],
             "pss_mb_per_hour": slope["total_pss_mb"],
+            # Without file-backed pages (library code paged in as new paths run, file caches):
+            # those are clean, shared and reclaimable, and bounded by the files' size.
+            "anon_mb_per_hour": slope["total_anon_mb"],
+            "anon_mb_per_hour_95ci": interval["total_anon_mb"],
             "per_process_rss_mb_per_hour": {k: slope[f"rss_mb_{k}"] for k in PROCESS_LABELS},
             "per_process_anon_mb_per_hour": {k: slope[f"anon_mb_{k}"] for k in PROCESS_LABELS},
             "per_process_rss_mb_per_hour_95ci": {k: interval[f"rss_mb_{k}"] for k in PROCESS_LABELS},
@@ -461,9 +480,9 @@ def summarize(
 
 
 def memory_columns() -> list[str]:
-    """The samples' memory columns that get a slope: the tree's RSS and PSS, each process's RSS and anon."""
+    """The memory columns that get a slope: the tree's RSS, PSS and anon, each process's RSS and anon."""
     per_process = [f"{kind}_mb_{label}" for label in PROCESS_LABELS for kind in ("rss", "anon")]
-    return ["total_rss_mb", "total_pss_mb", *per_process]
+    return ["total_rss_mb", "total_pss_mb", "total_anon_mb", *per_process]
 
 
 def split_evenly(rows: list[dict[str, Any]], parts: int) -> list[list[dict[str, Any]]]:

@@ -77,7 +77,7 @@ def test_report_files_are_written(soak: dict[str, Any]) -> None:
     assert len(samples) >= 20, "a memory sample every 2 s for a minute"
     assert all(float(row["total_rss_mb"]) > 0 for row in samples)
     assert {row["phase"] for row in samples} >= {"load", "idle"}
-    assert soak["memory"]["rss_mb_per_hour"] is not None
+    assert soak["memory"]["rss_mb_per_hour"] is not None and soak["memory"]["anon_mb_per_hour"] is not None
     assert all(float(row["anon_mb_worker"]) > 0 for row in samples), "the worker's heap is attributed"
     assert all(int(row["exec_maps_worker"]) > 0 for row in samples), "its code mappings are counted"
     assert len(soak["memory"]["rss_mb_per_hour_by_window"]) == 4
