@@ -39,7 +39,7 @@ from services.engine.processes import engine_processes, is_running
 from services.engine.warmup import WarmUpReport
 from services.history.database import ensure_data_dir
 from services.history.service import History, HistoryCollector
-from services.observability.maintenance import Maintenance
+from services.observability.maintenance import Maintenance, malloc_info
 from services.observability.metrics import RequestMetrics, ServiceCollector
 from services.observability.report import StatsReport
 
@@ -200,6 +200,7 @@ class Runtime:
                     "memory_growth_mb_per_hour": memory.slope_mb_per_hour,
                     "memory_leak_alarm": memory.alarm,
                     "event_loop_lag_max_seconds": round(self.maintenance.loop_lag.max_seconds, 4),
+                    "app_malloc": malloc_info(),
                 }
             )
         return status

@@ -22,7 +22,7 @@ import pytest
 from harness.chat_client import ChatClient
 from harness.server import AppServer
 from services.config import Settings
-from services.observability.maintenance import LoopLagMonitor, malloc_trim
+from services.observability.maintenance import LoopLagMonitor, malloc_info, malloc_trim
 from services.observability.memory import MB, MemoryMonitor, MemorySample, ProcessMemory, process_tree_memory
 from services.observability.series import SampleRing, theil_sen_slope
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
@@ -160,6 +160,19 @@ def test_process_tree_memory_covers_child_processes() -> None:
 
 def test_malloc_trim_runs_on_glibc() -> None:
     assert malloc_trim() in (True, False)
+
+
+def test_malloc_info_counts_what_the_program_holds_on_glibc() -> None:
+    """Objects over 512 bytes come from malloc (Python's own arenas hold the smaller ones)."""
+    before = malloc_info()
+    assert before is not None, "glibc >= 2.33 on Linux"
+    held = [bytes(1000) + str(i).encode() for i in range(20_000)]  # ~20 MB in 1 KB blocks
+    during = malloc_info()
+    assert during is not None and during["in_use_bytes"] - before["in_use_bytes"] > 15 * MB
+    del held
+    after = malloc_info()
+    assert after is not None and during["in_use_bytes"] - after["in_use_bytes"] > 15 * MB
+    assert after["free_in_heaps_bytes"] >= 0 and after["mmapped_bytes"] >= 0
 
 
 @pytest.mark.asyncio

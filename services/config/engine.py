@@ -141,11 +141,13 @@ class EngineSettings:
     engine_memory_probe_dir: str = setting(
         "",
         "ENGINE_MEMORY_PROBE_DIR",
-        "For finding leaks (slows the engine): when set, EngineCore and the worker trace their "
-        "Python allocations (tracemalloc) and write a snapshot into this folder on SIGUSR2 and "
-        "every ENGINE_MEMORY_PROBE_SECONDS; under jemalloc with `prof:true` in "
-        "ENGINE_JEMALLOC_CONF, a heap profile too (read them with `python -m "
-        "services.observability.attribution`). Empty = off.",
+        "For finding leaks: when set, EngineCore and the worker append a line of counters "
+        "(jemalloc's allocated/resident bytes, Python's blocks, threads, anonymous memory) to "
+        "`counters-<pid>.jsonl` in this folder every 30 s (cheap), and on SIGUSR2 and every "
+        "ENGINE_MEMORY_PROBE_SECONDS trace their Python allocations (tracemalloc, which slows the "
+        "engine) and write a snapshot; under jemalloc with `prof:true` in ENGINE_JEMALLOC_CONF, a "
+        "heap profile too (read them with `python -m services.observability.attribution`). "
+        "Empty = off.",
     )
     engine_memory_probe_seconds: float = setting(
         0.0,

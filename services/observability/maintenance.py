@@ -66,6 +66,29 @@ def malloc_trim() -> bool | None:
     return None if libc is None else bool(libc.malloc_trim(0))
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+        "keepcost",
+    )]  # fmt: skip
+
+
+def malloc_info() -> dict[str, int] | None:
+    """glibc's malloc totals for this process over all arenas, or None off glibc (< 2.33).
+
+    in_use: what the program holds; free_in_heaps: freed memory the heaps keep
+    (fragmentation, which malloc_trim can only partly return); mmapped: large blocks.
+    Python's small objects live in its own arenas, outside these numbers.
+    """
+    libc = _glibc()
+    mallinfo2 = getattr(libc, "mallinfo2", None) if libc is not None else None
+    if mallinfo2 is None:
+        return None
+    mallinfo2.restype = _MallInfo2
+    info = mallinfo2()
+    return {"in_use_bytes": info.uordblks, "free_in_heaps_bytes": info.fordblks, "mmapped_bytes": info.hblkhd}
+
+
 def _cancelling_tasks() -> int:
     return sum(1 for task in asyncio.all_tasks() if task.cancelling() and not task.done())
 

@@ -72,7 +72,10 @@ def drain_busy_readers() -> bool:
 
 
 def malloc_in_use_bytes() -> int:
-    """Bytes allocated with glibc's malloc in this process (all arenas), from mallinfo2()."""
+    """Bytes allocated with glibc's malloc in this process (all arenas), from mallinfo2().
+
+    (services/observability/maintenance.py reads the same for the app; this module stays
+    self-contained, see the module's docstring.)"""
 
     class MallInfo2(ctypes.Structure):
         _fields_ = [(name, ctypes.c_size_t) for name in (
