@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from typing import Any
 
 TRACEMALLOC_FRAMES = 16
 KEEP_NEWEST = 12
@@ -55,13 +56,22 @@ def process_role() -> str:
     return "".join(c if c.isalnum() or c == "_" else "_" for c in title)[:40] or "process"
 
 
+def jemalloc_mallctl() -> Any:
+    """jemalloc's `mallctl` when jemalloc is this process's malloc, else None."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None).mallctl
+    except (OSError, AttributeError):
+        return None
+
+
 def jemalloc_dump(path: str) -> bool:
     """Ask jemalloc (when it is this process's malloc and profiling is on) to write its heap profile."""
     import ctypes
 
-    try:
-        mallctl = ctypes.CDLL(None).mallctl
-    except (OSError, AttributeError):
+    mallctl = jemalloc_mallctl()
+    if mallctl is None:
         return False
     name = ctypes.c_char_p(path.encode())
     return mallctl(b"prof.dump", None, None, ctypes.byref(name), ctypes.sizeof(name)) == 0
@@ -71,9 +81,8 @@ def jemalloc_counters() -> dict[str, int]:
     """jemalloc's global statistics (bytes; dirty/muzzy in pages), refreshed; {} without jemalloc."""
     import ctypes
 
-    try:
-        mallctl = ctypes.CDLL(None).mallctl
-    except (OSError, AttributeError):
+    mallctl = jemalloc_mallctl()
+    if mallctl is None:
         return {}
     epoch = ctypes.c_uint64(1)
     mallctl(b"epoch", None, None, ctypes.byref(epoch), ctypes.sizeof(epoch))
