@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from services.engine.allocators import PRELOAD_LIBRARIES
 from services.engine.chat_engine import ChatEngine, SamplingSettings
 from services.engine.errors import TokenBudgetError
 from services.engine.lifespan import engine_lifespan
+from services.engine.local import RPC_DIR_PREFIX
 from services.engine.processes import engine_processes
 from services.engine.stream_stats import StreamStats
 from tests.conftest import tiny_settings
@@ -151,6 +153,18 @@ async def test_engine_processes_start_with_the_configured_allocator(engine: Chat
             assert (name in maps) == (name == preloaded), f"{process.name()} maps {name}: {name in maps}"
     if settings.engine_allocator == "glibc":  # without it glibc's threshold drifts up to 32 MB
         assert os.environ["MALLOC_MMAP_THRESHOLD_"] == str(settings.engine_mmap_threshold_bytes)
+
+
+async def test_vllm_s_temp_files_stay_in_the_engine_s_private_folder(engine: ChatEngine) -> None:
+    # The worker's rendezvous file (torch's FileStore) and the ZMQ sockets go where the app removes
+    # them on shutdown; this process and its later children keep the session's temp folder.
+    folders = list(Path(tempfile.gettempdir()).glob(f"{RPC_DIR_PREFIX}*"))
+    assert len(folders) == 1, folders
+    names = [path.name for path in folders[0].iterdir()]
+    assert any(name.startswith("vllm_dist_") for name in names), names
+    assert not list(Path(tempfile.gettempdir()).glob("vllm_dist_*"))
+    assert os.environ["TMPDIR"] == tempfile.gettempdir()
+    assert "VLLM_RPC_BASE_PATH" not in os.environ
 
 
 async def test_new_batch_sizes_do_not_grow_the_worker(engine: ChatEngine) -> None:

@@ -15,7 +15,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ ENGINE_ARG_NAMES = (
 )  # fmt: skip
 NONE_WHEN_ZERO = ("block_size", "max_num_queued_reqs", "max_num_queued_tokens", "num_gpu_blocks_override")
 RPC_DIR_PREFIX = "vllm-chat-rpc-"
+ENGINE_TEMP_ENV_NAMES = ("TMPDIR", "VLLM_RPC_BASE_PATH")
 ALL_CORES_UP_TO = 2  # the worker gets every core on machines this small (worker_thread_bind)
 
 
@@ -103,7 +104,7 @@ def worker_thread_env(cpus: set[int]) -> dict[str, str]:
     return {"VLLM_CPU_OMP_THREADS_BIND": bind, **reserved}
 
 
-def prepare_process_env(settings: Settings, rpc_dir: str) -> None:
+def prepare_process_env(settings: Settings) -> None:
     """Environment vLLM's processes read when they start.
 
     vLLM spawns EngineCore and its workers (never forks them on CPU), so what is
@@ -120,8 +121,6 @@ def prepare_process_env(settings: Settings, rpc_dir: str) -> None:
     # torch.compile's cache (vLLM compiles its CPU sampler on the first sampled request) next to the
     # model: kept across starts, out of /tmp.
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(settings.cache_dir) / "torchinductor"))
-    # ZMQ socket files go to a private folder, removed on shutdown (or by the orphan guard).
-    os.environ["VLLM_RPC_BASE_PATH"] = rpc_dir
     # Their malloc (glibc tuned, or jemalloc/tcmalloc preloaded) and the memory probe when asked.
     allocator = apply_engine_memory_env(settings)
     logger.info("vLLM's processes start with %s", allocator or "glibc's defaults")
@@ -131,19 +130,42 @@ def prepare_process_env(settings: Settings, rpc_dir: str) -> None:
     os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = str(settings.engine_onednn_cache_capacity)
 
 
+@contextlib.contextmanager
+def engine_temp_folder(rpc_dir: str) -> Iterator[None]:
+    """While vLLM spawns its processes, their temp files and ZMQ sockets go to our private folder.
+
+    The folder is removed on shutdown (or by the orphan guard), and with it what vLLM
+    leaves when its processes are stopped hard: socket files and the worker's
+    rendezvous file (torch's FileStore, `vllm_dist_*`). Set only around the spawn, so
+    this process's later children keep the usual temp folder.
+    """
+    tempfile.gettempdir()  # this process's own choice is made (and cached) first
+    before = {name: os.environ.get(name) for name in ENGINE_TEMP_ENV_NAMES}
+    os.environ.update(dict.fromkeys(ENGINE_TEMP_ENV_NAMES, rpc_dir))
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 @contextlib.asynccontextmanager
 async def local_engine_lifespan(settings: Settings) -> AsyncIterator[ChatEngine]:
     """Start vLLM's AsyncLLM in this process tree, yield it, and shut it down on every exit path."""
     rpc_dir = tempfile.mkdtemp(prefix=RPC_DIR_PREFIX)
     llm = guard = None
     try:
-        prepare_process_env(settings, rpc_dir)
+        prepare_process_env(settings)
         await prepare_default_model(settings)
         from vllm.v1.engine.async_llm import AsyncLLM
 
         started = time.monotonic()
         load = EngineLoad()
-        llm = AsyncLLM.from_engine_args(engine_args(settings), stat_loggers=[load_stat_logger(load)])
+        with engine_temp_folder(rpc_dir):
+            llm = AsyncLLM.from_engine_args(engine_args(settings), stat_loggers=[load_stat_logger(load)])
         forget_preload()  # EngineCore and its worker run: later children keep their own malloc
         guard = OrphanGuard(engine_processes(), rpc_dir)
         engine = ChatEngine(llm, llm.model_config.max_model_len)

@@ -28,10 +28,11 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 DRAIN_SECONDS = 1.0
@@ -99,9 +100,9 @@ def kept_bytes_per_notification(notifications: int, pace_seconds: float = 0.0005
     """
     import zmq
     from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
-    from vllm.utils.network_utils import get_open_zmq_ipc_path
 
-    address = get_open_zmq_ipc_path()
+    folder = tempfile.mkdtemp(prefix="vllm-chat-notify-")
+    address = f"ipc://{folder}/notify"
     contexts = [zmq.Context(), zmq.Context()]
     writer = SpinCondition(is_reader=False, context=contexts[0], notify_address=address)
     reader = SpinCondition(is_reader=True, context=contexts[1], notify_address=address)
@@ -126,4 +127,4 @@ def kept_bytes_per_notification(notifications: int, pace_seconds: float = 0.0005
         reader.write_cancel_socket.close(linger=0)
         for context in contexts:
             context.term()
-        Path(address.removeprefix("ipc://")).unlink(missing_ok=True)
+        shutil.rmtree(folder, ignore_errors=True)
