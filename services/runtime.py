@@ -13,6 +13,7 @@ import asyncio
 import atexit
 import contextlib
 import logging
+import sys
 import time
 from typing import Any
 
@@ -201,6 +202,8 @@ class Runtime:
                     "memory_leak_alarm": memory.alarm,
                     "event_loop_lag_max_seconds": round(self.maintenance.loop_lag.max_seconds, 4),
                     "app_malloc": malloc_info(),
+                    "app_python_allocated_blocks": sys.getallocatedblocks(),
+                    "app_asyncio_tasks": len(asyncio.all_tasks()),
                 }
             )
         return status

@@ -80,6 +80,8 @@ def test_report_files_are_written(soak: dict[str, Any]) -> None:
     assert soak["memory"]["rss_mb_per_hour"] is not None and soak["memory"]["anon_mb_per_hour"] is not None
     assert all(float(row["anon_mb_worker"]) > 0 for row in samples), "the worker's heap is attributed"
     assert all(int(row["exec_maps_worker"]) > 0 for row in samples), "its code mappings are counted"
+    assert all(int(row["app_malloc_in_use_bytes"]) > 0 for row in samples), "the app's heap, from /status"
+    assert all(int(row["app_python_allocated_blocks"]) > 0 for row in samples)
     assert len(soak["memory"]["rss_mb_per_hour_by_window"]) == 4
     assert (SOAK_OUT / "soak.png").read_bytes().startswith(PNG_MAGIC)
     with (SOAK_OUT / "requests.csv").open(newline="") as file:
