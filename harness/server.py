@@ -21,6 +21,7 @@ from typing import Any
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
+VLLM_PLUGINS_DIR = ROOT / "services" / "engine" / "vllm_plugins"
 
 
 def free_port() -> int:
@@ -176,9 +177,11 @@ class VllmServer:
         # Its ZMQ socket files and torch's rendezvous files go to a private folder, removed on stop:
         # a killed server cannot clean up after itself.
         self.temp_dir = tempfile.mkdtemp(prefix="vllm-serve-")
+        # Our workarounds for vLLM, as README ("Scaling out") tells operators to load them.
+        python_path = os.pathsep.join(filter(None, [str(VLLM_PLUGINS_DIR), os.environ.get("PYTHONPATH")]))
         self.env = {
             **os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1",
-            "VLLM_RPC_BASE_PATH": self.temp_dir, "TMPDIR": self.temp_dir,
+            "VLLM_RPC_BASE_PATH": self.temp_dir, "TMPDIR": self.temp_dir, "PYTHONPATH": python_path,
         }  # fmt: skip
         self.log_path = log_path
         self.process: subprocess.Popen | None = None

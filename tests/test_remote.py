@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import re
 import signal
 import sys
 import time
@@ -191,6 +192,16 @@ def vllm_server(tiny_model_dir: Path) -> Iterator[VllmServer]:
     server = VllmServer(tiny_model_dir, ARTIFACTS / "logs" / "vllm-serve.log", TINY_MAX_MODEL_LEN).start()
     yield server
     server.stop()
+
+
+def test_a_vllm_server_started_as_the_readme_says_runs_the_workarounds(vllm_server: VllmServer) -> None:
+    """With services/engine/vllm_plugins on PYTHONPATH, EngineCore and the worker of a vLLM server
+    apply our workaround for the libzmq mailbox (README, "Several machines")."""
+    log = vllm_server.log_path.read_text(errors="replace")
+    applied = set(re.findall(r"vllm_chat_patches: spin_condition applied in pid (\d+)", log))
+    for role in ("EngineCore", "Worker"):
+        pids = set(re.findall(rf"^\({role}\S* pid=(\d+)\)", log, flags=re.MULTILINE))
+        assert pids and pids <= applied, f"{role} {pids}, applied in {applied}"
 
 
 def test_a_summary_keeps_its_minimum_length_and_its_stop_on_a_vllm_server(
