@@ -9,8 +9,9 @@ for the server to go idle after the clients left, stops everything, and
 writes to --out (default bench/out/soak-<timestamp>):
     samples.csv    one row per memory sample (+ /status counts)
     requests.csv   one row per Locust request event
-    summary.json   counts, latency percentiles, RSS slope, state after the clients left
-    soak.png       memory per process and latency over time
+    summary.json   counts, latency percentiles, memory slopes, state after the clients left
+    soak.png       anonymous memory per process and latency over time
+                   (drawn again from the files: bench/soak.py --replot <folder>)
     server.log, locust.log, locust_*.csv
 The server inherits this shell's environment, so any app setting applies
 (e.g. DTYPE=float32 MAX_NUM_BATCHED_TOKENS=2048 .venv/bin/python bench/soak.py ...).
@@ -511,27 +512,30 @@ def plot(out: Path, samples: list[dict[str, Any]], warmup_s: float, summary: dic
     fig, (mem_ax, lat_ax, state_ax) = plt.subplots(
         3, 1, figsize=(8, 7.5), sharex=True, gridspec_kw={"height_ratios": [3, 3, 1.4]}
     )
-    # Growth is what matters: each line is RSS minus its value at the first sample.
+    # Growth is what matters: each line is anonymous memory (the heaps; RSS also counts file pages
+    # that reading a library maps in) minus its value at the first sample.
     for label in PROCESS_LABELS:
-        values = [s[f"rss_mb_{label}"] for s in samples]
+        values = [s[f"anon_mb_{label}"] for s in samples]
         if any(values):
             name = f"{label} ({values[0]:.0f} MB at start)"
             mem_ax.plot(minutes, [v - values[0] for v in values], label=name, linewidth=1)
-    totals = [s["total_rss_mb"] for s in samples]
+    totals = [s["total_anon_mb"] for s in samples]
     mem_ax.plot(minutes, [t - totals[0] for t in totals], label=f"total ({totals[0]:.0f} MB at start)",
                 color="black", linewidth=1.4)  # fmt: skip
-    slope = summary["memory"]["rss_mb_per_hour"]
+    rss = [s["total_rss_mb"] for s in samples]
+    mem_ax.plot(minutes, [r - rss[0] for r in rss], ":", color="0.5", linewidth=1, label="total RSS")
+    slope = summary["memory"].get("anon_mb_per_hour")
     mem_ax.axvspan(0, warmup_s / 60, color="0.9", label="warm-up (not in slope)")
     fit = [
         (m, s) for m, s in zip(minutes, samples, strict=True) if s["phase"] == "load" and m * 60 >= warmup_s
     ]
     if slope is not None and fit:
         xs = [m for m, _ in fit]
-        ys = [s["total_rss_mb"] - totals[0] for _, s in fit]
+        ys = [s["total_anon_mb"] - totals[0] for _, s in fit]
         mid_x, mid_y = sorted(xs)[len(xs) // 2], sorted(ys)[len(ys) // 2]
         line = [mid_y + slope / 60 * (x - mid_x) for x in xs]
         mem_ax.plot(xs, line, "--", color="crimson", label=f"total, Theil-Sen slope {slope:+.2f} MB/h")
-    mem_ax.set_ylabel("RSS change (MB)")
+    mem_ax.set_ylabel("anonymous memory change (MB)")
     mem_ax.set_title("Memory of the server process tree and latency under load")
     low, high = mem_ax.get_ylim()
     mem_ax.set_ylim(low, high + 0.35 * (high - low))  # room for the legend above the lines
@@ -615,10 +619,25 @@ def parse_args(argv: list[str] | None = None) -> SoakOptions:
     )  # fmt: skip
 
 
+def replot(out: Path) -> Path:
+    """Draw `out`/soak.png again from the run's samples.csv and summary.json."""
+    summary = json.loads((out / "summary.json").read_text())
+    with (out / "samples.csv").open(newline="") as file:
+        samples = [
+            {k: v if k == "phase" or v == "" else float(v) for k, v in row.items()}
+            for row in csv.DictReader(file)
+        ]
+    return plot(out, samples, summary["memory"]["warmup_s"], summary)
+
+
 def main(argv: list[str] | None = None) -> int:
     # SIGTERM (e.g. from timeout(1)) unwinds like Ctrl-C, so the server and Locust are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    summary = run_soak(parse_args(argv))
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--replot"] and len(args) == 2:  # bench/soak.py --replot <report folder>
+        print(f"[soak] wrote {replot(Path(args[1]))}")
+        return 0
+    summary = run_soak(parse_args(args))
     shown = {
         k: summary[k] for k in ("requests", "turns_completed", "turns_vanished", "ttft_s", "end_to_end_s")
     }
