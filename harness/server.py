@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -22,6 +23,18 @@ import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PLUGINS_DIR = ROOT / "services" / "engine" / "vllm_plugins"
+
+
+def vllm_processes_without_workarounds(log: str) -> list[str]:
+    """EngineCore and worker processes in a vLLM log that did not apply our workaround plugin
+    (services/engine/vllm_plugins); a role missing from the log counts as not applied."""
+    applied = set(re.findall(r"vllm_chat_patches: spin_condition applied in pid (\d+)", log))
+    missing = []
+    for role in ("EngineCore", "Worker"):
+        pids = set(re.findall(rf"^\({role}\S* pid=(\d+)\)", log, flags=re.MULTILINE))
+        if not pids or not pids <= applied:
+            missing.append(f"{role} {sorted(pids)} (applied in {sorted(applied)})")
+    return missing
 
 
 def free_port() -> int:

@@ -97,7 +97,7 @@ def apply_engine_memory_env(settings: Settings) -> dict[str, str]:
             base.pop(name, None)
     env = engine_memory_env(settings, base)
     for name in MEMORY_ENV_NAMES:
-        _put_env(name, env.get(name, base.get(name)))
+        put_env(name, env.get(name, base.get(name)))
     return env
 
 
@@ -109,10 +109,10 @@ def forget_preload() -> None:
     and Chromium does not start with jemalloc preloaded.
     """
     for name in PRELOAD_ENV_NAMES:
-        _put_env(name, _before_us.get(name, os.environ.get(name)))
+        put_env(name, _before_us.get(name, os.environ.get(name)))
 
 
-def _put_env(name: str, value: str | None) -> None:
+def put_env(name: str, value: str | None) -> None:
     """Set `name` in os.environ, or remove it when `value` is None."""
     if value is None:
         os.environ.pop(name, None)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from services.config import Settings
-from services.engine.allocators import apply_engine_memory_env, forget_preload
+from services.engine.allocators import apply_engine_memory_env, forget_preload, put_env
 from services.engine.chat_engine import ChatEngine
 from services.engine.load import EngineLoad, load_stat_logger
 from services.engine.model_prep import prepare_default_model
@@ -146,10 +146,7 @@ def engine_temp_folder(rpc_dir: str) -> Iterator[None]:
         yield
     finally:
         for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+            put_env(name, value)
 
 
 @contextlib.asynccontextmanager
