@@ -40,6 +40,7 @@ from services.engine.processes import engine_processes, is_running
 from services.engine.warmup import WarmUpReport
 from services.history.database import ensure_data_dir
 from services.history.service import History, HistoryCollector
+from services.observability.attribution import start_app_probe
 from services.observability.maintenance import Maintenance, malloc_info
 from services.observability.metrics import RequestMetrics, ServiceCollector
 from services.observability.report import StatsReport
@@ -130,6 +131,8 @@ class Runtime:
         self.maintenance = Maintenance(self.settings, self.sessions, self.engine, retention)
         self.maintenance.start()
         self._stack.push_async_callback(self.maintenance.stop)
+        if self.settings.app_memory_probe_dir:
+            start_app_probe(self.settings.app_memory_probe_dir, self.settings.app_memory_probe_seconds)
         await self._start_api()
 
     async def _start_api(self) -> None:

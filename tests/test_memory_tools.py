@@ -277,3 +277,29 @@ def test_jeprof_text_is_read_into_sites_with_their_share() -> None:
         ("c10::alloc_cpu", 0.75),
         ("_PyObject_Malloc (inline)", 0.25),
     ]
+
+
+def test_app_probe_snapshots_this_process_with_its_mappings(tmp_path: Path) -> None:
+    """APP_MEMORY_PROBE_DIR: the app's own process, role `app`, its snapshots on SIGUSR2."""
+    code = (
+        "import os, pathlib, signal, time\n"
+        "from services.observability.attribution import start_app_probe\n"
+        "def snapshot(count):\n"
+        "    os.kill(os.getpid(), signal.SIGUSR2)\n"
+        f"    while len(list(pathlib.Path({str(tmp_path)!r}).glob('*.tracemalloc'))) < count:\n"
+        "        time.sleep(0.05)\n"
+        f"start_app_probe({str(tmp_path)!r}, 3600)\n"
+        "snapshot(1)\n"
+        "kept = [str(i) * 50 for i in range(50_000)]\n"
+        "snapshot(2)\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    subprocess.run([sys.executable, "-c", code], cwd=root, timeout=SNAPSHOT_WAIT_SECONDS, check=True)
+    ((role, _pid),) = find_snapshots(tmp_path)
+    assert role == "app"
+    (process,) = attribute(tmp_path).values()
+    top = process["python"]["sites"][0]
+    assert top["site"] == "<string>:9" and top["blocks"] >= 50_000
+    counters = read_counters(tmp_path)[-1]
+    assert counters["role"] == "app"
+    assert sum(v for k, v in counters.items() if k.startswith("anonymous_bytes.")) > 1 * MB

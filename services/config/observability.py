@@ -32,6 +32,22 @@ class ObservabilitySettings:
     latency_samples_kept: int = setting(
         10_000, "LATENCY_SAMPLES_KEPT", "Recent requests kept for /stats percentiles and plots.", 10
     )
+    app_memory_probe_dir: str = setting(
+        "",
+        "APP_MEMORY_PROBE_DIR",
+        "For finding leaks in the app's own process (ENGINE_MEMORY_PROBE_DIR does vLLM's): when "
+        "set, the app appends a line of counters (Python's blocks, threads, anonymous memory in "
+        "all and by kind of mapping) to `counters-<pid>.jsonl` in this folder every 30 s, and on "
+        "SIGUSR2 and every APP_MEMORY_PROBE_SECONDS traces its Python allocations (tracemalloc: "
+        "slower allocations, and a pause of a few seconds per snapshot) into `app-<pid>-*.tracemalloc`, "
+        "read with `python -m services.observability.attribution`. Empty = off.",
+    )
+    app_memory_probe_seconds: float = setting(
+        600.0,
+        "APP_MEMORY_PROBE_SECONDS",
+        "Seconds between the app's memory probe snapshots; 0 = only on SIGUSR2.",
+        0,
+    )
     ops_token: str = setting(
         "",
         "OPS_TOKEN",

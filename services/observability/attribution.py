@@ -1,7 +1,8 @@
-"""Which allocation sites grew inside vLLM's processes: diffs of the memory probe's snapshots.
+"""Which allocation sites grew inside vLLM's processes and the app: diffs of the memory probe's snapshots.
 
 The probe (services/engine/probe) writes tracemalloc snapshots, and jemalloc
-heap profiles when jemalloc profiles, into ENGINE_MEMORY_PROBE_DIR. This
+heap profiles when jemalloc profiles, into ENGINE_MEMORY_PROBE_DIR (vLLM's
+processes) and APP_MEMORY_PROBE_DIR (the app, started by `start_app_probe`). This
 module pairs each process's first kept snapshot (or the first at or after a
 label) with its newest and names the sites that grew, each with its share of
 the growth:
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -160,6 +162,18 @@ def attribute(directory: Path, since: str | None = None, top: int = 10) -> dict[
         if entry:
             report[f"{role}-{pid}"] = entry
     return report
+
+
+def start_app_probe(directory: str, interval_seconds: float) -> None:
+    """Run the probe in this process too (role `app`), its counters with anonymous memory by mapping."""
+    from services.engine.probe import sitecustomize as probe
+
+    Path(directory).mkdir(parents=True, exist_ok=True)
+
+    def by_mapping() -> dict[str, float]:
+        return {f"anonymous_bytes.{kind}": size for kind, size in mapping_categories(os.getpid()).items()}
+
+    probe.start(str(Path(directory).resolve()), interval_seconds or None, "app", by_mapping)
 
 
 def mapping_categories(pid: int) -> dict[str, int]:

@@ -5,7 +5,8 @@ which services/engine/allocators.py arranges for vLLM's processes when
 ENGINE_MEMORY_PROBE_DIR is set. It uses the standard library only (it runs
 before the process has its sys.path) and does nothing outside multiprocessing
 children, so the app, the orphan guard and tools that inherit the variables
-are left alone.
+are left alone. The app runs the same probe in its own process through
+`start(...)` (APP_MEMORY_PROBE_DIR, services/observability/attribution.py).
 
 In EngineCore and the worker it writes, on SIGUSR2 and every
 ENGINE_MEMORY_PROBE_SECONDS (0 = signal only):
@@ -27,6 +28,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 TRACEMALLOC_FRAMES = 16
@@ -43,10 +45,15 @@ JEMALLOC_COUNTERS = (
     "stats.arenas.4096.pmuzzy",
 )  # fmt: skip  (4096 = MALLCTL_ARENAS_ALL: the sum over arenas)
 SUFFIXES = (".tracemalloc", ".heap")
+# Set by start(): a role that replaces the process title, and more counters for each line.
+ROLE: str | None = None
+EXTRA_COUNTERS: Callable[[], dict[str, float]] | None = None
 
 
 def process_role() -> str:
     """EngineCore, Worker_TP0, ... from the title vLLM gives its processes (setproctitle)."""
+    if ROLE is not None:
+        return ROLE
     try:
         with open("/proc/self/cmdline", "rb") as file:
             title = file.read().split(b"\0")[0].decode(errors="replace").split()[0]
@@ -105,6 +112,8 @@ def process_counters() -> dict[str, float | str]:
     if garbage is not None:
         line["pyzmq_pending_zero_copy"] = len(garbage.gc.refs)
     line["threads"] = threading.active_count()
+    if EXTRA_COUNTERS is not None:
+        line.update(EXTRA_COUNTERS())
     with open("/proc/self/smaps_rollup", encoding="ascii") as file:
         for row in file:
             key, _, rest = row.partition(":")
@@ -183,17 +192,34 @@ def run(directory: str, interval_seconds: float | None, wake: threading.Event) -
         sequence += 1
 
 
+def start(
+    directory: str,
+    interval_seconds: float | None,
+    role: str | None = None,
+    extra_counters: Callable[[], dict[str, float]] | None = None,
+) -> None:
+    """Snapshot on SIGUSR2 (when called from the main thread) and every `interval_seconds`; counters
+    every COUNTERS_SECONDS. Once per process: the threads live as long as it does."""
+    global ROLE, EXTRA_COUNTERS
+    if any(thread.name == "memory-probe" for thread in threading.enumerate()):
+        return
+    import signal
+
+    ROLE, EXTRA_COUNTERS = role, extra_counters
+    wake = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGUSR2, lambda *_: wake.set())
+    threading.Thread(
+        target=run, args=(directory, interval_seconds, wake), name="memory-probe", daemon=True
+    ).start()
+    threading.Thread(target=record_counters, args=(directory,), name="memory-counters", daemon=True).start()
+
+
 def install() -> None:
     directory = os.environ.get("ENGINE_MEMORY_PROBE_DIR")
     if not directory or "--multiprocessing-fork" not in sys.orig_argv:
         return
-    import signal
-
-    wake = threading.Event()
-    signal.signal(signal.SIGUSR2, lambda *_: wake.set())
-    interval = float(os.environ.get("ENGINE_MEMORY_PROBE_SECONDS") or 0) or None
-    threading.Thread(target=run, args=(directory, interval, wake), name="memory-probe", daemon=True).start()
-    threading.Thread(target=record_counters, args=(directory,), name="memory-counters", daemon=True).start()
+    start(directory, float(os.environ.get("ENGINE_MEMORY_PROBE_SECONDS") or 0) or None)
 
 
 install()
