@@ -12,6 +12,8 @@ writes to --out (default bench/out/soak-<timestamp>):
     summary.json   counts, latency percentiles, memory slopes, state after the clients left
     soak.png       anonymous memory per process and latency over time
                    (drawn again from the files: bench/soak.py --replot <folder>)
+    bench/soak.py --slopes <folder> 0-30 60-150 ...   prints every numeric column's slope per hour
+                   [Sen 95%] in each window (minutes from the load's start; bytes as MB)
     server.log, locust.log, locust_*.csv
 The server inherits this shell's environment, so any app setting applies
 (e.g. DTYPE=float32 MAX_NUM_BATCHED_TOKENS=2048 .venv/bin/python bench/soak.py ...).
@@ -619,15 +621,41 @@ def parse_args(argv: list[str] | None = None) -> SoakOptions:
     )  # fmt: skip
 
 
-def replot(out: Path) -> Path:
-    """Draw `out`/soak.png again from the run's samples.csv and summary.json."""
-    summary = json.loads((out / "summary.json").read_text())
+def read_samples(out: Path) -> list[dict[str, Any]]:
+    """`out`/samples.csv with numbers as floats (empty cells stay "")."""
     with (out / "samples.csv").open(newline="") as file:
-        samples = [
+        return [
             {k: v if k == "phase" or v == "" else float(v) for k, v in row.items()}
             for row in csv.DictReader(file)
         ]
-    return plot(out, samples, summary["memory"]["warmup_s"], summary)
+
+
+def replot(out: Path) -> Path:
+    """Draw `out`/soak.png again from the run's samples.csv and summary.json."""
+    summary = json.loads((out / "summary.json").read_text())
+    return plot(out, read_samples(out), summary["memory"]["warmup_s"], summary)
+
+
+def window_slopes(samples: list[dict[str, Any]], windows: list[tuple[float, float]]) -> dict[str, Any]:
+    """Each numeric column's Theil-Sen slope per hour [Sen 95%] in each window of the load phase,
+    in minutes from its first sample; `*_bytes` columns in MB (1e6 bytes). None: < 3 samples."""
+    load = [s for s in samples if s["phase"] == "load"]
+    began = load[0]["t_s"] if load else 0.0
+    columns = [c for c in (load[0] if load else {}) if c not in ("t_s", "unix_time", "phase")]
+    slopes: dict[str, list[str | None]] = {}
+    for column in columns:
+        scale = 1e-6 if column.endswith("_bytes") else 1.0
+        cells: list[str | None] = []
+        for low, high in windows:
+            rows = [s for s in load if s[column] != "" and low * 60 <= s["t_s"] - began <= high * 60]
+            fit = theil_sen([s["t_s"] / 3600 for s in rows], [s[column] * scale for s in rows])
+            cells.append(None if fit is None else f"{fit[0]:.2f} [{fit[1][0]:.2f}, {fit[1][1]:.2f}]")
+        slopes[column] = cells
+    return {
+        "units": "per hour: MB for *_mb and *_bytes columns, a count otherwise; Theil-Sen [Sen 95%]",
+        "windows_minutes": [list(window) for window in windows],
+        "slopes": slopes,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -636,6 +664,14 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["--replot"] and len(args) == 2:  # bench/soak.py --replot <report folder>
         print(f"[soak] wrote {replot(Path(args[1]))}")
+        return 0
+    if args[:1] == ["--slopes"] and len(args) >= 3:  # bench/soak.py --slopes <folder> 0-30 60-150
+        windows = [tuple(float(m) for m in text.split("-")) for text in args[2:]]
+        report = {
+            "source": str(Path(args[1]) / "samples.csv"),
+            **window_slopes(read_samples(Path(args[1])), windows),
+        }
+        print(json.dumps(report, indent=1))
         return 0
     summary = run_soak(parse_args(args))
     shown = {

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bench.soak import SoakOptions, parse_duration, run_soak, split_evenly, theil_sen
+from bench.soak import SoakOptions, parse_duration, run_soak, split_evenly, theil_sen, window_slopes
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN
 
 pytestmark = pytest.mark.timeout(900)
@@ -50,6 +50,22 @@ def test_slope_ignores_a_one_off_step_and_outliers() -> None:
     assert theil_sen(hours, growing) == (pytest.approx(70.0), [pytest.approx(70.0), pytest.approx(70.0)])
     assert theil_sen(hours[:2], growing[:2]) is None, "a slope needs three samples"
     assert parse_duration("1h30m") == 5400 and parse_duration("45s") == 45 and parse_duration("600") == 600
+
+
+def test_window_slopes_fit_each_column_in_each_window_from_the_loads_start() -> None:
+    """Growth of 6 MB/hour then none, in MB and in bytes; the warm-up rows before the load are not counted."""
+    samples = [
+        {"t_s": -60.0 * i, "phase": "start", "anon_mb_app": 999.0, "in_use_bytes": 0.0} for i in (2, 1)
+    ]
+    for minute in range(61):
+        mb = 100 + 0.1 * min(minute, 30)  # 0.1 MB a minute for 30 minutes, then flat
+        samples.append(
+            {"t_s": 30.0 + 60 * minute, "phase": "load", "anon_mb_app": mb, "in_use_bytes": mb * 1e6}
+        )
+    report = window_slopes(samples, [(0, 30), (30, 60), (0, 1)])
+    rising, flat, too_short = report["slopes"]["anon_mb_app"]
+    assert rising == "6.00 [6.00, 6.00]" and flat == "0.00 [0.00, 0.00]" and too_short is None
+    assert report["slopes"]["in_use_bytes"][:2] == [rising, flat]
 
 
 def test_every_request_succeeds_and_the_load_really_ran(soak: dict[str, Any]) -> None:
