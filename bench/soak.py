@@ -608,7 +608,12 @@ def parse_args(argv: list[str] | None = None) -> SoakOptions:
     parser.add_argument("--warmup", type=parse_duration, default=None, help="Left out of the slope.")
     parser.add_argument("--drain-timeout", type=float, default=60.0, help="Wait for idle after the load.")
     parser.add_argument("--out", type=Path, default=None, help="Report folder.")
+    parser.add_argument(
+        "--server-env", action="append", default=[], metavar="NAME=VALUE",
+        help="A variable for the server only, not Locust (e.g. LD_PRELOAD=...); repeatable.",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    server_only = dict(item.split("=", 1) for item in args.server_env)
     return SoakOptions(
         duration_s=args.duration, users=args.users, spawn_rate=args.spawn_rate,
         vanish_fraction=args.vanish_fraction, long_fraction=args.long_fraction,
@@ -617,7 +622,7 @@ def parse_args(argv: list[str] | None = None) -> SoakOptions:
         dtype=args.dtype,
         tiny=args.tiny, max_model_len=args.max_model_len, session_ttl_s=args.session_ttl,
         sample_interval_s=args.sample_interval, warmup_s=args.warmup, drain_timeout_s=args.drain_timeout,
-        out=args.out,
+        out=args.out, extra_env=server_only,
     )  # fmt: skip
 
 
