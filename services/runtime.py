@@ -132,7 +132,11 @@ class Runtime:
         self.maintenance.start()
         self._stack.push_async_callback(self.maintenance.stop)
         if self.settings.app_memory_probe_dir:
-            start_app_probe(self.settings.app_memory_probe_dir, self.settings.app_memory_probe_seconds)
+            start_app_probe(
+                self.settings.app_memory_probe_dir,
+                self.settings.app_memory_probe_seconds,
+                self.settings.app_memory_probe_frames,
+            )
         await self._start_api()
 
     async def _start_api(self) -> None:

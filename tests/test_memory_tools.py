@@ -288,7 +288,7 @@ def test_app_probe_snapshots_this_process_with_its_mappings(tmp_path: Path) -> N
         "    os.kill(os.getpid(), signal.SIGUSR2)\n"
         f"    while len(list(pathlib.Path({str(tmp_path)!r}).glob('*.tracemalloc'))) < count:\n"
         "        time.sleep(0.05)\n"
-        f"start_app_probe({str(tmp_path)!r}, 3600)\n"
+        f"start_app_probe({str(tmp_path)!r}, 3600, tracemalloc_frames=4)\n"
         "snapshot(1)\n"
         "kept = [str(i) * 50 for i in range(50_000)]\n"
         "snapshot(2)\n"
@@ -300,6 +300,9 @@ def test_app_probe_snapshots_this_process_with_its_mappings(tmp_path: Path) -> N
     (process,) = attribute(tmp_path).values()
     top = process["python"]["sites"][0]
     assert top["site"] == "<string>:9" and top["blocks"] >= 50_000
+    grown = process["objects"]["containers"][0]  # the census: no tracing needed
+    assert grown["type"] == "list" and grown["length"] == grown["grew_by"] == 50_000 and grown["new"]
+    assert grown["hint"].startswith("'0000")
     counters = read_counters(tmp_path)[-1]
     assert counters["role"] == "app"
     assert sum(v for k, v in counters.items() if k.startswith("anonymous_bytes.")) > 1 * MB

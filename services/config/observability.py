@@ -38,14 +38,22 @@ class ObservabilitySettings:
         "For finding leaks in the app's own process (ENGINE_MEMORY_PROBE_DIR does vLLM's): when "
         "set, the app appends a line of counters (Python's blocks, threads, anonymous memory in "
         "all and by kind of mapping) to `counters-<pid>.jsonl` in this folder every 30 s, and on "
-        "SIGUSR2 and every APP_MEMORY_PROBE_SECONDS traces its Python allocations (tracemalloc: "
-        "slower allocations, and a pause of a few seconds per snapshot) into `app-<pid>-*.tracemalloc`, "
-        "read with `python -m services.observability.attribution`. Empty = off.",
+        "SIGUSR2 and every APP_MEMORY_PROBE_SECONDS writes a census of its live objects (by type, "
+        "and the longest containers; a pause of about a second) to `app-<pid>-*.census`, read with "
+        "`python -m services.observability.attribution`. Empty = off.",
     )
     app_memory_probe_seconds: float = setting(
         600.0,
         "APP_MEMORY_PROBE_SECONDS",
         "Seconds between the app's memory probe snapshots; 0 = only on SIGUSR2.",
+        0,
+    )
+    app_memory_probe_frames: int = setting(
+        0,
+        "APP_MEMORY_PROBE_FRAMES",
+        "With APP_MEMORY_PROBE_DIR: > 0 also traces the app's Python allocations (tracemalloc, "
+        "this many frames) from the first snapshot on. Costly: at 50 users and 16 frames the app "
+        "fell behind and sign-ins timed out (BENCHMARKS.md).",
         0,
     )
     ops_token: str = setting(

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 SNAPSHOT_NAME = re.compile(
-    r"^(?P<role>[A-Za-z0-9_]+)-(?P<pid>\d+)-(?P<seq>\d+)-(?P<label>[^.]*)\.(?P<kind>tracemalloc|heap)$"
+    r"^(?P<role>[A-Za-z0-9_]+)-(?P<pid>\d+)-(?P<seq>\d+)-(?P<label>[^.]*)\.(?P<kind>tracemalloc|heap|census)$"
 )
 JEPROF_TIMEOUT_SECONDS = 600.0
 # Frames of the Python interpreter and libc that every native stack goes through: not a site.
@@ -95,6 +95,30 @@ def tracemalloc_growth(before: Path, after: Path, top: int = 10) -> dict[str, An
     return {"net_bytes": net, "sites": sites}
 
 
+def census_growth(before: Path, after: Path, top: int = 10) -> dict[str, Any]:
+    """Which types of live objects grew in number, and which long containers grew in length."""
+    old, new = (json.loads(path.read_text()) for path in (before, after))
+    types = []
+    for name, (count, size) in new["types"].items():
+        old_count, old_size = old["types"].get(name, (0, 0))
+        types.append({"type": name, "objects": count - old_count, "bytes": size - old_size, "now": count})
+    old_lengths = {(c["id"], c["type"]): c["length"] for c in old["containers"]}
+    containers = [
+        {
+            **c,
+            "grew_by": c["length"] - old_lengths.get((c["id"], c["type"]), 0),
+            "new": (c["id"], c["type"]) not in old_lengths,
+        }
+        for c in new["containers"]
+    ]
+    return {
+        "objects": sum(t["objects"] for t in types),
+        "shallow_bytes": sum(t["bytes"] for t in types),
+        "types": sorted(types, key=lambda t: -t["objects"])[:top],
+        "containers": sorted(containers, key=lambda c: -c["grew_by"])[:top],
+    }
+
+
 def jemalloc_growth(before: Path, after: Path, top: int = 10, binary: str | None = None) -> dict[str, Any]:
     """Net growth of native allocations between two jemalloc profiles, by function (jeprof --text)."""
     jeprof = shutil.which("jeprof")
@@ -153,6 +177,12 @@ def attribute(directory: Path, since: str | None = None, top: int = 10) -> dict[
                 "to": pair[1].label,
                 **tracemalloc_growth(*(s.path for s in pair), top),
             }
+        if pair := pick_pair(snaps, "census", since):
+            entry["objects"] = {
+                "from": pair[0].label,
+                "to": pair[1].label,
+                **census_growth(*(s.path for s in pair), top),
+            }
         if pair := pick_pair(snaps, "heap", since):
             entry["native"] = {
                 "from": pair[0].label,
@@ -164,7 +194,7 @@ def attribute(directory: Path, since: str | None = None, top: int = 10) -> dict[
     return report
 
 
-def start_app_probe(directory: str, interval_seconds: float) -> None:
+def start_app_probe(directory: str, interval_seconds: float, tracemalloc_frames: int) -> None:
     """Run the probe in this process too (role `app`), its counters with anonymous memory by mapping."""
     from services.engine.probe import sitecustomize as probe
 
@@ -173,7 +203,9 @@ def start_app_probe(directory: str, interval_seconds: float) -> None:
     def by_mapping() -> dict[str, float]:
         return {f"anonymous_bytes.{kind}": size for kind, size in mapping_categories(os.getpid()).items()}
 
-    probe.start(str(Path(directory).resolve()), interval_seconds or None, "app", by_mapping)
+    probe.start(
+        str(Path(directory).resolve()), interval_seconds or None, "app", by_mapping, tracemalloc_frames
+    )
 
 
 def mapping_categories(pid: int) -> dict[str, int]:

@@ -11,6 +11,9 @@ are left alone. The app runs the same probe in its own process through
 In EngineCore and the worker it writes, on SIGUSR2 and every
 ENGINE_MEMORY_PROBE_SECONDS (0 = signal only):
     <dir>/<role>-<pid>-<seq>-<label>.tracemalloc   a tracemalloc snapshot (after gc.collect())
+    <dir>/<role>-<pid>-<seq>-<label>.census        JSON: live objects by type (count, shallow bytes)
+        and the largest containers by length, with a hint of what they hold; costs nothing
+        between snapshots, unlike tracemalloc (the app's probe can run with the census alone)
     <dir>/<role>-<pid>-<seq>-<label>.heap          jemalloc's heap profile, when jemalloc runs with prof:true
     <dir>/counters-<pid>.jsonl                     every COUNTERS_SECONDS and after each snapshot:
         jemalloc's allocated/active/metadata/resident/mapped/retained bytes and dirty/muzzy
@@ -44,7 +47,8 @@ JEMALLOC_COUNTERS = (
     "stats.arenas.4096.pdirty",
     "stats.arenas.4096.pmuzzy",
 )  # fmt: skip  (4096 = MALLCTL_ARENAS_ALL: the sum over arenas)
-SUFFIXES = (".tracemalloc", ".heap")
+CENSUS_MIN_LENGTH = 200  # containers at least this long are candidates for the census's list
+CENSUS_CONTAINERS = 40
 # Set by start(): a role that replaces the process title, and more counters for each line.
 ROLE: str | None = None
 EXTRA_COUNTERS: Callable[[], dict[str, float]] | None = None
@@ -162,31 +166,68 @@ def prune(directory: str, prefix: str) -> None:
                 os.remove(os.path.join(directory, name))
 
 
-def snapshot(directory: str, sequence: int) -> None:
-    """Write one tracemalloc snapshot (and a jemalloc profile) of this process."""
+def describe(container: Any) -> str:
+    """A short hint of what a container holds: its first keys or items' types and text."""
+    items = list(container.items())[:3] if isinstance(container, dict) else list(container)[:3]
+    return "; ".join(repr(item)[:60] for item in items)
+
+
+def census() -> dict[str, Any]:
+    """Live objects the garbage collector tracks, by type, and the longest containers."""
     import gc
+
+    types: dict[str, list[int]] = {}
+    longest: list[tuple[int, int, Any]] = []
+    for obj in gc.get_objects():
+        kind = type(obj)
+        entry = types.setdefault(f"{kind.__module__}.{kind.__qualname__}", [0, 0])
+        entry[0] += 1
+        try:
+            entry[1] += sys.getsizeof(obj)
+            length = len(obj) if isinstance(obj, dict | list | set | frozenset | tuple) else 0
+        except Exception:  # an object whose __sizeof__ or __len__ fails is counted, not measured
+            length = 0
+        if length >= CENSUS_MIN_LENGTH:
+            longest.append((length, id(obj), obj))
+    longest.sort(key=lambda item: -item[0])
+    containers = [
+        {"id": ident, "type": type(obj).__qualname__, "length": length, "hint": describe(obj)}
+        for length, ident, obj in longest[:CENSUS_CONTAINERS]
+    ]
+    return {"types": types, "containers": containers}
+
+
+def snapshot(directory: str, sequence: int, tracemalloc_frames: int) -> None:
+    """Write one census, tracemalloc snapshot (unless frames is 0) and jemalloc profile of this process."""
+    import gc
+    import json
     import tracemalloc
 
-    if not tracemalloc.is_tracing():  # from the first snapshot on: tracing imports would take minutes
-        tracemalloc.start(TRACEMALLOC_FRAMES)
+    if tracemalloc_frames and not tracemalloc.is_tracing():  # from the first snapshot on: tracing
+        tracemalloc.start(tracemalloc_frames)  # imports would take minutes
     prefix = f"{process_role()}-{os.getpid()}-"
     base = os.path.join(directory, f"{prefix}{sequence:05d}-{read_label(directory)}")
     gc.collect()
     jemalloc_dump(base + ".heap")
-    partial = base + ".tracemalloc.partial"
-    tracemalloc.take_snapshot().dump(partial)
-    os.replace(partial, base + ".tracemalloc")
+    with open(base + ".census.partial", "w", encoding="utf-8") as file:
+        json.dump(census(), file)
+    os.replace(base + ".census.partial", base + ".census")
+    if tracemalloc.is_tracing():
+        tracemalloc.take_snapshot().dump(base + ".tracemalloc.partial")
+        os.replace(base + ".tracemalloc.partial", base + ".tracemalloc")
     prune(directory, prefix)
     append_counters(directory)
 
 
-def run(directory: str, interval_seconds: float | None, wake: threading.Event) -> None:
+def run(
+    directory: str, interval_seconds: float | None, wake: threading.Event, tracemalloc_frames: int
+) -> None:
     sequence = 0
     while True:
         wake.wait(interval_seconds)
         wake.clear()
         try:
-            snapshot(directory, sequence)
+            snapshot(directory, sequence, tracemalloc_frames)
         except Exception as error:  # a failed snapshot must not stop the engine
             print(f"memory probe: snapshot failed: {error!r}", file=sys.stderr)
         sequence += 1
@@ -197,6 +238,7 @@ def start(
     interval_seconds: float | None,
     role: str | None = None,
     extra_counters: Callable[[], dict[str, float]] | None = None,
+    tracemalloc_frames: int = TRACEMALLOC_FRAMES,
 ) -> None:
     """Snapshot on SIGUSR2 (when called from the main thread) and every `interval_seconds`; counters
     every COUNTERS_SECONDS. Once per process: the threads live as long as it does."""
@@ -210,7 +252,10 @@ def start(
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGUSR2, lambda *_: wake.set())
     threading.Thread(
-        target=run, args=(directory, interval_seconds, wake), name="memory-probe", daemon=True
+        target=run,
+        args=(directory, interval_seconds, wake, tracemalloc_frames),
+        name="memory-probe",
+        daemon=True,
     ).start()
     threading.Thread(target=record_counters, args=(directory,), name="memory-counters", daemon=True).start()
 
