@@ -111,11 +111,17 @@ def census_growth(before: Path, after: Path, top: int = 10) -> dict[str, Any]:
         }
         for c in new["containers"]
     ]
+    old_paths, new_paths = old.get("reachable", {}), new.get("reachable", {})
+    reachable = [
+        {"path": path, "length": length, "grew_by": length - old_paths.get(path, 0)}
+        for path, length in new_paths.items()
+    ]
     return {
         "objects": sum(t["objects"] for t in types),
         "shallow_bytes": sum(t["bytes"] for t in types),
         "types": sorted(types, key=lambda t: -t["objects"])[:top],
         "containers": sorted(containers, key=lambda c: -c["grew_by"])[:top],
+        "reachable": sorted(reachable, key=lambda c: -c["grew_by"])[:top],
     }
 
 
