@@ -47,9 +47,6 @@ JEMALLOC_COUNTERS = (
     "stats.arenas.4096.pdirty",
     "stats.arenas.4096.pmuzzy",
 )  # fmt: skip  (4096 = MALLCTL_ARENAS_ALL: the sum over arenas)
-CENSUS_MIN_LENGTH = 200  # containers at least this long are candidates for the census's list
-CENSUS_CONTAINERS = 40
-CENSUS_DEPTH = 3  # module global -> attribute -> attribute: where long-lived singletons keep state
 # Set by start(): a role that replaces the process title, and more counters for each line.
 ROLE: str | None = None
 EXTRA_COUNTERS: Callable[[], dict[str, float]] | None = None
@@ -167,79 +164,6 @@ def prune(directory: str, prefix: str) -> None:
                 os.remove(os.path.join(directory, name))
 
 
-def describe(container: Any) -> str:
-    """A short hint of what a container holds: its first keys or items' types and text."""
-    items = list(container.items())[:3] if isinstance(container, dict) else list(container)[:3]
-    return "; ".join(repr(item)[:60] for item in items)
-
-
-def is_container(value: Any) -> bool:
-    from collections import deque
-    from collections.abc import MutableMapping
-
-    return isinstance(value, dict | list | set | deque | MutableMapping)
-
-
-def reachable_containers() -> dict[str, int]:
-    """Lengths of the containers reachable from module globals through attributes, by path
-    (`module.name.attribute`), at least CENSUS_MIN_LENGTH long. The census's object walk misses
-    these when they were made before a gc.freeze() (the app and vLLM freeze their start-up heap)."""
-    import types
-
-    skipped = (type, types.ModuleType, types.FunctionType, types.MethodType, types.BuiltinFunctionType)
-    found: dict[str, int] = {}
-    seen: set[int] = set()
-    level = [(name, module) for name, module in list(sys.modules.items()) if module is not None]
-    for depth in range(CENSUS_DEPTH):
-        following = []
-        for path, holder in level:
-            try:
-                attributes = list(vars(holder).items())
-            except TypeError:  # no __dict__ (slots, builtins)
-                continue
-            for name, value in attributes:
-                if id(value) in seen or isinstance(value, skipped):
-                    continue
-                seen.add(id(value))
-                if is_container(value):
-                    try:
-                        length = len(value)
-                    except Exception:  # a mapping whose __len__ fails is skipped
-                        continue
-                    if length >= CENSUS_MIN_LENGTH:
-                        found[f"{path}.{name}"] = length
-                elif depth + 1 < CENSUS_DEPTH and hasattr(value, "__dict__"):
-                    following.append((f"{path}.{name}", value))
-        level = following
-    return found
-
-
-def census() -> dict[str, Any]:
-    """Live objects the garbage collector tracks, by type; the longest containers among them and
-    among those reachable from module globals."""
-    import gc
-
-    types: dict[str, list[int]] = {}
-    longest: list[tuple[int, int, Any]] = []
-    for obj in gc.get_objects():
-        kind = type(obj)
-        entry = types.setdefault(f"{kind.__module__}.{kind.__qualname__}", [0, 0])
-        entry[0] += 1
-        try:
-            entry[1] += sys.getsizeof(obj)
-            length = len(obj) if isinstance(obj, dict | list | set | frozenset | tuple) else 0
-        except Exception:  # an object whose __sizeof__ or __len__ fails is counted, not measured
-            length = 0
-        if length >= CENSUS_MIN_LENGTH:
-            longest.append((length, id(obj), obj))
-    longest.sort(key=lambda item: -item[0])
-    containers = [
-        {"id": ident, "type": type(obj).__qualname__, "length": length, "hint": describe(obj)}
-        for length, ident, obj in longest[:CENSUS_CONTAINERS]
-    ]
-    return {"types": types, "containers": containers, "reachable": reachable_containers()}
-
-
 def snapshot(directory: str, sequence: int, tracemalloc_frames: int) -> None:
     """Write one census, tracemalloc snapshot (unless frames is 0) and jemalloc profile of this process."""
     import gc
@@ -252,6 +176,10 @@ def snapshot(directory: str, sequence: int, tracemalloc_frames: int) -> None:
     base = os.path.join(directory, f"{prefix}{sequence:05d}-{read_label(directory)}")
     gc.collect()
     jemalloc_dump(base + ".heap")
+    try:
+        from object_census import census  # vLLM's processes: this folder is on PYTHONPATH
+    except ImportError:  # the app imports the probe as a module of services
+        from services.engine.probe.object_census import census
     with open(base + ".census.partial", "w", encoding="utf-8") as file:
         json.dump(census(), file)
     os.replace(base + ".census.partial", base + ".census")
