@@ -173,28 +173,20 @@ def parse_jeprof_text(text: str, top: int = 10) -> dict[str, Any]:
 
 
 def attribute(directory: Path, since: str | None = None, top: int = 10) -> dict[str, Any]:
-    """For every process that left two snapshots: what grew between them, Python and native."""
+    """For every process that left two snapshots of a kind: what grew between them (Python
+    allocations, live objects, native allocations)."""
+    readers = (
+        ("tracemalloc", "python", tracemalloc_growth),
+        ("census", "objects", census_growth),
+        ("heap", "native", jemalloc_growth),
+    )
     report: dict[str, Any] = {}
     for (role, pid), snaps in find_snapshots(directory).items():
         entry: dict[str, Any] = {}
-        if pair := pick_pair(snaps, "tracemalloc", since):
-            entry["python"] = {
-                "from": pair[0].label,
-                "to": pair[1].label,
-                **tracemalloc_growth(*(s.path for s in pair), top),
-            }
-        if pair := pick_pair(snaps, "census", since):
-            entry["objects"] = {
-                "from": pair[0].label,
-                "to": pair[1].label,
-                **census_growth(*(s.path for s in pair), top),
-            }
-        if pair := pick_pair(snaps, "heap", since):
-            entry["native"] = {
-                "from": pair[0].label,
-                "to": pair[1].label,
-                **jemalloc_growth(*(s.path for s in pair), top),
-            }
+        for kind, key, growth in readers:
+            if pair := pick_pair(snaps, kind, since):
+                before, after = pair
+                entry[key] = {"from": before.label, "to": after.label, **growth(before.path, after.path, top)}
         if entry:
             report[f"{role}-{pid}"] = entry
     return report
