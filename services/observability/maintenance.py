@@ -39,6 +39,7 @@ from services.observability.memory import (
     kv_cache_usage,
     process_tree_memory,
 )
+from services.observability.native_caches import settle_native_caches
 
 logger = logging.getLogger(__name__)
 
@@ -171,7 +172,10 @@ class Maintenance:
         self._tasks: list[asyncio.Task] = []
 
     def start(self) -> None:
-        """Freeze the start-up heap, then start the three loops in the running event loop (once).
+        """Settle slow-filling library caches, freeze the start-up heap, start the three loops (once).
+
+        The caches (numpy's buffers, the tokenizer's words: native_caches.py) are
+        filled or bounded before the freeze, so they are part of the start-up heap.
 
         After imports and engine start-up the app holds millions of long-lived
         objects (torch, transformers, vLLM); a full `gc.collect()` walking them
@@ -181,6 +185,7 @@ class Maintenance:
         """
         if self._tasks:
             return
+        settle_native_caches(self.engine.tokenizer, self.settings.tokenizer_word_cache)
         gc.collect()
         gc.freeze()
         self._tasks = [
