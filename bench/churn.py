@@ -69,7 +69,8 @@ from services.engine.errors import RepetitionError
 from services.engine.lifespan import engine_lifespan
 from services.engine.processes import engine_processes
 from services.engine.stream_stats import StreamStats
-from services.observability.attribution import attribute, mapping_categories
+from services.observability.app_probe import mapping_categories
+from services.observability.attribution import attribute
 from services.observability.memory import process_tree_memory
 from services.observability.series import theil_sen_interval
 

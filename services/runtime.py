@@ -40,7 +40,7 @@ from services.engine.processes import engine_processes, is_running
 from services.engine.warmup import WarmUpReport
 from services.history.database import ensure_data_dir
 from services.history.service import History, HistoryCollector
-from services.observability.attribution import start_app_probe
+from services.observability.app_probe import start_app_probe
 from services.observability.maintenance import Maintenance, malloc_info
 from services.observability.metrics import RequestMetrics, ServiceCollector
 from services.observability.report import StatsReport

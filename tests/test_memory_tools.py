@@ -284,7 +284,7 @@ def test_app_probe_snapshots_this_process_with_its_mappings(tmp_path: Path) -> N
     """APP_MEMORY_PROBE_DIR: the app's own process, role `app`, its snapshots on SIGUSR2."""
     code = (
         "import os, pathlib, signal, time, gc, types, sys\n"
-        "from services.observability.attribution import start_app_probe\n"
+        "from services.observability.app_probe import start_app_probe\n"
         "def snapshot(count):\n"
         "    os.kill(os.getpid(), signal.SIGUSR2)\n"
         f"    while len(list(pathlib.Path({str(tmp_path)!r}).glob('*.tracemalloc'))) < count:\n"
