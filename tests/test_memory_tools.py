@@ -184,6 +184,20 @@ def wait_for_snapshots(directory: Path, count: int, suffix: str = ".tracemalloc"
         time.sleep(0.1)
 
 
+def counters_after(directory: Path, label: str) -> list[dict[str, Any]]:
+    """The counters lines written right after the snapshots labelled `label`."""
+    if not list(directory.glob("counters-*.jsonl")):
+        return []
+    return [line for line in read_counters(directory) if line.get("snapshot", "").endswith(f"-{label}")]
+
+
+def wait_for_counters_after(directory: Path, label: str) -> None:
+    deadline = time.monotonic() + SNAPSHOT_WAIT_SECONDS
+    while not counters_after(directory, label):
+        assert time.monotonic() < deadline, f"no counters after the {label!r} snapshot"
+        time.sleep(0.1)
+
+
 def snapshot_grow_snapshot(directory: Path) -> None:
     """Start the child, snapshot it, let it grow, snapshot it again, stop it."""
     parent, child_end = multiprocessing.get_context("spawn").Pipe()
@@ -201,6 +215,7 @@ def snapshot_grow_snapshot(directory: Path) -> None:
         (directory / "label").write_text("after")
         os.kill(child.pid, signal.SIGUSR2)
         wait_for_snapshots(directory, 2)
+        wait_for_counters_after(directory, "after")  # the probe's last step, before the child stops
         parent.send("stop")
     finally:
         child.join(10)
@@ -222,7 +237,7 @@ def test_probe_snapshots_on_signal_and_names_the_site_that_grew(
     )
     assert top["blocks"] >= 20_000 and top["share_of_growth"] > 0.8
     assert python["net_bytes"] > 2 * MB
-    before, after = read_counters(tmp_path)[-2:]  # written right after each snapshot
+    (before,), (after,) = counters_after(tmp_path, "before"), counters_after(tmp_path, "after")
     # 20,000 strings, give or take the few hundred blocks the probe's own census moves
     assert after["python_allocated_blocks"] - before["python_allocated_blocks"] >= 19_000
     assert after["anonymous_bytes"] - before["anonymous_bytes"] > 1 * MB
@@ -249,7 +264,7 @@ def test_probe_writes_jemalloc_profiles_that_jeprof_reads(
     # 20,000 strings of ~100 bytes, sampled (lg_prof_sample:10): about 2-3 MB, most in pymalloc.
     assert 1 * MB < native["net_bytes"] < 20 * MB
     assert any("Malloc" in site["site"] or "malloc" in site["site"] for site in native["sites"])
-    before, after = read_counters(tmp_path)[-2:]
+    (before,), (after,) = counters_after(tmp_path, "before"), counters_after(tmp_path, "after")
     assert after["jemalloc.allocated"] - before["jemalloc.allocated"] > 1 * MB
     assert after["jemalloc.resident"] >= after["jemalloc.active"] >= after["jemalloc.allocated"]
 

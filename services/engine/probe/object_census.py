@@ -8,24 +8,26 @@ where state made before a gc.freeze() lives.
 from __future__ import annotations
 
 import sys
+from collections import deque
+from collections.abc import Mapping, MutableMapping
+from itertools import islice
 from typing import Any
 
 CENSUS_MIN_LENGTH = 200  # containers at least this long are candidates for the census's list
 CENSUS_CONTAINERS = 40
+CONTAINER_TYPES = (dict, list, set, frozenset, tuple, deque, MutableMapping)  # concrete types first: fast
 CENSUS_DEPTH = 3  # module global -> attribute -> attribute: where long-lived singletons keep state
 
 
 def describe(container: Any) -> str:
     """A short hint of what a container holds: its first keys or items' types and text."""
-    items = list(container.items())[:3] if isinstance(container, dict) else list(container)[:3]
+    items = list(islice(container.items() if isinstance(container, Mapping) else container, 3))
     return "; ".join(repr(item)[:60] for item in items)
 
 
 def is_container(value: Any) -> bool:
-    from collections import deque
-    from collections.abc import MutableMapping
-
-    return isinstance(value, dict | list | set | deque | MutableMapping)
+    """What both walks count as a container: the builtin ones, deques and mappings (e.g. caches)."""
+    return isinstance(value, CONTAINER_TYPES)
 
 
 def reachable_containers() -> dict[str, int]:
@@ -75,7 +77,7 @@ def census() -> dict[str, Any]:
         entry[0] += 1
         try:
             entry[1] += sys.getsizeof(obj)
-            length = len(obj) if isinstance(obj, dict | list | set | frozenset | tuple) else 0
+            length = len(obj) if is_container(obj) else 0
         except Exception:  # an object whose __sizeof__ or __len__ fails is counted, not measured
             length = 0
         if length >= CENSUS_MIN_LENGTH:

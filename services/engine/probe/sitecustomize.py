@@ -15,7 +15,7 @@ ENGINE_MEMORY_PROBE_SECONDS (0 = signal only):
         and the largest containers by length, with a hint of what they hold; costs nothing
         between snapshots, unlike tracemalloc (the app's probe can run with the census alone)
     <dir>/<role>-<pid>-<seq>-<label>.heap          jemalloc's heap profile, when jemalloc runs with prof:true
-    <dir>/counters-<pid>.jsonl                     every COUNTERS_SECONDS and after each snapshot:
+    <dir>/counters-<pid>.jsonl                     every COUNTERS_SECONDS and after each snapshot (named):
         jemalloc's allocated/active/metadata/resident/mapped/retained bytes and dirty/muzzy
         pages (when jemalloc is the malloc), Python's allocated blocks, pyzmq's zero-copy
         messages not yet released, threads, and anonymous/RSS bytes from /proc
@@ -103,11 +103,13 @@ def jemalloc_counters() -> dict[str, int]:
     return counters
 
 
-def process_counters() -> dict[str, float | str]:
+def process_counters(after_snapshot: str | None = None) -> dict[str, float | str]:
     """One line of counters for this process (see the module's docstring)."""
     import time
 
     line: dict[str, float | str] = {"time": round(time.time(), 1), "role": process_role()}
+    if after_snapshot:
+        line["snapshot"] = after_snapshot
     line.update(jemalloc_counters())
     line["python_allocated_blocks"] = sys.getallocatedblocks()
     garbage = sys.modules.get("zmq.utils.garbage")
@@ -124,14 +126,15 @@ def process_counters() -> dict[str, float | str]:
     return line
 
 
-def append_counters(directory: str) -> None:
-    """Append one line of this process's counters to <dir>/counters-<pid>.jsonl."""
+def append_counters(directory: str, after_snapshot: str | None = None) -> None:
+    """Append one line of this process's counters to <dir>/counters-<pid>.jsonl (naming the
+    snapshot it follows, if any)."""
     import json
 
     path = os.path.join(directory, f"counters-{os.getpid()}.jsonl")  # the role is set after start
     try:
         with open(path, "a", encoding="utf-8") as file:
-            file.write(json.dumps(process_counters()) + "\n")
+            file.write(json.dumps(process_counters(after_snapshot)) + "\n")
     except Exception as error:  # counters must not stop the engine
         print(f"memory probe: counters failed: {error!r}", file=sys.stderr)
 
@@ -187,7 +190,7 @@ def snapshot(directory: str, sequence: int, tracemalloc_frames: int) -> None:
         tracemalloc.take_snapshot().dump(base + ".tracemalloc.partial")
         os.replace(base + ".tracemalloc.partial", base + ".tracemalloc")
     prune(directory, prefix)
-    append_counters(directory)
+    append_counters(directory, os.path.basename(base))
 
 
 def run(
