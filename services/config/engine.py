@@ -29,13 +29,6 @@ class EngineSettings:
     )
     max_model_len: int = setting(8192, "MAX_MODEL_LEN", "Context window in tokens (prompt + answer).", 16)
     max_num_seqs: int = setting(64, "MAX_NUM_SEQS", "Sequences batched together at most.", 1)
-    tokenizer_word_cache: int = setting(
-        1000,
-        "TOKENIZER_WORD_CACHE",
-        "Words the tokenizer's BPE model caches (tokenizers' own default is 10,000, ~4 MB filled "
-        "slowly for hours); 0 turns the cache off.",
-        0,
-    )
     max_num_batched_tokens: int = setting(
         2048,
         "MAX_NUM_BATCHED_TOKENS",
@@ -144,6 +137,13 @@ class EngineSettings:
         "ENGINE_JEMALLOC_CONF",
         "MALLOC_CONF of vLLM's processes with ENGINE_ALLOCATOR=jemalloc: free pages go back to the "
         "OS after dirty_decay_ms, by a background thread rather than inside the engine's steps.",
+    )
+    tokenizer_word_cache: int = setting(
+        1000,
+        "TOKENIZER_WORD_CACHE",
+        "Words the tokenizer's BPE model caches (tokenizers' own default is 10,000, ~4 MB filled "
+        "slowly for hours); 0 turns the cache off.",
+        0,
     )
     engine_memory_probe_dir: str = setting(
         "",
