@@ -3,7 +3,7 @@
     .venv/bin/python bench/native_caches.py                   # ~1 minute
     .venv/bin/python bench/native_caches.py --save-results    # JSON under bench/results/
 
-The app bounds the BPE word cache at TOKENIZER_WORD_CACHE words (native_caches.py;
+The app bounds the BPE word cache at TOKENIZER_WORD_CACHE words (services/engine/lifespan.py;
 tokenizers' own default is 10,000). Three copies of the default model's tokenizer
 (10,000 words, the setting, no cache) encode the real documents of
 bench/data/summary_documents.json, the arms interleaved round by round. Reported
@@ -29,9 +29,10 @@ from bench.common import machine_info
 from bench.summary_quality import load_documents
 from services.config import Settings
 from services.documents.encoding import decode_text
+from services.engine.lifespan import bound_tokenizer_word_cache
 from services.engine.model_prep import ensure_default_model
 from services.observability.maintenance import malloc_info
-from services.observability.native_caches import bound_tokenizer_word_cache, fill_numpy_buffer_cache
+from services.observability.native_caches import fill_numpy_buffer_cache
 
 RESULTS = ROOT / "bench" / "results"
 TOKENIZERS_DEFAULT_WORDS = 10_000

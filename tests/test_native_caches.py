@@ -1,4 +1,4 @@
-"""The library caches that fill slowly stop growing once settled (services/observability/native_caches.py).
+"""Library caches that fill slowly stop growing once settled (native_caches.py, engine/lifespan.py).
 
 Each case runs in a fresh interpreter, so the caches start empty, and measures
 glibc's in-use heap around a workload that keeps bringing new sizes or new words.
@@ -43,7 +43,7 @@ TOKENIZER_WORKLOAD = """
 import json, random, string, sys
 from transformers import AutoTokenizer
 from services.observability.maintenance import malloc_info
-from services.observability.native_caches import bound_tokenizer_word_cache
+from services.engine.lifespan import bound_tokenizer_word_cache
 
 tokenizer = AutoTokenizer.from_pretrained(sys.argv[2])
 if sys.argv[1] == "settled":
@@ -79,6 +79,6 @@ def test_a_bounded_tokenizer_word_cache_does_not_grow_with_new_words(default_mod
 
 
 def test_a_tokenizer_without_a_word_cache_is_left_alone():
-    from services.observability.native_caches import bound_tokenizer_word_cache
+    from services.engine.lifespan import bound_tokenizer_word_cache
 
     assert bound_tokenizer_word_cache(object(), 10) is False

@@ -174,8 +174,8 @@ class Maintenance:
     def start(self) -> None:
         """Settle slow-filling library caches, freeze the start-up heap, start the three loops (once).
 
-        The caches (numpy's buffers, the tokenizer's words: native_caches.py) are
-        filled or bounded before the freeze, so they are part of the start-up heap.
+        numpy's buffer cache (native_caches.py) is filled before the freeze, so it
+        is part of the start-up heap.
 
         After imports and engine start-up the app holds millions of long-lived
         objects (torch, transformers, vLLM); a full `gc.collect()` walking them
@@ -185,7 +185,7 @@ class Maintenance:
         """
         if self._tasks:
             return
-        settle_native_caches(self.engine.tokenizer, self.settings.tokenizer_word_cache)
+        settle_native_caches()
         gc.collect()
         gc.freeze()
         self._tasks = [

@@ -8,13 +8,14 @@ fill slowly"):
   `alloc.c`, ~3.6 MB when full), filled one size at a time as arrays of new
   lengths come and go. Filling it at start makes its memory a constant.
 - Hugging Face tokenizers' BPE model caches up to 10,000 words (~4 MB), filled as
-  new words are read. A smaller bound fills within minutes and costs little speed.
+  new words are read. A smaller bound fills within minutes and costs little speed;
+  the engine's lifespan applies it (TOKENIZER_WORD_CACHE, services/engine/lifespan.py)
+  before the warm-up, for every user of the engine.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import numpy as np
 
@@ -37,22 +38,6 @@ def fill_numpy_buffer_cache() -> int:
     return NUMPY_BUFFERS_PER_SIZE * sum(range(1, NUMPY_CACHED_SIZES))
 
 
-def bound_tokenizer_word_cache(tokenizer: Any, words: int) -> bool:
-    """Bound the word cache of a fast tokenizer's model (BPE) to `words`; False if it has none."""
-    model = getattr(getattr(tokenizer, "backend_tokenizer", None), "model", None)
-    resize = getattr(model, "_resize_cache", None)
-    if resize is None:
-        return False
-    resize(words)
-    return True
-
-
-def settle_native_caches(tokenizer: Any, tokenizer_words: int) -> None:
-    """Fill numpy's buffer cache and bound the tokenizer's word cache; one log line."""
-    held = fill_numpy_buffer_cache()
-    bounded = bound_tokenizer_word_cache(tokenizer, tokenizer_words)
-    logger.info(
-        "native caches: numpy's small-buffer cache filled (%.1f MB); tokenizer word cache %s",
-        held / 1e6,
-        f"bounded at {tokenizer_words} words" if bounded else "not found (no BPE model)",
-    )
+def settle_native_caches() -> None:
+    """Fill numpy's buffer cache; one log line."""
+    logger.info("native caches: numpy's small-buffer cache filled (%.1f MB)", fill_numpy_buffer_cache() / 1e6)
