@@ -136,6 +136,7 @@ class Runtime:
                 self.settings.app_memory_probe_dir,
                 self.settings.app_memory_probe_seconds,
                 self.settings.app_memory_probe_frames,
+                self.settings.app_memory_probe_deep,
             )
         await self._start_api()
 

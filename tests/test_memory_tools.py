@@ -304,11 +304,15 @@ def test_app_probe_snapshots_this_process_with_its_mappings(tmp_path: Path) -> N
         "    os.kill(os.getpid(), signal.SIGUSR2)\n"
         f"    while len(list(pathlib.Path({str(tmp_path)!r}).glob('*.tracemalloc'))) < count:\n"
         "        time.sleep(0.05)\n"
-        f"start_app_probe({str(tmp_path)!r}, 3600, tracemalloc_frames=4)\n"
+        f"start_app_probe({str(tmp_path)!r}, 3600, tracemalloc_frames=4, deep_census=True)\n"
+        "class Unresolvable:  # a lazy proxy like chainlit's context: every lookup raises\n"
+        "    __class__ = property(lambda self: 1 / 0)\n"
+        "    def __getattr__(self, name): raise LookupError(name)\n"
+        "lazy = Unresolvable()\n"
         "sys.modules['cache_owner'] = owner = types.ModuleType('cache_owner')\n"
         "owner.store = types.SimpleNamespace(words={}); gc.freeze(); snapshot(1)\n"
         "kept = [str(i) * 50 for i in range(50_000)]\n"
-        "owner.store.words.update((str(i), str(i)) for i in range(300))\n"
+        "owner.store.words.update((str(i), str(-i)) for i in range(10, 310))\n"
         "snapshot(2)\n"
     )
     root = Path(__file__).resolve().parent.parent
@@ -317,7 +321,7 @@ def test_app_probe_snapshots_this_process_with_its_mappings(tmp_path: Path) -> N
     assert role == "app"
     (process,) = attribute(tmp_path).values()
     top = process["python"]["sites"][0]
-    assert top["site"] == "<string>:10" and top["blocks"] >= 50_000
+    assert top["site"] == "<string>:14" and top["blocks"] >= 50_000
     grown = process["objects"]["containers"][0]  # the census: no tracing needed
     assert grown["type"] == "list" and grown["length"] == grown["grew_by"] == 50_000 and grown["new"]
     assert grown["hint"].startswith("'0000")
@@ -329,6 +333,13 @@ def test_app_probe_snapshots_this_process_with_its_mappings(tmp_path: Path) -> N
         "length": 300,
         "grew_by": 300,
     }
+    # the deep census: every reachable object, strings too, by the module global that holds it
+    owners = {o["owner"]: o for o in process["objects"]["owners"]["grew"]}
+    assert owners["__main__.kept"]["objects"] == 50_001  # the list and its strings
+    assert owners["__main__.kept"]["types"][0] == {"type": "builtins.str", "objects": 50_000}
+    words = owners["cache_owner.store"]["types"][0]  # 300 keys (gc does not see them), 300 values,
+    assert words["type"] == "builtins.str" and 600 <= words["objects"] <= 601  # and "words" itself
+    assert process["objects"]["owners"]["objects"] >= 50_600
     counters = read_counters(tmp_path)[-1]
     assert counters["role"] == "app"
     assert sum(v for k, v in counters.items() if k.startswith("anonymous_bytes.")) > 1 * MB

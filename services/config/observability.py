@@ -56,6 +56,13 @@ class ObservabilitySettings:
         "fell behind and sign-ins timed out (BENCHMARKS.md).",
         0,
     )
+    app_memory_probe_deep: bool = setting(
+        False,
+        "APP_MEMORY_PROBE_DEEP",
+        "With APP_MEMORY_PROBE_DIR: each census also walks every object reachable from module "
+        "globals (strings and numbers too, which gc does not track) and counts them by the global "
+        "that holds them. Several seconds per snapshot in the app (BENCHMARKS.md).",
+    )
     ops_token: str = setting(
         "",
         "OPS_TOKEN",

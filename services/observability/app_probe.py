@@ -12,7 +12,9 @@ import os
 from pathlib import Path
 
 
-def start_app_probe(directory: str, interval_seconds: float, tracemalloc_frames: int) -> None:
+def start_app_probe(
+    directory: str, interval_seconds: float, tracemalloc_frames: int, deep_census: bool = False
+) -> None:
     """Run the probe in this process too (role `app`), its counters with anonymous memory by mapping."""
     from services.engine.probe import sitecustomize as probe
 
@@ -22,7 +24,12 @@ def start_app_probe(directory: str, interval_seconds: float, tracemalloc_frames:
         return {f"anonymous_bytes.{kind}": size for kind, size in mapping_categories(os.getpid()).items()}
 
     probe.start(
-        str(Path(directory).resolve()), interval_seconds or None, "app", by_mapping, tracemalloc_frames
+        str(Path(directory).resolve()),
+        interval_seconds or None,
+        "app",
+        by_mapping,
+        tracemalloc_frames,
+        deep_census,
     )
 
 

@@ -121,6 +121,40 @@ def census_growth(before: Path, after: Path, top: int = 10) -> dict[str, Any]:
         "types": sorted(types, key=lambda t: -t["objects"])[:top],
         "containers": sorted(containers, key=lambda c: -c["grew_by"])[:top],
         "reachable": sorted(reachable, key=lambda c: -c["grew_by"])[:top],
+        **(
+            {"owners": owner_growth(old["owners"], new["owners"], top)}
+            if "owners" in new and "owners" in old
+            else {}
+        ),
+    }
+
+
+def owner_growth(old: dict[str, Any], new: dict[str, Any], top: int) -> dict[str, Any]:
+    """The deep census's diff: every reachable object's net change, and the module globals
+    (owners) whose objects grew most in number, with the types that grew under each."""
+
+    def total(owners: dict[str, Any], key: str) -> int:
+        return sum(owner[key] for owner in owners.values())
+
+    empty = {"objects": 0, "bytes": 0, "types": {}}
+    grown = []
+    for name, owner in new.items():
+        before = old.get(name, empty)
+        types = [
+            {"type": kind, "objects": n - before["types"].get(kind, (0, 0))[0]}
+            for kind, (n, _size) in owner["types"].items()
+        ]
+        grown.append({
+            "owner": name,
+            "objects": owner["objects"] - before["objects"],
+            "bytes": owner["bytes"] - before["bytes"],
+            "now": owner["objects"],
+            "types": [t for t in sorted(types, key=lambda t: -t["objects"])[:3] if t["objects"] > 0],
+        })  # fmt: skip
+    return {
+        "objects": total(new, "objects") - total(old, "objects"),
+        "bytes": total(new, "bytes") - total(old, "bytes"),
+        "grew": sorted(grown, key=lambda g: -g["objects"])[:top],
     }
 
 

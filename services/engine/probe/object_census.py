@@ -17,6 +17,7 @@ CENSUS_MIN_LENGTH = 200  # containers at least this long are candidates for the 
 CENSUS_CONTAINERS = 40
 CONTAINER_TYPES = (dict, list, set, frozenset, tuple, deque, MutableMapping)  # concrete types first: fast
 CENSUS_DEPTH = 3  # module global -> attribute -> attribute: where long-lived singletons keep state
+OWNER_MIN_OBJECTS = 10  # owners (and their types) holding fewer objects are summed, not listed
 
 
 def describe(container: Any) -> str:
@@ -27,7 +28,7 @@ def describe(container: Any) -> str:
 
 def is_container(value: Any) -> bool:
     """What both walks count as a container: the builtin ones, deques and mappings (e.g. caches)."""
-    return isinstance(value, CONTAINER_TYPES)
+    return issubclass(type(value), CONTAINER_TYPES)  # type(): a lazy proxy's __class__ may raise
 
 
 def reachable_containers() -> dict[str, int]:
@@ -45,10 +46,10 @@ def reachable_containers() -> dict[str, int]:
         for path, holder in level:
             try:
                 attributes = list(vars(holder).items())
-            except TypeError:  # no __dict__ (slots, builtins)
+            except Exception:  # no __dict__ (slots, builtins), or a lazy proxy that cannot resolve
                 continue
             for name, value in attributes:
-                if id(value) in seen or isinstance(value, skipped):
+                if id(value) in seen or issubclass(type(value), skipped):
                     continue
                 seen.add(id(value))
                 if is_container(value):
@@ -58,15 +59,87 @@ def reachable_containers() -> dict[str, int]:
                         continue
                     if length >= CENSUS_MIN_LENGTH:
                         found[f"{path}.{name}"] = length
-                elif depth + 1 < CENSUS_DEPTH and hasattr(value, "__dict__"):
+                elif depth + 1 < CENSUS_DEPTH:
                     following.append((f"{path}.{name}", value))
         level = following
     return found
 
 
-def census() -> dict[str, Any]:
+def reachable_objects() -> dict[str, Any]:
+    """Every object reachable from module globals, by owner and type: strings, numbers and bytes
+    too, which gc does not track, and objects frozen by gc.freeze(). The owner is the module global
+    (`module.name`) through which the walk first reached an object, globals defined in their
+    module first; what only running code holds (tasks, frames) is owned by `gc:<type of root>`.
+    A walk over every object: seconds in a large process, and its own memory until it returns."""
+    import gc
+    import types
+
+    modules = [(name, module) for name, module in list(sys.modules.items()) if module is not None]
+    module_dicts = {id(vars(module)) for _, module in modules}
+    seen: set[int] = set(module_dicts)
+    owners: dict[str, dict[type, list[int]]] = {}
+
+    def walk(owner: str, start: Any) -> None:
+        counts = owners.setdefault(owner, {})
+        stack = [start]
+        while stack:
+            obj = stack.pop()
+            if id(obj) in seen or issubclass(type(obj), types.ModuleType):
+                continue
+            seen.add(id(obj))
+            entry = counts.setdefault(type(obj), [0, 0])
+            entry[0] += 1
+            entry[1] += sys.getsizeof(obj, 0)
+            stack.extend(gc.get_referents(obj))
+            if issubclass(type(obj), dict):  # gc skips the keys of dicts whose keys are all str
+                stack.extend(dict.keys(obj))
+
+    globals_ = [
+        (f"{name}.{key}", value) for name, module in modules for key, value in list(vars(module).items())
+    ]
+    defined_here = [(path, value) for path, value in globals_ if _defined_in(value) == path.rsplit(".", 1)[0]]
+    seen.update(map(id, (seen, owners, modules, module_dicts, globals_, defined_here)))
+    for path, value in defined_here + globals_:
+        walk(path, value)
+    for obj in gc.get_objects():
+        if id(obj) not in seen:
+            walk(f"gc:{type(obj).__qualname__}", obj)
+    return _by_owner(owners)
+
+
+def _defined_in(value: Any) -> str | None:
+    try:
+        return getattr(value, "__module__", None)
+    except Exception:  # a proxy whose attribute lookup fails
+        return None
+
+
+def _by_owner(owners: dict[str, dict[type, list[int]]]) -> dict[str, Any]:
+    """Owners with their object count, bytes and larger types, by name; the rest summed."""
+    listed: dict[str, Any] = {}
+    rest = [0, 0]
+    for owner, counts in owners.items():
+        objects, size = sum(n for n, _ in counts.values()), sum(b for _, b in counts.values())
+        if objects < OWNER_MIN_OBJECTS:
+            rest[0] += objects
+            rest[1] += size
+            continue
+        listed[owner] = {
+            "objects": objects,
+            "bytes": size,
+            "types": {
+                f"{kind.__module__}.{kind.__qualname__}": entry
+                for kind, entry in counts.items()
+                if entry[0] >= OWNER_MIN_OBJECTS
+            },
+        }
+    listed["(owners of fewer objects)"] = {"objects": rest[0], "bytes": rest[1], "types": {}}
+    return listed
+
+
+def census(deep: bool = False) -> dict[str, Any]:
     """Live objects the garbage collector tracks, by type; the longest containers among them and
-    among those reachable from module globals."""
+    among those reachable from module globals; with `deep`, every reachable object by owner."""
     import gc
 
     types: dict[str, list[int]] = {}
@@ -87,4 +160,7 @@ def census() -> dict[str, Any]:
         {"id": ident, "type": type(obj).__qualname__, "length": length, "hint": describe(obj)}
         for length, ident, obj in longest[:CENSUS_CONTAINERS]
     ]
-    return {"types": types, "containers": containers, "reachable": reachable_containers()}
+    found = {"types": types, "containers": containers, "reachable": reachable_containers()}
+    if deep:
+        found["owners"] = reachable_objects()
+    return found

@@ -47,9 +47,11 @@ JEMALLOC_COUNTERS = (
     "stats.arenas.4096.pdirty",
     "stats.arenas.4096.pmuzzy",
 )  # fmt: skip  (4096 = MALLCTL_ARENAS_ALL: the sum over arenas)
-# Set by start(): a role that replaces the process title, and more counters for each line.
+# Set by start(): a role that replaces the process title, more counters for each line, and
+# whether each census also walks every reachable object (object_census.reachable_objects).
 ROLE: str | None = None
 EXTRA_COUNTERS: Callable[[], dict[str, float]] | None = None
+DEEP_CENSUS = False
 
 
 def process_role() -> str:
@@ -184,7 +186,7 @@ def snapshot(directory: str, sequence: int, tracemalloc_frames: int) -> None:
     except ImportError:  # the app imports the probe as a module of services
         from services.engine.probe.object_census import census
     with open(base + ".census.partial", "w", encoding="utf-8") as file:
-        json.dump(census(), file)
+        json.dump(census(DEEP_CENSUS), file)
     os.replace(base + ".census.partial", base + ".census")
     if tracemalloc.is_tracing():
         tracemalloc.take_snapshot().dump(base + ".tracemalloc.partial")
@@ -213,15 +215,16 @@ def start(
     role: str | None = None,
     extra_counters: Callable[[], dict[str, float]] | None = None,
     tracemalloc_frames: int = TRACEMALLOC_FRAMES,
+    deep_census: bool = False,
 ) -> None:
     """Snapshot on SIGUSR2 (when called from the main thread) and every `interval_seconds`; counters
     every COUNTERS_SECONDS. Once per process: the threads live as long as it does."""
-    global ROLE, EXTRA_COUNTERS
+    global ROLE, EXTRA_COUNTERS, DEEP_CENSUS
     if any(thread.name == "memory-probe" for thread in threading.enumerate()):
         return
     import signal
 
-    ROLE, EXTRA_COUNTERS = role, extra_counters
+    ROLE, EXTRA_COUNTERS, DEEP_CENSUS = role, extra_counters, deep_census
     wake = threading.Event()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGUSR2, lambda *_: wake.set())
