@@ -7,6 +7,7 @@ they wrote: tracemalloc snapshots, and jemalloc heap profiles through jeprof.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import multiprocessing
 import os
@@ -30,6 +31,7 @@ from services.engine.allocators import (
     find_library,
     forget_preload,
 )
+from services.engine.probe.object_census import reachable_objects
 from services.observability.attribution import attribute, find_snapshots, parse_jeprof_text
 from services.observability.memory import MB, MemoryMonitor, MemorySample, ProcessMemory
 from services.observability.report import report_text
@@ -339,7 +341,31 @@ def test_app_probe_snapshots_this_process_with_its_mappings(tmp_path: Path) -> N
     assert owners["__main__.kept"]["types"][0] == {"type": "builtins.str", "objects": 50_000}
     words = owners["cache_owner.store"]["types"][0]  # 300 keys (gc does not see them), 300 values,
     assert words["type"] == "builtins.str" and 600 <= words["objects"] <= 601  # and "words" itself
-    assert process["objects"]["owners"]["objects"] >= 50_600
+    assert process["objects"]["owners"]["objects"] > 50_500  # all reachable objects, net
     counters = read_counters(tmp_path)[-1]
     assert counters["role"] == "app"
     assert sum(v for k, v in counters.items() if k.startswith("anonymous_bytes.")) > 1 * MB
+
+
+def test_deep_census_names_the_running_task_that_holds_objects() -> None:
+    """Objects only a coroutine holds are reachable from no module global: the deep census names
+    the task's coroutine as their owner, not the first object gc happens to list."""
+
+    async def holder(ready: asyncio.Event, done: asyncio.Event) -> int:
+        words = [str(i) * 3 for i in range(10_000, 13_000)]
+        ready.set()
+        await done.wait()
+        return len(words)
+
+    async def census_while_held() -> dict[str, Any]:
+        ready, done = asyncio.Event(), asyncio.Event()
+        task = asyncio.create_task(holder(ready, done))
+        await ready.wait()
+        owners = reachable_objects()
+        done.set()
+        assert await task == 3_000
+        return owners
+
+    owners = asyncio.run(census_while_held())
+    held = owners[f"task:{holder.__qualname__}"]
+    assert held["types"]["builtins.str"][0] >= 3_000

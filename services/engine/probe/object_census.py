@@ -15,7 +15,7 @@ from typing import Any
 
 CENSUS_MIN_LENGTH = 200  # containers at least this long are candidates for the census's list
 CENSUS_CONTAINERS = 40
-CONTAINER_TYPES = (dict, list, set, frozenset, tuple, deque, MutableMapping)  # concrete types first: fast
+CONTAINER_TYPES = (dict, list, set, frozenset, tuple, deque)
 CENSUS_DEPTH = 3  # module global -> attribute -> attribute: where long-lived singletons keep state
 OWNER_MIN_OBJECTS = 10  # owners (and their types) holding fewer objects are summed, not listed
 
@@ -27,8 +27,11 @@ def describe(container: Any) -> str:
 
 
 def is_container(value: Any) -> bool:
-    """What both walks count as a container: the builtin ones, deques and mappings (e.g. caches)."""
-    return issubclass(type(value), CONTAINER_TYPES)  # type(): a lazy proxy's __class__ may raise
+    """What both walks count as a container: the builtin ones, deques and mappings (e.g. caches).
+    type(), as a lazy proxy's __class__ may raise; the MRO, as issubclass() with an ABC adds every
+    type it is asked about to the ABC's cache (a weakref and a callback each: the probe's own growth)."""
+    kind = type(value)
+    return issubclass(kind, CONTAINER_TYPES) or MutableMapping in kind.__mro__
 
 
 def reachable_containers() -> dict[str, int]:
@@ -69,7 +72,8 @@ def reachable_objects() -> dict[str, Any]:
     """Every object reachable from module globals, by owner and type: strings, numbers and bytes
     too, which gc does not track, and objects frozen by gc.freeze(). The owner is the module global
     (`module.name`) through which the walk first reached an object, globals defined in their
-    module first; what only running code holds (tasks, frames) is owned by `gc:<type of root>`.
+    module first. What only running code holds is owned by `task:<coroutine>` (asyncio's tasks),
+    `loop.<attribute>` (the event loop's transports, handles, timers) or `gc:<type of the root>`.
     A walk over every object: seconds in a large process, and its own memory until it returns."""
     import gc
     import types
@@ -79,12 +83,19 @@ def reachable_objects() -> dict[str, Any]:
     seen: set[int] = set(module_dicts)
     owners: dict[str, dict[type, list[int]]] = {}
 
+    tracked = gc.get_objects()
+    tasks = _live_tasks()
+    loops = [obj for obj in tracked if _is_event_loop(obj)]
+    reserved = set(map(id, tasks + loops))  # roots of their own, walked after the globals
+
     def walk(owner: str, start: Any) -> None:
         counts = owners.setdefault(owner, {})
         stack = [start]
         while stack:
             obj = stack.pop()
-            if id(obj) in seen or issubclass(type(obj), types.ModuleType):
+            if id(obj) in seen or (id(obj) in reserved and obj is not start):
+                continue
+            if issubclass(type(obj), types.ModuleType):
                 continue
             seen.add(id(obj))
             entry = counts.setdefault(type(obj), [0, 0])
@@ -98,13 +109,42 @@ def reachable_objects() -> dict[str, Any]:
         (f"{name}.{key}", value) for name, module in modules for key, value in list(vars(module).items())
     ]
     defined_here = [(path, value) for path, value in globals_ if _defined_in(value) == path.rsplit(".", 1)[0]]
-    seen.update(map(id, (seen, owners, modules, module_dicts, globals_, defined_here)))
+    internals = (seen, owners, modules, module_dicts, globals_, defined_here, tracked, tasks, loops, reserved)
+    seen.update(map(id, internals))
     for path, value in defined_here + globals_:
         walk(path, value)
-    for obj in gc.get_objects():
+    for task in tasks:  # what only running code holds, by the coroutine that holds it
+        walk(f"task:{_coroutine_name(task)}", task)
+    for loop in loops:  # transports, handles, timers
+        for name, value in list(vars(loop).items()):
+            walk(f"loop.{name}", value)
+    for obj in tracked:
         if id(obj) not in seen:
             walk(f"gc:{type(obj).__qualname__}", obj)
     return _by_owner(owners)
+
+
+def _live_tasks() -> list[Any]:
+    """asyncio's tasks of every loop, by coroutine name (a stable order between snapshots)."""
+    tasks = sys.modules.get("asyncio.tasks")
+    if tasks is None:
+        return []
+    for _attempt in range(5):  # the loop's thread may add a task while this one copies the set
+        try:
+            return sorted(list(tasks._all_tasks), key=_coroutine_name)  # a WeakSet: not a root
+        except RuntimeError:
+            continue
+    return []
+
+
+def _coroutine_name(task: Any) -> str:
+    coroutine = task.get_coro()
+    return getattr(coroutine, "__qualname__", type(coroutine).__qualname__)
+
+
+def _is_event_loop(obj: Any) -> bool:
+    events = sys.modules.get("asyncio.events")
+    return events is not None and issubclass(type(obj), events.AbstractEventLoop)
 
 
 def _defined_in(value: Any) -> str | None:
