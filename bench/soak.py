@@ -56,6 +56,8 @@ STATUS_FIELDS = (
 HISTORY_FIELDS = ("database_bytes", "sqlite_memory_bytes")  # from /status["history"], as history_<name>
 APP_FIELDS = ("app_python_allocated_blocks", "app_asyncio_tasks")  # from /status
 MALLOC_FIELDS = ("in_use_bytes", "free_in_heaps_bytes", "mmapped_bytes")  # /status["app_malloc"], prefixed
+# /status["app_pymalloc"] ("pymalloc.<name>"), as app_pymalloc_<name>: Python's arenas, outside malloc
+PYMALLOC_FIELDS = ("arenas", "allocated_bytes", "available_bytes", "unused_pool_bytes")
 PROCESS_LABELS = ("app", "engine_core", "worker", "other")
 SLOPE_MAX_POINTS = 400  # Theil-Sen on at most this many samples (~80k pairs)
 SLOPE_WINDOWS = 4  # the post-warm-up period is also fitted in this many consecutive windows
@@ -156,6 +158,7 @@ class MemorySampler:
         self._columns += [f"anon_mb_{label}" for label in PROCESS_LABELS] + ["exec_maps_worker"]
         self._columns += [*STATUS_FIELDS, *(f"history_{name}" for name in HISTORY_FIELDS)]
         self._columns += [*APP_FIELDS, *(f"app_malloc_{name}" for name in MALLOC_FIELDS)]
+        self._columns += [f"app_pymalloc_{name}" for name in PYMALLOC_FIELDS]
 
     def start(self) -> MemorySampler:
         with self.path.open("w", newline="") as file:
@@ -220,6 +223,9 @@ class MemorySampler:
         row.update({name: status.get(name, "") for name in APP_FIELDS})
         app_malloc = status.get("app_malloc") or {}
         row.update({f"app_malloc_{name}": app_malloc.get(name, "") for name in MALLOC_FIELDS})
+        pymalloc = status.get("app_pymalloc") or {}  # "unused pools" is left out when there are none
+        default = 0 if pymalloc else ""
+        row.update({f"app_pymalloc_{n}": pymalloc.get(f"pymalloc.{n}", default) for n in PYMALLOC_FIELDS})
         self.rows.append(row)
         with self.path.open("a", newline="") as file:
             csv.writer(file).writerow([row[column] for column in self._columns])

@@ -36,6 +36,7 @@ from services.chat.store import SessionStore
 from services.config import Settings
 from services.engine.chat_engine import ChatEngine
 from services.engine.lifespan import engine_lifespan
+from services.engine.probe.sitecustomize import pymalloc_counters
 from services.engine.processes import engine_processes, is_running
 from services.engine.warmup import WarmUpReport
 from services.history.database import ensure_data_dir
@@ -211,6 +212,7 @@ class Runtime:
                     "event_loop_lag_max_seconds": round(self.maintenance.loop_lag.max_seconds, 4),
                     "app_malloc": malloc_info(),
                     "app_python_allocated_blocks": sys.getallocatedblocks(),
+                    "app_pymalloc": pymalloc_counters(),
                     "app_asyncio_tasks": len(asyncio.all_tasks()),
                 }
             )

@@ -98,6 +98,7 @@ def test_report_files_are_written(soak: dict[str, Any]) -> None:
     assert all(int(row["exec_maps_worker"]) > 0 for row in samples), "its code mappings are counted"
     assert all(int(row["app_malloc_in_use_bytes"]) > 0 for row in samples), "the app's heap, from /status"
     assert all(int(row["app_python_allocated_blocks"]) > 0 for row in samples)
+    assert all(int(row["app_pymalloc_arenas"]) > 0 for row in samples), "Python's arenas, from /status"
     assert len(soak["memory"]["rss_mb_per_hour_by_window"]) == 4
     assert (SOAK_OUT / "soak.png").read_bytes().startswith(PNG_MAGIC)
     with (SOAK_OUT / "requests.csv").open(newline="") as file:

@@ -8,6 +8,7 @@ where state made before a gc.freeze() lives.
 from __future__ import annotations
 
 import sys
+import warnings
 from collections import deque
 from collections.abc import Mapping, MutableMapping
 from itertools import islice
@@ -200,7 +201,9 @@ def census(deep: bool = False) -> dict[str, Any]:
         {"id": ident, "type": type(obj).__qualname__, "length": length, "hint": describe(obj)}
         for length, ident, obj in longest[:CENSUS_CONTAINERS]
     ]
-    found = {"types": types, "containers": containers, "reachable": reachable_containers()}
-    if deep:
-        found["owners"] = reachable_objects()
+    with warnings.catch_warnings():  # reading a deprecated global (torch's reduce_op) warns each time
+        warnings.simplefilter("ignore")
+        found = {"types": types, "containers": containers, "reachable": reachable_containers()}
+        if deep:
+            found["owners"] = reachable_objects()
     return found

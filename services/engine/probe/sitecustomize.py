@@ -105,6 +105,46 @@ def jemalloc_counters() -> dict[str, int]:
     return counters
 
 
+PYMALLOC_STATS = {  # _PyObject_DebugMallocStats's lines -> counter names
+    "# arenas allocated current": "pymalloc.arenas",
+    "# arenas highwater mark": "pymalloc.arenas_highwater",
+    "# bytes in allocated blocks": "pymalloc.allocated_bytes",
+    "# bytes in available blocks": "pymalloc.available_bytes",
+}
+
+
+def pymalloc_counters() -> dict[str, int]:
+    """Python's small-object allocator: arenas held (1 MiB each on 3.10+, mmapped outside malloc) and
+    the bytes of live and free blocks in them; their gap is fragmentation. {} when unavailable
+    (PYTHONMALLOC=malloc, another interpreter)."""
+    import ctypes
+
+    try:
+        libc, stats = ctypes.CDLL(None), ctypes.pythonapi._PyObject_DebugMallocStats
+    except (OSError, AttributeError):
+        return {}
+    libc.open_memstream.restype = ctypes.c_void_p
+    libc.open_memstream.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t)]
+    libc.fclose.argtypes = libc.free.argtypes = stats.argtypes = [ctypes.c_void_p]
+    buffer, size = ctypes.c_void_p(), ctypes.c_size_t()
+    stream = libc.open_memstream(ctypes.byref(buffer), ctypes.byref(size))
+    if not stream:
+        return {}
+    written = stats(stream)  # writes the report to the in-memory stream (the GIL is held)
+    libc.fclose(stream)
+    text = ctypes.string_at(buffer, size.value).decode("ascii", "replace") if buffer.value else ""
+    libc.free(buffer)
+    counters = {}
+    for row in text.splitlines() if written else ():
+        key, _, value = row.partition("=")
+        name = PYMALLOC_STATS.get(key.strip())
+        if "unused pools" in key:  # "N unused pools * 16384 bytes", only when N > 0
+            name = "pymalloc.unused_pool_bytes"
+        if name and value:
+            counters[name] = int(value.strip().replace(",", ""))
+    return counters
+
+
 def process_counters(after_snapshot: str | None = None) -> dict[str, float | str]:
     """One line of counters for this process (see the module's docstring)."""
     import time
@@ -114,6 +154,7 @@ def process_counters(after_snapshot: str | None = None) -> dict[str, float | str
         line["snapshot"] = after_snapshot
     line.update(jemalloc_counters())
     line["python_allocated_blocks"] = sys.getallocatedblocks()
+    line.update(pymalloc_counters())
     garbage = sys.modules.get("zmq.utils.garbage")
     if garbage is not None:
         line["pyzmq_pending_zero_copy"] = len(garbage.gc.refs)
