@@ -36,8 +36,8 @@ class ObservabilitySettings:
         "",
         "APP_MEMORY_PROBE_DIR",
         "For finding leaks in the app's own process (ENGINE_MEMORY_PROBE_DIR does vLLM's): when "
-        "set, the app appends a line of counters (Python's blocks, threads, anonymous memory in "
-        "all and by kind of mapping) to `counters-<pid>.jsonl` in this folder every 30 s, and on "
+        "set, the app appends a line of counters (Python's blocks and pymalloc's arenas, threads, "
+        "anonymous memory in all and by kind of mapping) to `counters-<pid>.jsonl` in this folder every 30 s, and on "
         "SIGUSR2 and every APP_MEMORY_PROBE_SECONDS writes a census of its live objects (by type, "
         "and the longest containers; a pause of about a second) to `app-<pid>-*.census`, read with "
         "`python -m services.observability.attribution`. Empty = off.",
@@ -61,7 +61,8 @@ class ObservabilitySettings:
         "APP_MEMORY_PROBE_DEEP",
         "With APP_MEMORY_PROBE_DIR: each census also walks every object reachable from module "
         "globals (strings and numbers too, which gc does not track) and counts them by the global "
-        "that holds them. Several seconds per snapshot in the app (BENCHMARKS.md).",
+        "that holds them. Several seconds per snapshot in the app, and its temporary sets fragment "
+        "the app's memory: for attribution runs, not verdicts (BENCHMARKS.md).",
     )
     ops_token: str = setting(
         "",

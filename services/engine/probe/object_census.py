@@ -77,41 +77,19 @@ def reachable_objects() -> dict[str, Any]:
     `loop.<attribute>` (the event loop's transports, handles, timers) or `gc:<type of the root>`.
     A walk over every object: seconds in a large process, and its own memory until it returns."""
     import gc
-    import types
 
     modules = [(name, module) for name, module in list(sys.modules.items()) if module is not None]
     module_dicts = {id(vars(module)) for _, module in modules}
-    seen: set[int] = set(module_dicts)
-    owners: dict[str, dict[type, list[int]]] = {}
-
     tracked = gc.get_objects()
     tasks = _live_tasks()
     loops = [obj for obj in tracked if _is_event_loop(obj)]
-    reserved = set(map(id, tasks + loops))  # roots of their own, walked after the globals
-
-    def walk(owner: str, start: Any) -> None:
-        counts = owners.setdefault(owner, {})
-        stack = [start]
-        while stack:
-            obj = stack.pop()
-            if id(obj) in seen or (id(obj) in reserved and obj is not start):
-                continue
-            if issubclass(type(obj), types.ModuleType):
-                continue
-            seen.add(id(obj))
-            entry = counts.setdefault(type(obj), [0, 0])
-            entry[0] += 1
-            entry[1] += sys.getsizeof(obj, 0)
-            stack.extend(gc.get_referents(obj))
-            if issubclass(type(obj), dict):  # gc skips the keys of dicts whose keys are all str
-                stack.extend(dict.keys(obj))
-
+    walk = _OwnerWalk(seen=set(module_dicts), reserved=set(map(id, tasks + loops)))  # own roots, walked later
     globals_ = [
         (f"{name}.{key}", value) for name, module in modules for key, value in list(vars(module).items())
     ]
     defined_here = [(path, value) for path, value in globals_ if _defined_in(value) == path.rsplit(".", 1)[0]]
-    internals = (seen, owners, modules, module_dicts, globals_, defined_here, tracked, tasks, loops, reserved)
-    seen.update(map(id, internals))
+    internals = (walk, modules, module_dicts, globals_, defined_here, tracked, tasks, loops)
+    walk.seen.update(map(id, internals))
     for path, value in defined_here + globals_:
         walk(path, value)
     for task in tasks:  # what only running code holds, by the coroutine that holds it
@@ -120,9 +98,39 @@ def reachable_objects() -> dict[str, Any]:
         for name, value in list(vars(loop).items()):
             walk(f"loop.{name}", value)
     for obj in tracked:
-        if id(obj) not in seen:
+        if id(obj) not in walk.seen:
             walk(f"gc:{type(obj).__qualname__}", obj)
-    return _by_owner(owners)
+    return _by_owner(walk.owners)
+
+
+class _OwnerWalk:
+    """Counts, by type under an owner, every object reachable from a root that no earlier root
+    reached; `reserved` objects are only counted as roots of their own."""
+
+    def __init__(self, seen: set[int], reserved: set[int]) -> None:
+        self.seen, self.reserved = seen, reserved
+        self.owners: dict[str, dict[type, list[int]]] = {}
+        self.seen.update(map(id, (self.seen, self.reserved, self.owners)))
+
+    def __call__(self, owner: str, start: Any) -> None:
+        import gc
+        import types
+
+        counts = self.owners.setdefault(owner, {})
+        stack = [start]
+        while stack:
+            obj = stack.pop()
+            if id(obj) in self.seen or (id(obj) in self.reserved and obj is not start):
+                continue
+            if issubclass(type(obj), types.ModuleType):
+                continue
+            self.seen.add(id(obj))
+            entry = counts.setdefault(type(obj), [0, 0])
+            entry[0] += 1
+            entry[1] += sys.getsizeof(obj, 0)
+            stack.extend(gc.get_referents(obj))
+            if issubclass(type(obj), dict):  # gc skips the keys of dicts whose keys are all str
+                stack.extend(dict.keys(obj))
 
 
 def _live_tasks() -> list[Any]:
