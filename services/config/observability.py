@@ -37,10 +37,10 @@ class ObservabilitySettings:
         "APP_MEMORY_PROBE_DIR",
         "For finding leaks in the app's own process (ENGINE_MEMORY_PROBE_DIR does vLLM's): when "
         "set, the app appends a line of counters (Python's blocks and pymalloc's arenas, threads, "
-        "anonymous memory in all and by kind of mapping) to `counters-<pid>.jsonl` in this folder every 30 s, and on "
-        "SIGUSR2 and every APP_MEMORY_PROBE_SECONDS writes a census of its live objects (by type, "
-        "and the longest containers; a pause of about a second) to `app-<pid>-*.census`, read with "
-        "`python -m services.observability.attribution`. Empty = off.",
+        "anonymous memory in all and by kind of mapping) to `counters-<pid>.jsonl` in this folder "
+        "every 30 s, and on SIGUSR2 and every APP_MEMORY_PROBE_SECONDS writes a census of its live "
+        "objects (by type, and the longest containers; a pause of about a second) to "
+        "`app-<pid>-*.census`, read with `python -m services.observability.attribution`. Empty = off.",
     )
     app_memory_probe_seconds: float = setting(
         600.0,
