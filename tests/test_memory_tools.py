@@ -247,23 +247,26 @@ def test_probe_snapshots_on_signal_and_names_the_site_that_grew(
 
 
 def test_pymalloc_counters_see_small_objects_in_arenas_outside_malloc() -> None:
-    """The counters that tell pymalloc's arenas (mmapped by Python, not malloc) from its live blocks."""
-    import tracemalloc
-
-    from services.engine.probe.sitecustomize import pymalloc_counters
-
-    before = pymalloc_counters()
-    kept = [f"kept in pymalloc's arenas {i}" * 4 for i in range(20_000)]  # ~150 bytes each
-    after = pymalloc_counters()
+    """The counters that tell pymalloc's arenas (mmapped by Python, not malloc) from its live blocks.
+    In a fresh interpreter, whose arenas have little free space the strings could reuse."""
+    code = (
+        "import json, tracemalloc\n"
+        "from services.engine.probe.sitecustomize import pymalloc_counters\n"
+        "before = pymalloc_counters()\n"
+        "kept = [f'kept in arenas {i}' * 8 for i in range(20_000)]\n"  # ~150 bytes each
+        "after = pymalloc_counters()\n"
+        "tracemalloc.start()\n"  # its hooks wrap pymalloc, which then declines to report
+        "print(json.dumps([before, after, pymalloc_counters()]))\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    run = subprocess.run([sys.executable, "-c", code], cwd=root, timeout=60, check=True, capture_output=True)
+    before, after, traced = json.loads(run.stdout)
     assert after["pymalloc.allocated_bytes"] - before["pymalloc.allocated_bytes"] > 2.5 * MB
     assert after["pymalloc.arenas"] - before["pymalloc.arenas"] >= 2
+    blocks = after["pymalloc.allocated_bytes"] + after["pymalloc.available_bytes"]
+    assert after["pymalloc.arenas"] * 2**20 > blocks  # arenas hold the blocks, live and free
     assert after["pymalloc.arenas_highwater"] >= after["pymalloc.arenas"]
-    del kept
-    tracemalloc.start()  # its hooks wrap pymalloc, which then declines to report
-    try:
-        assert pymalloc_counters() == {}
-    finally:
-        tracemalloc.stop()
+    assert traced == {}
 
 
 def read_counters(directory: Path) -> list[dict[str, Any]]:
