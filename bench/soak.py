@@ -223,9 +223,8 @@ class MemorySampler:
         row.update({name: status.get(name, "") for name in APP_FIELDS})
         app_malloc = status.get("app_malloc") or {}
         row.update({f"app_malloc_{name}": app_malloc.get(name, "") for name in MALLOC_FIELDS})
-        pymalloc = status.get("app_pymalloc") or {}  # "unused pools" is left out when there are none
-        default = 0 if pymalloc else ""
-        row.update({f"app_pymalloc_{n}": pymalloc.get(f"pymalloc.{n}", default) for n in PYMALLOC_FIELDS})
+        pymalloc = status.get("app_pymalloc") or {}
+        row.update({f"app_pymalloc_{n}": pymalloc.get(f"pymalloc.{n}", "") for n in PYMALLOC_FIELDS})
         self.rows.append(row)
         with self.path.open("a", newline="") as file:
             csv.writer(file).writerow([row[column] for column in self._columns])

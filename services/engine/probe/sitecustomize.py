@@ -134,11 +134,13 @@ def pymalloc_counters() -> dict[str, int]:
     libc.fclose(stream)
     text = ctypes.string_at(buffer, size.value).decode("ascii", "replace") if buffer.value else ""
     libc.free(buffer)
-    counters = {}
-    for row in text.splitlines() if written else ():
+    if not written:
+        return {}
+    counters = {"pymalloc.unused_pool_bytes": 0}  # its line is printed only when there are some
+    for row in text.splitlines():
         key, _, value = row.partition("=")
         name = PYMALLOC_STATS.get(key.strip())
-        if "unused pools" in key:  # "N unused pools * 16384 bytes", only when N > 0
+        if "unused pools" in key:  # "N unused pools * 16384 bytes"
             name = "pymalloc.unused_pool_bytes"
         if name and value:
             counters[name] = int(value.strip().replace(",", ""))
