@@ -4,6 +4,7 @@ through our subclass, documents, deletion, retention, a database in trouble, and
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sqlite3
 import time
@@ -298,6 +299,28 @@ async def test_retention_deletes_idle_conversations_only(history: History) -> No
     assert await conversations.delete_idle_threads(history.engine, older_than_days=30) == 1  # type: ignore[arg-type]
     remaining = await count(history, "threads")
     assert remaining == 1 and await count(history, "threads", '"id" = :id', id=recent) == 1
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_cap_keeps_each_users_most_recently_active_conversations(history: History) -> None:
+    frank, gina = await new_user(history, "frank"), await new_user(history, "gina")
+    franks = [await new_thread(history, frank) for _ in range(5)]
+    ginas = [await new_thread(history, gina) for _ in range(2)]
+    async with history.engine.begin() as connection:  # type: ignore[union-attr]
+        for days_ago, thread_id in zip([1, 5, 2, 4, 3], franks, strict=True):  # last message, days ago
+            at = conversations.timestamp(datetime.now(UTC) - timedelta(days=days_ago))
+            await connection.execute(text('UPDATE steps SET "createdAt" = :t WHERE "threadId" = :id'),
+                                     {"t": at, "id": thread_id})  # fmt: skip
+    capped = {"history_max_conversations": 3, "history_retention_days": 0}
+    history.settings = dataclasses.replace(history.settings, **capped)  # type: ignore[arg-type]
+    history._retention_at = None
+    assert await history.retention_round() == 2  # the round applies the cap
+    kept = {row for row in franks if await count(history, "threads", '"id" = :id', id=row)}
+    assert kept == {franks[0], franks[2], franks[4]}, "the three most recently active stay"
+    assert await count(history, "steps", '"threadId" IN (:a, :b)', a=franks[1], b=franks[3]) == 0
+    assert all([await count(history, "threads", '"id" = :id', id=row) for row in ginas]), "others untouched"
+    assert await history.retention_round() == 0, "hourly: a second round right away does nothing"
+    assert await conversations.delete_excess_threads(history.engine, keep=3) == 0  # type: ignore[arg-type]
 
 
 def test_rebuild_rules_match_the_live_history() -> None:

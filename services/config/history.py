@@ -40,6 +40,13 @@ class HistorySettings:
         "Conversations idle for longer are deleted by the maintenance task; 0 = kept forever.",
         0,
     )
+    history_max_conversations: int = setting(
+        1000,
+        "HISTORY_MAX_CONVERSATIONS",
+        "Conversations kept per user: the maintenance task deletes the least recently active beyond "
+        "it (hourly, so a user may briefly hold an hour's more); 0 = no cap.",
+        0,
+    )
     database_timeout_seconds: float = setting(
         5.0,
         "DATABASE_TIMEOUT_SECONDS",

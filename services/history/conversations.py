@@ -1,6 +1,6 @@
 """Rows of a conversation beyond what Chainlit stores: its document, and deleting conversations in bulk.
 
-Bulk deletes (retention, an account's removal) remove every row of each conversation, in one
+Bulk deletes (retention, the per-user cap, an account's removal) remove every row of each conversation, in one
 transaction per batch: feedbacks, elements, steps, the document, the thread.
 """
 
@@ -119,6 +119,27 @@ async def delete_idle_threads(
             {"cutoff": cutoff},
         )  # fmt: skip
     return deleted
+
+
+async def delete_excess_threads(engine: AsyncEngine, keep: int) -> int:
+    """The cap: delete each user's conversations beyond the `keep` most recently active ones."""
+    deleted = 0
+    while True:
+        async with engine.connect() as connection:
+            rows = await connection.execute(
+                text(
+                    'SELECT "id" FROM (SELECT t."id", ROW_NUMBER() OVER (PARTITION BY t."userIdentifier" '
+                    'ORDER BY COALESCE(MAX(s."createdAt"), t."createdAt", \'\') DESC, t."id") AS position '
+                    'FROM threads t LEFT JOIN steps s ON s."threadId" = t."id" '
+                    'GROUP BY t."id", t."userIdentifier", t."createdAt") ranked '
+                    "WHERE position > :keep LIMIT :batch"
+                ),
+                {"keep": keep, "batch": DELETE_BATCH},
+            )
+            ids = [row[0] for row in rows]
+        if not ids:
+            return deleted
+        deleted += await delete_threads(engine, ids)
 
 
 async def owner_of_step(engine: AsyncEngine, step_id: str) -> str | None:

@@ -155,23 +155,29 @@ class History:
         return await conversations.delete_threads(self.engine, ids)
 
     async def retention_round(self) -> int:
-        """Delete conversations idle past HISTORY_RETENTION_DAYS (hourly; a maintenance round calls it)."""
-        days = self.settings.history_retention_days
+        """Delete conversations idle past HISTORY_RETENTION_DAYS and each user's beyond
+        HISTORY_MAX_CONVERSATIONS (hourly; a maintenance round calls it)."""
+        days, most = self.settings.history_retention_days, self.settings.history_max_conversations
         now = time.monotonic()
         if (
-            not days
+            not (days or most)
             or not self.available
             or (self._retention_at is not None and now - self._retention_at < RETENTION_INTERVAL_SECONDS)
         ):
             return 0
         self._retention_at = now
-        deleted = await self._guarded(conversations.delete_idle_threads(self.engine, days))  # type: ignore[arg-type]
-        if deleted is FAILED:
-            return 0
-        if deleted:
-            self.retention_deleted_total += deleted
-            logger.info("retention: deleted %d conversation(s) idle for more than %g days", deleted, days)
-        return deleted
+        total = 0
+        for limit, sweep, why in (
+            (days, conversations.delete_idle_threads, "idle for more than %g days"),
+            (most, conversations.delete_excess_threads, "beyond %g per user"),
+        ):
+            deleted = await self._guarded(sweep(self.engine, limit)) if limit else 0  # type: ignore[arg-type, operator]
+            if deleted is FAILED or not deleted:
+                continue
+            total += deleted
+            logger.info("retention: deleted %d conversation(s) " + why, deleted, limit)
+        self.retention_deleted_total += total
+        return total
 
     async def _guarded(self, operation: Awaitable[Any]) -> Any:
         """Run a database operation; a failure feeds the breaker and gives FAILED."""
@@ -219,7 +225,7 @@ class HistoryCollector(Collector):
             ("chat_history_skipped_statements", "Statements skipped while the database was down.",
              history.health.skipped_total),
             ("chat_history_outages", "Times the database became unavailable.", history.health.outage),
-            ("chat_history_retention_deleted", "Conversations deleted by retention.",
+            ("chat_history_retention_deleted", "Conversations deleted by retention and the per-user cap.",
              history.retention_deleted_total),
         ):  # fmt: skip
             yield CounterMetricFamily(name, doc, value=value)
