@@ -14,7 +14,8 @@ without a websocket close frame or socket.io disconnect packet, as when a
 browser tab is killed, so the server's cleanup path is exercised.
 
 Locust request events (type / name):
-    socketio / connect               connect + namespace handshake
+    socketio / connect               connect + namespace handshake (after a failed one, the
+                                     user waits as a browser does: 1 s doubling to 5 s, ±50%)
     chat / ttft short|long           send -> first streamed token
     chat / total short|long          send -> final message (complete turns only)
     chat / vanish                    send -> abrupt close (a deliberate drop, not a failure)
@@ -43,7 +44,7 @@ from typing import Any
 import socketio
 from locust import User, between, events, task
 
-from harness.chat_client import connect_sync, user_message_payload
+from harness.chat_client import connect_sync, reconnect_delay_seconds, user_message_payload
 from harness.csv_log import CsvLog
 
 PROMPTS_FILE = Path(__file__).resolve().parent / "bench" / "data" / "prompts.json"
@@ -322,6 +323,7 @@ class ChatUser(User):
         self.rng = random.Random()
         self.chat: SyncChat | None = None
         self.turns_left = 0
+        self.failed_connects = 0  # in a row: the next try waits as a browser's would
 
     def on_stop(self) -> None:
         if self.chat is not None:
@@ -357,8 +359,11 @@ class ChatUser(User):
         except Exception as error:
             self._fire("socketio", "connect", started, exception=error)
             chat.close()
+            self.failed_connects += 1
+            time.sleep(reconnect_delay_seconds(self.failed_connects, self.rng))  # gevent's sleep
             return False
         self._fire("socketio", "connect", started)
+        self.failed_connects = 0
         self.chat = chat
         self.turns_left = self.rng.randint(1, max(1, self.knobs.turns_per_session))
         return True

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import random
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -105,6 +106,15 @@ def local_cookie(base_url: str) -> str | None:
     if base_url not in _LOCAL_COOKIES:
         _LOCAL_COOKIES[base_url] = sign_in_sync(base_url)
     return _LOCAL_COOKIES[base_url]
+
+
+def reconnect_delay_seconds(failures: int, rng: random.Random) -> float:
+    """How long a browser's socket.io client waits before its next try after `failures` failed
+    connects in a row: 1 s doubling up to 5 s, each randomized by ±50% (socket.io-client's
+    reconnectionDelay, reconnectionDelayMax and randomizationFactor defaults)."""
+    if failures <= 0:
+        return 0.0
+    return min(5.0, 2.0 ** (failures - 1)) * rng.uniform(0.5, 1.5)
 
 
 def connect_sync(sio: Any, base_url: str, session_id: str, address: str, timeout: float = 10.0) -> None:

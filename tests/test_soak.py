@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import random
 import shutil
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 
 from bench.soak import SoakOptions, parse_duration, run_soak, split_evenly, theil_sen, window_slopes
+from harness.chat_client import reconnect_delay_seconds
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN
 
 pytestmark = pytest.mark.timeout(900)
@@ -31,6 +33,14 @@ def soak(tiny_model_dir: Path) -> dict[str, Any]:
         extra_env={"MAX_NUM_BATCHED_TOKENS": str(TINY_MAX_MODEL_LEN)},
     )  # fmt: skip
     return run_soak(options)
+
+
+def test_failed_connects_back_off_as_a_browser_does() -> None:
+    rng = random.Random(7)
+    assert reconnect_delay_seconds(0, rng) == 0.0
+    for failures, base in ((1, 1.0), (2, 2.0), (3, 4.0), (4, 5.0), (50, 5.0)):
+        delays = [reconnect_delay_seconds(failures, rng) for _ in range(200)]
+        assert base * 0.5 <= min(delays) < base * 0.7 and base * 1.3 < max(delays) <= base * 1.5, failures
 
 
 def test_windows_split_the_samples_in_order_without_losing_any() -> None:
