@@ -121,6 +121,15 @@ def theil_sen(xs: list[float], ys: list[float]) -> tuple[float, list[float]] | N
     return None if math.isnan(slope) else (slope, [low, high])
 
 
+def hourly_fit(
+    rows: list[dict[str, Any]], column: str, scale: float = 1.0
+) -> tuple[float, list[float]] | None:
+    """One column's Theil-Sen slope per hour of `t_s` [Sen 95%], times `scale`, over the samples
+    that hold it (the summary's slopes and --slopes' windows both fit with it)."""
+    rows = [s for s in rows if s[column] != ""]
+    return theil_sen([s["t_s"] / 3600 for s in rows], [s[column] * scale for s in rows])
+
+
 def parse_duration(text: str) -> float:
     """Seconds from '90', '90s', '10m', '2h' or '1h30m'."""
     text = text.strip().lower()
@@ -416,10 +425,10 @@ def summarize(
     t0 = samples[0]["t_s"] if samples else 0.0
 
     def per_hour(column: str, rows: list[dict[str, Any]]) -> tuple[float | None, list[float] | None]:
-        fit = theil_sen([s["t_s"] for s in rows], [s[column] for s in rows])
+        fit = hourly_fit(rows, column)
         if fit is None:
             return None, None
-        return round(fit[0] * 3600, 2), [round(bound * 3600, 2) for bound in fit[1]]
+        return round(fit[0], 2), [round(bound, 2) for bound in fit[1]]
 
     fits = {column: per_hour(column, load) for column in memory_columns()}
     slope = {column: fit[0] for column, fit in fits.items()}
@@ -657,8 +666,7 @@ def window_slopes(samples: list[dict[str, Any]], windows: list[tuple[float, floa
         scale = 1e-6 if column.endswith("_bytes") else 1.0
         cells: list[str | None] = []
         for low, high in windows:
-            rows = [s for s in load if s[column] != "" and low * 60 <= s["t_s"] - began <= high * 60]
-            fit = theil_sen([s["t_s"] / 3600 for s in rows], [s[column] * scale for s in rows])
+            fit = hourly_fit([s for s in load if low * 60 <= s["t_s"] - began <= high * 60], column, scale)
             cells.append(None if fit is None else f"{fit[0]:.2f} [{fit[1][0]:.2f}, {fit[1][1]:.2f}]")
         slopes[column] = cells
     return {
