@@ -82,6 +82,31 @@ async def thread_ids_of_user(engine: AsyncEngine, identifier: str) -> list[str]:
         return [row[0] for row in rows]
 
 
+LAST_ACTIVE = 'COALESCE(MAX(s."createdAt"), t."createdAt", \'\')'  # a conversation's last message
+IDLE_THREADS = (
+    'SELECT t."id" FROM threads t LEFT JOIN steps s ON s."threadId" = t."id" '
+    f'GROUP BY t."id", t."createdAt" HAVING {LAST_ACTIVE} < :cutoff LIMIT :batch'
+)
+EXCESS_THREADS = (
+    'SELECT "id" FROM (SELECT t."id", ROW_NUMBER() OVER (PARTITION BY t."userIdentifier" '
+    f'ORDER BY {LAST_ACTIVE} DESC, t."id") AS position '
+    'FROM threads t LEFT JOIN steps s ON s."threadId" = t."id" '
+    'GROUP BY t."id", t."userIdentifier", t."createdAt") ranked WHERE position > :keep LIMIT :batch'
+)
+
+
+async def _delete_selected(engine: AsyncEngine, query: str, params: dict[str, object]) -> int:
+    """Delete the conversations `query` selects (a batch at a time) until it selects none."""
+    deleted = 0
+    while True:
+        async with engine.connect() as connection:
+            rows = await connection.execute(text(query), {**params, "batch": DELETE_BATCH})
+            ids = [row[0] for row in rows]
+        if not ids:
+            return deleted
+        deleted += await delete_threads(engine, ids)
+
+
 async def delete_idle_threads(
     engine: AsyncEngine, older_than_days: float, now: datetime | None = None
 ) -> int:
@@ -90,21 +115,7 @@ async def delete_idle_threads(
     Steps left without a conversation (a thread row that failed to save) age out the same way.
     """
     cutoff = timestamp((now or datetime.now(UTC)) - timedelta(days=older_than_days))
-    deleted = 0
-    while True:
-        async with engine.connect() as connection:
-            rows = await connection.execute(
-                text(
-                    'SELECT t."id" FROM threads t LEFT JOIN steps s ON s."threadId" = t."id" '
-                    'GROUP BY t."id", t."createdAt" '
-                    'HAVING COALESCE(MAX(s."createdAt"), t."createdAt", \'\') < :cutoff LIMIT :batch'
-                ),
-                {"cutoff": cutoff, "batch": DELETE_BATCH},
-            )
-            ids = [row[0] for row in rows]
-        if not ids:
-            break
-        deleted += await delete_threads(engine, ids)
+    deleted = await _delete_selected(engine, IDLE_THREADS, {"cutoff": cutoff})
     async with engine.begin() as connection:
         await connection.execute(
             text(
@@ -123,23 +134,7 @@ async def delete_idle_threads(
 
 async def delete_excess_threads(engine: AsyncEngine, keep: int) -> int:
     """The cap: delete each user's conversations beyond the `keep` most recently active ones."""
-    deleted = 0
-    while True:
-        async with engine.connect() as connection:
-            rows = await connection.execute(
-                text(
-                    'SELECT "id" FROM (SELECT t."id", ROW_NUMBER() OVER (PARTITION BY t."userIdentifier" '
-                    'ORDER BY COALESCE(MAX(s."createdAt"), t."createdAt", \'\') DESC, t."id") AS position '
-                    'FROM threads t LEFT JOIN steps s ON s."threadId" = t."id" '
-                    'GROUP BY t."id", t."userIdentifier", t."createdAt") ranked '
-                    "WHERE position > :keep LIMIT :batch"
-                ),
-                {"keep": keep, "batch": DELETE_BATCH},
-            )
-            ids = [row[0] for row in rows]
-        if not ids:
-            return deleted
-        deleted += await delete_threads(engine, ids)
+    return await _delete_selected(engine, EXCESS_THREADS, {"keep": keep})
 
 
 async def owner_of_step(engine: AsyncEngine, step_id: str) -> str | None:
