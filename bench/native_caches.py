@@ -29,8 +29,8 @@ from bench.common import machine_info
 from bench.summary_quality import load_documents
 from services.config import Settings
 from services.documents.encoding import decode_text
-from services.engine.lifespan import bound_tokenizer_word_cache
 from services.engine.model_prep import ensure_default_model
+from services.engine.word_caches import bound_tokenizer_word_cache
 from services.observability.maintenance import malloc_info
 from services.observability.native_caches import fill_numpy_buffer_cache
 

@@ -128,8 +128,10 @@ class Runtime:
         chat_engine, document_engine = (self.admission.engine(self.engine, kind) for kind in (CHAT, DOCUMENT))
         self.chat = ChatService(chat_engine, self.settings, document_engine)
         self._stack.callback(self.chat.summarizer.close)  # its prefill meter listens to the engine
-        retention = [self.history.retention_round] if self.history is not None else []
-        self.maintenance = Maintenance(self.settings, self.sessions, self.engine, retention)
+        word_caches = self.engine.word_caches  # the copies vLLM's tokenizer pool adds (word_caches.py)
+        steps = [word_caches.round] if word_caches is not None else []
+        steps += [self.history.retention_round] if self.history is not None else []
+        self.maintenance = Maintenance(self.settings, self.sessions, self.engine, steps)
         self.maintenance.start()
         self._stack.push_async_callback(self.maintenance.stop)
         if self.settings.app_memory_probe_dir:

@@ -25,6 +25,7 @@ from services.engine.errors import EngineUnavailableError, TokenBudgetError
 from services.engine.load import EngineLoad
 from services.engine.loop_guard import LoopGuardConfig, RepetitionDetector
 from services.engine.stream_stats import StreamStats
+from services.engine.word_caches import WordCacheBound
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ class ChatEngine:
         # Ids of recent answers, spliced back into the prompts that quote them (answer_tokens.py);
         # the lifespan sizes it from the settings.
         self.answer_tokens = AnswerTokens(max_tokens=262_144, ttl_seconds=3600.0)
+        self.word_caches: WordCacheBound | None = None  # the lifespan bounds the tokenizer's (word_caches.py)
         self.requests_finished_total = 0  # chat requests ended (any reason): memory per request
 
     @property

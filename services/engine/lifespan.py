@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
 
 from services.config import Settings
 from services.engine.answer_tokens import AnswerTokens
@@ -14,22 +13,9 @@ from services.engine.local import local_engine_lifespan
 from services.engine.loop_guard import LoopGuardConfig
 from services.engine.remote import remote_engine_lifespan
 from services.engine.warmup import warm_up
+from services.engine.word_caches import WordCacheBound
 
 logger = logging.getLogger(__name__)
-
-
-def bound_tokenizer_word_cache(tokenizer: Any, words: int) -> bool:
-    """Bound the word cache of a fast tokenizer's model (BPE) to `words`; False if it has none.
-
-    tokenizers' default, 10,000 words (~4 MB), fills for hours under real traffic and
-    reads as a leak (BENCHMARKS.md, "Bounded caches that fill slowly").
-    """
-    model = getattr(getattr(tokenizer, "backend_tokenizer", None), "model", None)
-    resize = getattr(model, "_resize_cache", None)
-    if resize is None:
-        return False
-    resize(words)
-    return True
 
 
 @contextlib.asynccontextmanager
@@ -39,8 +25,13 @@ async def engine_lifespan(settings: Settings) -> AsyncIterator[ChatEngine]:
     async with lifespan(settings) as engine:
         engine.loop_guard = LoopGuardConfig.from_settings(settings)
         engine.answer_tokens = AnswerTokens(settings.answer_token_cache_tokens, settings.session_ttl_seconds)
-        if bound_tokenizer_word_cache(engine.tokenizer, settings.tokenizer_word_cache):
-            logger.info("tokenizer word cache bounded at %d words", settings.tokenizer_word_cache)
+        engine.word_caches = WordCacheBound(engine.tokenizer, settings.tokenizer_word_cache)
+        if bounded := engine.word_caches.apply():
+            logger.info(
+                "tokenizer word caches bounded at %d words (%d copies)",
+                settings.tokenizer_word_cache,
+                bounded,
+            )
         # Ready only after the first shapes ran once (warmup.py); what it measured stays with the engine.
         engine.warm_up_report = await warm_up(engine, settings)
         yield engine

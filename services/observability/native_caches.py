@@ -9,8 +9,8 @@ fill slowly"):
   lengths come and go. Filling it at start makes its memory a constant.
 - Hugging Face tokenizers' BPE model caches up to 10,000 words (~4 MB), filled as
   new words are read. A smaller bound fills within minutes and costs little speed;
-  the engine's lifespan applies it (TOKENIZER_WORD_CACHE, services/engine/lifespan.py)
-  before the warm-up, for every user of the engine.
+  the engine's lifespan applies it (TOKENIZER_WORD_CACHE) before the warm-up, and each
+  maintenance round to the copies vLLM's tokenizer pool adds (services/engine/word_caches.py).
 """
 
 from __future__ import annotations
