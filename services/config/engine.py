@@ -141,8 +141,8 @@ class EngineSettings:
     tokenizer_word_cache: int = setting(
         1000,
         "TOKENIZER_WORD_CACHE",
-        "Words the tokenizer's BPE model caches (tokenizers' own default is 10,000, ~4 MB filled "
-        "slowly for hours); 0 turns the cache off.",
+        "Words the tokenizer's BPE model caches, in each copy vLLM's tokenizer pool encodes with "
+        "(tokenizers' own default is 10,000, ~4 MB a copy, filled slowly for hours); 0 turns the cache off.",
         0,
     )
     engine_memory_probe_dir: str = setting(
