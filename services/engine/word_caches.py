@@ -46,16 +46,8 @@ def _pool_of(tokenizer: Any) -> tuple[Any, queue.Queue] | None:
     Read from the closure of the pool's `encode`: vLLM keeps both only there.
     """
     encode = getattr(type(tokenizer), "encode", None)
-    code, cells = getattr(encode, "__code__", None), getattr(encode, "__closure__", None)
-    if code is None or not cells:
-        return None
-    borrow = dict(zip(code.co_freevars, (cell.cell_contents for cell in cells), strict=True))
-    borrow = getattr(borrow.get("_borrow_from_pool"), "__wrapped__", None)  # a contextmanager
-    if borrow is None or not borrow.__closure__:
-        return None
-    free = dict(
-        zip(borrow.__code__.co_freevars, (cell.cell_contents for cell in borrow.__closure__), strict=True)
-    )
+    borrow = _free_variables(encode).get("_borrow_from_pool")
+    free = _free_variables(getattr(borrow, "__wrapped__", None))  # a contextmanager's function
     pool = free.get("tokenizer_pool")
     return (free.get("og_tokenizer"), pool) if isinstance(pool, queue.Queue) else None
 

@@ -1,7 +1,7 @@
 """Rows of a conversation beyond what Chainlit stores: its document, and deleting conversations in bulk.
 
-Bulk deletes (retention, the per-user cap, an account's removal) remove every row of each conversation, in one
-transaction per batch: feedbacks, elements, steps, the document, the thread.
+Bulk deletes (retention, the per-user cap, an account's removal) remove every row of each
+conversation, in one transaction per batch: feedbacks, elements, steps, the document, the thread.
 """
 
 from __future__ import annotations
