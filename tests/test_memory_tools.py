@@ -32,7 +32,7 @@ from services.engine.allocators import (
     forget_preload,
 )
 from services.engine.probe.object_census import reachable_objects
-from services.observability.attribution import attribute, find_snapshots, parse_jeprof_text
+from services.observability.attribution import attribute, find_snapshots, parse_jeprof_text, sampling_noise
 from services.observability.memory import MB, MemoryMonitor, MemorySample, ProcessMemory
 from services.observability.report import report_text
 from services.observability.series import theil_sen_interval
@@ -288,6 +288,7 @@ def test_probe_writes_jemalloc_profiles_that_jeprof_reads(
     assert "error" not in native, native
     # 20,000 strings of ~100 bytes, sampled (lg_prof_sample:10): about 2-3 MB, most in pymalloc.
     assert 1 * MB < native["net_bytes"] < 20 * MB
+    assert 0 < native["sampling_noise_bytes"] < native["net_bytes"] / 4  # the growth is resolved
     assert any("Malloc" in site["site"] or "malloc" in site["site"] for site in native["sites"])
     (before,), (after,) = counters_after(tmp_path, "before"), counters_after(tmp_path, "after")
     assert after["jemalloc.allocated"] - before["jemalloc.allocated"] > 1 * MB
@@ -318,6 +319,30 @@ def test_jeprof_text_is_read_into_sites_with_their_share() -> None:
         ("c10::alloc_cpu", 0.75),
         ("_PyObject_Malloc (inline)", 0.25),
     ]
+
+
+def heap_profile(path: Path, interval: int, stacks: dict[str, tuple[int, int]]) -> Path:
+    """A jemalloc heap_v2 file: each stack's sampled objects and bytes, as jemalloc writes them."""
+    lines = [f"heap_v2/{interval}", "  t*: 0: 0 [0: 0]"]
+    for stack, (count, size) in stacks.items():
+        lines += [f"@ {stack}", f"  t*: {count}: {size} [0: 0]", f"  t0: {count}: {size} [0: 0]"]
+    path.write_text("\n".join([*lines, "", "MAPPED_LIBRARIES:", "00400000-00401000 r-xp 0 0:0 0 /x", ""]))
+    return path
+
+
+def test_sampling_noise_of_a_profile_diff_counts_sampled_objects_that_came_or_went(tmp_path: Path) -> None:
+    """Small objects are sampled once per ~interval bytes, so each one that came or went moves
+    jeprof's estimate by ~interval; with every allocation sampled there is no sampling noise."""
+    same = {"0x1 0x2": (10, 1000), "0x3": (2, 200_000)}
+    before = heap_profile(tmp_path / "a.heap", 32768, same)
+    assert sampling_noise(before, heap_profile(tmp_path / "b.heap", 32768, same)) == 0
+    four_more = heap_profile(tmp_path / "c.heap", 32768, same | {"0x1 0x2": (14, 1400)})
+    assert sampling_noise(before, four_more) == pytest.approx(2 * 32768, rel=0.01)  # sqrt(4) objects
+    every_allocation = heap_profile(tmp_path / "d.heap", 1, same)
+    assert (
+        sampling_noise(every_allocation, heap_profile(tmp_path / "e.heap", 1, same | {"0x1 0x2": (14, 1400)}))
+        == 0
+    )
 
 
 def test_app_probe_snapshots_this_process_with_its_mappings(tmp_path: Path) -> None:

@@ -10,13 +10,15 @@ the growth:
     python -m services.observability.attribution DIR [--since LABEL] [--top 10]
 
 Python allocations are grouped by traceback; native ones by the function
-jeprof (libjemalloc-dev) attributes them to.
+jeprof (libjemalloc-dev) attributes them to, with the sampling noise of the
+difference (a net growth within it is not a finding).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -30,6 +32,7 @@ SNAPSHOT_NAME = re.compile(
     r"^(?P<role>[A-Za-z0-9_]+)-(?P<pid>\d+)-(?P<seq>\d+)-(?P<label>[^.]*)\.(?P<kind>tracemalloc|heap|census)$"
 )
 JEPROF_TIMEOUT_SECONDS = 600.0
+HEAP_STACK_TOTAL = re.compile(r"^\s*t\*: (\d+): (\d+)")  # a stack's sampled objects and bytes, all threads
 # Frames of the Python interpreter and libc that every native stack goes through: not a site.
 INTERPRETER_FRAMES = (
     "Py", "_Py", "py", "cfunction", "method_vectorcall", "_start", "__libc", "main", "slot_tp", "vectorcall",
@@ -168,9 +171,44 @@ def jemalloc_growth(before: Path, after: Path, top: int = 10, binary: str | None
         result = subprocess.run(command, capture_output=True, text=True, timeout=JEPROF_TIMEOUT_SECONDS)
     except subprocess.TimeoutExpired:
         return {"error": f"jeprof took longer than {JEPROF_TIMEOUT_SECONDS:.0f} s"}
-    return parse_jeprof_text(result.stdout, top) | (
-        {"stderr": result.stderr[-500:]} if result.returncode else {}
+    return (
+        parse_jeprof_text(result.stdout, top)
+        | {"sampling_noise_bytes": sampling_noise(before, after)}
+        | ({"stderr": result.stderr[-500:]} if result.returncode else {})
     )
+
+
+def read_heap_profile(path: Path) -> tuple[int, dict[str, tuple[int, int]]]:
+    """A jemalloc heap_v2 profile's mean sampling interval in bytes and, for each stack, its
+    sampled objects and their bytes (before jeprof scales them up)."""
+    lines = path.read_text().splitlines()
+    interval = int(lines[0].split("/")[1])
+    stacks: dict[str, tuple[int, int]] = {}
+    stack = None
+    for line in lines[1:]:
+        if line.startswith("@"):
+            stack = line
+        elif stack and (match := HEAP_STACK_TOTAL.match(line)):
+            stacks[stack] = (int(match[1]), int(match[2]))
+            stack = None
+    return interval, stacks
+
+
+def sampling_noise(before: Path, after: Path) -> int:
+    """A lower bound, in bytes, on the standard deviation of the net growth jeprof reports
+    between two profiles. jemalloc samples an allocation of s bytes with p = 1 - exp(-s/interval)
+    and jeprof counts it as s/p, so each sampled object that came or went adds (1-p)(s/p)^2 to
+    the variance; a stack whose count moved by k had at least k of them."""
+    interval, old = read_heap_profile(before)
+    _, new = read_heap_profile(after)
+    variance = 0.0
+    for stack in old.keys() | new.keys():
+        (count0, bytes0), (count1, bytes1) = old.get(stack, (0, 0)), new.get(stack, (0, 0))
+        if count0 != count1:
+            size = (bytes0 + bytes1) / (count0 + count1)
+            sampled = -math.expm1(-size / interval)
+            variance += abs(count1 - count0) * (1 - sampled) * (size / sampled) ** 2
+    return round(math.sqrt(variance))
 
 
 def parse_jeprof_text(text: str, top: int = 10) -> dict[str, Any]:
