@@ -13,7 +13,9 @@ writes to --out (default bench/out/soak-<timestamp>):
     soak.png       anonymous memory per process and latency over time
                    (drawn again from the files: bench/soak.py --replot <folder>)
     bench/soak.py --slopes <folder> 0-30 60-150 ...   prints every numeric column's slope per hour
-                   [Sen 95%] in each window (minutes from the load's start; bytes as MB)
+                   [Sen 95%] in each window (minutes from the load's start; bytes as MB);
+                   add --in-flight-at-most 8 to fit only samples taken with <= 8 turns running
+                   (live buffers of running steps swing with the load, retention does not)
     server.log, locust.log, locust_*.csv
 The server inherits this shell's environment, so any app setting applies
 (e.g. DTYPE=float32 MAX_NUM_BATCHED_TOKENS=2048 .venv/bin/python bench/soak.py ...).
@@ -655,12 +657,21 @@ def replot(out: Path) -> Path:
     return plot(out, read_samples(out), summary["memory"]["warmup_s"], summary)
 
 
-def window_slopes(samples: list[dict[str, Any]], windows: list[tuple[float, float]]) -> dict[str, Any]:
+def window_slopes(
+    samples: list[dict[str, Any]], windows: list[tuple[float, float]], in_flight_at_most: float | None = None
+) -> dict[str, Any]:
     """Each numeric column's Theil-Sen slope per hour [Sen 95%] in each window of the load phase,
-    in minutes from its first sample; `*_bytes` columns in MB (1e6 bytes). None: < 3 samples."""
+    in minutes from its first sample; `*_bytes` columns in MB (1e6 bytes). None: < 3 samples.
+    With `in_flight_at_most`, only samples taken while at most that many turns were running."""
     load = [s for s in samples if s["phase"] == "load"]
     began = load[0]["t_s"] if load else 0.0
     columns = [c for c in (load[0] if load else {}) if c not in ("t_s", "unix_time", "phase")]
+    if in_flight_at_most is not None:
+        load = [
+            s
+            for s in load
+            if s.get("turns_in_flight", "") != "" and s["turns_in_flight"] <= in_flight_at_most
+        ]
     slopes: dict[str, list[str | None]] = {}
     for column in columns:
         scale = 1e-6 if column.endswith("_bytes") else 1.0
@@ -672,8 +683,22 @@ def window_slopes(samples: list[dict[str, Any]], windows: list[tuple[float, floa
     return {
         "units": "per hour: MB for *_mb and *_bytes columns, a count otherwise; Theil-Sen [Sen 95%]",
         "windows_minutes": [list(window) for window in windows],
+        "in_flight_at_most": in_flight_at_most,
+        "samples": [sum(low * 60 <= s["t_s"] - began <= high * 60 for s in load) for low, high in windows],
         "slopes": slopes,
     }
+
+
+def slopes_command(args: list[str]) -> dict[str, Any]:
+    """bench/soak.py --slopes <folder> 0-30 60-150 [--in-flight-at-most N]"""
+    folder, rest = Path(args[0]), list(args[1:])
+    at_most = None
+    if "--in-flight-at-most" in rest:
+        at = rest.index("--in-flight-at-most")
+        at_most = float(rest[at + 1])
+        del rest[at : at + 2]
+    windows = [tuple(float(m) for m in text.split("-")) for text in rest]
+    return {"source": str(folder / "samples.csv"), **window_slopes(read_samples(folder), windows, at_most)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -684,12 +709,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[soak] wrote {replot(Path(args[1]))}")
         return 0
     if args[:1] == ["--slopes"] and len(args) >= 3:  # bench/soak.py --slopes <folder> 0-30 60-150
-        windows = [tuple(float(m) for m in text.split("-")) for text in args[2:]]
-        report = {
-            "source": str(Path(args[1]) / "samples.csv"),
-            **window_slopes(read_samples(Path(args[1])), windows),
-        }
-        print(json.dumps(report, indent=1))
+        print(json.dumps(slopes_command(args[1:]), indent=1))
         return 0
     summary = run_soak(parse_args(args))
     shown = {

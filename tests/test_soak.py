@@ -78,6 +78,22 @@ def test_window_slopes_fit_each_column_in_each_window_from_the_loads_start() -> 
     assert report["slopes"]["in_use_bytes"][:2] == [rising, flat]
 
 
+def test_window_slopes_can_leave_out_samples_taken_under_load() -> None:
+    """Flat retention under live buffers that follow the load, which is busier in the second half:
+    all samples show a slope, the samples with few turns running show none."""
+    samples = []
+    for minute in range(61):
+        running = 2 + (10 * (minute % 6) if minute >= 30 else 0)  # 2 turns, then 2-52
+        mb = 100 + 0.2 * running
+        samples.append(
+            {"t_s": 60.0 * minute, "phase": "load", "anon_mb_worker": mb, "turns_in_flight": running}
+        )
+    everything = window_slopes(samples, [(0, 60)])["slopes"]["anon_mb_worker"][0]
+    quiet = window_slopes(samples, [(0, 60)], in_flight_at_most=8)
+    assert not everything.startswith("0.00") and quiet["slopes"]["anon_mb_worker"][0] == "0.00 [0.00, 0.00]"
+    assert quiet["samples"] == [30 + 6] and quiet["in_flight_at_most"] == 8
+
+
 def test_every_request_succeeds_and_the_load_really_ran(soak: dict[str, Any]) -> None:
     assert soak["requests"]["failed"] == 0, soak["requests"]["top_errors"]
     assert soak["turns_completed"] >= 2 * USERS, "each user finished several turns"
