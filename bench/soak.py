@@ -61,7 +61,7 @@ MALLOC_FIELDS = ("in_use_bytes", "free_in_heaps_bytes", "mmapped_bytes")  # /sta
 # /status["app_pymalloc"] ("pymalloc.<name>"), as app_pymalloc_<name>: Python's arenas, outside malloc
 PYMALLOC_FIELDS = ("arenas", "allocated_bytes", "available_bytes", "unused_pool_bytes")
 PROCESS_LABELS = ("app", "engine_core", "worker", "other")
-SLOPE_MAX_POINTS = 400  # Theil-Sen on at most this many samples (~80k pairs)
+SLOPE_MAX_POINTS = 1500  # Theil-Sen on at most this many points (~1.1M pairs): every sample of an hour at 5 s
 SLOPE_WINDOWS = 4  # the post-warm-up period is also fitted in this many consecutive windows
 
 

@@ -35,7 +35,7 @@ from services.engine.probe.object_census import reachable_objects
 from services.observability.attribution import attribute, find_snapshots, parse_jeprof_text, sampling_noise
 from services.observability.memory import MB, MemoryMonitor, MemorySample, ProcessMemory
 from services.observability.report import report_text
-from services.observability.series import theil_sen_interval
+from services.observability.series import theil_sen_interval, thinned
 
 JEMALLOC = "libjemalloc.so.2"
 SNAPSHOT_WAIT_SECONDS = 60
@@ -58,6 +58,17 @@ def test_theil_sen_interval_holds_the_true_slope_and_narrows_with_more_points() 
 def test_theil_sen_interval_of_a_flat_series_is_zero_and_tight() -> None:
     xs = np.arange(20) * 1000.0
     assert theil_sen_interval(xs, np.full(20, 5e8)) == (0.0, 0.0, 0.0)
+
+
+def test_thinning_averages_every_sample_and_keeps_a_straight_line_straight() -> None:
+    xs = np.arange(1000.0)
+    thin_xs, thin_ys = thinned(xs, 3.0 * xs + 7.0, 100)
+    assert len(thin_xs) == 100 and thin_xs[0] == pytest.approx(4.5)  # the mean of the first run
+    assert np.allclose(thin_ys, 3.0 * thin_xs + 7.0)  # every run's mean lies on the line
+    assert thin_xs.mean() == xs.mean()  # no sample left out
+    assert theil_sen_interval(xs, 3.0 * xs, 0.95, 100) == pytest.approx((3.0, 3.0, 3.0))
+    short = np.arange(5.0)
+    assert all(a is b for a, b in zip(thinned(short, short, 100), (short, short), strict=True))
 
 
 # --- bytes per request in the leak alarm -----------------------------------------------

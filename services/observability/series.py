@@ -58,11 +58,19 @@ class SampleRing:
         return self._rows[self._order(), self._column[name]]
 
 
+def thinned(xs: np.ndarray, ys: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:
+    """At most `max_points` points: the means of consecutive runs of samples, so every sample
+    counts. (Keeping every k-th sample instead made a 2-hour soak's slope depend on which
+    samples were kept: 1.17 or 1.90 MB/hour for windows one sample apart.)"""
+    if len(xs) <= max_points:
+        return xs, ys
+    runs = np.array_split(np.arange(len(xs)), max_points)
+    return np.array([xs[run].mean() for run in runs]), np.array([ys[run].mean() for run in runs])
+
+
 def theil_sen_slope(times: np.ndarray, values: np.ndarray, max_points: int = LEAK_SLOPE_MAX_POINTS) -> float:
     """Median of pairwise slopes (units per time unit): robust to spikes and single outliers."""
-    if len(times) > max_points:
-        keep = np.unique(np.linspace(0, len(times) - 1, max_points).round().astype(int))
-        times, values = times[keep], values[keep]
+    times, values = thinned(np.asarray(times, dtype=float), np.asarray(values, dtype=float), max_points)
     first, second = np.triu_indices(len(times), k=1)
     dt = times[second] - times[first]
     usable = dt > 0
@@ -81,10 +89,7 @@ def theil_sen_interval(
     scipy.stats.theilslopes, without the correction for ties). NaNs without
     two distinct x.
     """
-    xs, ys = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
-    if len(xs) > max_points:
-        keep = np.unique(np.linspace(0, len(xs) - 1, max_points).round().astype(int))
-        xs, ys = xs[keep], ys[keep]
+    xs, ys = thinned(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float), max_points)
     first, second = np.triu_indices(len(xs), k=1)
     dx = xs[second] - xs[first]
     usable = dx != 0
