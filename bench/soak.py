@@ -672,19 +672,20 @@ def window_slopes(
             for s in load
             if s.get("turns_in_flight", "") != "" and s["turns_in_flight"] <= in_flight_at_most
         ]
+    in_windows = [[s for s in load if low * 60 <= s["t_s"] - began <= high * 60] for low, high in windows]
     slopes: dict[str, list[str | None]] = {}
     for column in columns:
         scale = 1e-6 if column.endswith("_bytes") else 1.0
         cells: list[str | None] = []
-        for low, high in windows:
-            fit = hourly_fit([s for s in load if low * 60 <= s["t_s"] - began <= high * 60], column, scale)
+        for rows in in_windows:
+            fit = hourly_fit(rows, column, scale)
             cells.append(None if fit is None else f"{fit[0]:.2f} [{fit[1][0]:.2f}, {fit[1][1]:.2f}]")
         slopes[column] = cells
     return {
         "units": "per hour: MB for *_mb and *_bytes columns, a count otherwise; Theil-Sen [Sen 95%]",
         "windows_minutes": [list(window) for window in windows],
         "in_flight_at_most": in_flight_at_most,
-        "samples": [sum(low * 60 <= s["t_s"] - began <= high * 60 for s in load) for low, high in windows],
+        "samples": [len(rows) for rows in in_windows],
         "slopes": slopes,
     }
 
