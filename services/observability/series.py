@@ -68,15 +68,19 @@ def thinned(xs: np.ndarray, ys: np.ndarray, max_points: int) -> tuple[np.ndarray
     return np.array([xs[run].mean() for run in runs]), np.array([ys[run].mean() for run in runs])
 
 
+def pairwise_slopes(xs: np.ndarray, ys: np.ndarray, max_points: int) -> np.ndarray:
+    """The slopes between every two (thinned) points with distinct x: Theil-Sen's raw material."""
+    xs, ys = thinned(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float), max_points)
+    first, second = np.triu_indices(len(xs), k=1)
+    dx = xs[second] - xs[first]
+    usable = dx != 0
+    return (ys[second] - ys[first])[usable] / dx[usable]
+
+
 def theil_sen_slope(times: np.ndarray, values: np.ndarray, max_points: int = LEAK_SLOPE_MAX_POINTS) -> float:
     """Median of pairwise slopes (units per time unit): robust to spikes and single outliers."""
-    times, values = thinned(np.asarray(times, dtype=float), np.asarray(values, dtype=float), max_points)
-    first, second = np.triu_indices(len(times), k=1)
-    dt = times[second] - times[first]
-    usable = dt > 0
-    if not usable.any():
-        return math.nan
-    return float(np.median((values[second] - values[first])[usable] / dt[usable]))
+    slopes = pairwise_slopes(times, values, max_points)
+    return float(np.median(slopes)) if len(slopes) else math.nan
 
 
 def theil_sen_interval(
@@ -89,14 +93,10 @@ def theil_sen_interval(
     scipy.stats.theilslopes, without the correction for ties). NaNs without
     two distinct x.
     """
-    xs, ys = thinned(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float), max_points)
-    first, second = np.triu_indices(len(xs), k=1)
-    dx = xs[second] - xs[first]
-    usable = dx != 0
-    if not usable.any():
+    slopes = np.sort(pairwise_slopes(xs, ys, max_points))
+    if not len(slopes):
         return math.nan, math.nan, math.nan
-    slopes = np.sort((ys[second] - ys[first])[usable] / dx[usable])
-    n, pairs = len(xs), len(slopes)
+    n, pairs = min(len(xs), max_points), len(slopes)
     z = NormalDist().inv_cdf(0.5 + confidence / 2)
     sigma = math.sqrt(n * (n - 1) * (2 * n + 5) / 18)
     low = max(round((pairs - z * sigma) / 2), 0)
