@@ -56,7 +56,7 @@ STATUS_FIELDS = (
     "chainlit_ws_sessions", "chainlit_user_sessions", "chainlit_chat_contexts",
 )  # fmt: skip
 HISTORY_FIELDS = ("database_bytes", "sqlite_memory_bytes")  # from /status["history"], as history_<name>
-APP_FIELDS = ("app_python_allocated_blocks", "app_asyncio_tasks")  # from /status
+APP_FIELDS = ("app_python_allocated_blocks", "app_asyncio_tasks", "app_tokenizer_copies")  # from /status
 MALLOC_FIELDS = ("in_use_bytes", "free_in_heaps_bytes", "mmapped_bytes")  # /status["app_malloc"], prefixed
 # /status["app_pymalloc"] ("pymalloc.<name>"), as app_pymalloc_<name>: Python's arenas, outside malloc
 PYMALLOC_FIELDS = ("arenas", "allocated_bytes", "available_bytes", "unused_pool_bytes")

@@ -216,9 +216,15 @@ class Runtime:
                     "app_python_allocated_blocks": sys.getallocatedblocks(),
                     "app_pymalloc": pymalloc_counters(),
                     "app_asyncio_tasks": len(asyncio.all_tasks()),
+                    "app_tokenizer_copies": self._tokenizer_copies(),
                 }
             )
         return status
+
+    def _tokenizer_copies(self) -> int | None:
+        """Tokenizer copies alive in vLLM's pool (~8 MB each with the default model); None if unknown."""
+        word_caches = self.engine.word_caches if self.engine is not None else None
+        return word_caches.copies_alive if word_caches is not None else None
 
     async def health(self) -> tuple[bool, dict[str, Any]]:
         """(healthy, detail) for /healthz; detail["status"] is "ok", "overloaded" or "down".

@@ -66,7 +66,8 @@ before = malloc_info()["in_use_bytes"]
 for _ in range(160):  # 4,000 words never seen before
     tokenizer.encode(" ".join(made_up() for _ in range(25)), add_special_tokens=False)
 growth = malloc_info()["in_use_bytes"] - before
-print(json.dumps({"growth": growth, "copies": len(bound.copies()), "newly": newly}))
+alive = bound.copies_alive
+print(json.dumps({"growth": growth, "copies": len(bound.copies()), "newly": newly, "alive": alive}))
 """
 
 
@@ -94,6 +95,7 @@ def test_every_copy_of_the_pooled_tokenizer_is_bounded(default_model_dir: Path):
     bounded = _growth(TOKENIZER_WORKLOAD, "every copy", model)
     assert control["copies"] == bounded["copies"] == 10, (control, bounded)  # itself, the original, 8 copies
     assert bounded["newly"] == 6, bounded  # the copies the pool added were bounded by the second pass
+    assert bounded["alive"] == 10, bounded  # what /status shows as app_tokenizer_copies
     assert control["growth"] > 300_000, f"the pool's copies should fill their caches, grew {control} B"
     assert bounded["growth"] < 32_000, f"the pool's copies still grew {bounded} B"
 

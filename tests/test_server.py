@@ -51,6 +51,7 @@ async def test_twenty_concurrent_sessions_stream_their_replies(tiny_server: AppS
     assert status["chainlit_chat_contexts"] == 0
     assert status["app_malloc"]["in_use_bytes"] > 0, "glibc's heap totals, live against fragmentation"
     assert status["app_python_allocated_blocks"] > 0 and status["app_asyncio_tasks"] > 0
+    assert status["app_tokenizer_copies"] >= 3, "the tokenizer, vLLM's pool's original and its copies"
     pymalloc = status["app_pymalloc"]  # Python's own arenas, which malloc's totals leave out
     assert pymalloc["pymalloc.arenas"] * 2**20 > pymalloc["pymalloc.allocated_bytes"] > 0
 

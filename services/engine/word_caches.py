@@ -17,9 +17,12 @@ round, it bounds the copies added since (a new copy fills for one round at most)
 
 from __future__ import annotations
 
+import logging
 import queue
 import weakref
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 def bound_tokenizer_word_cache(tokenizer: Any, words: int) -> bool:
@@ -77,6 +80,14 @@ class WordCacheBound:
                 newly += 1
         return newly
 
+    @property
+    def copies_alive(self) -> int:
+        """Copies bounded so far that still exist: the tokenizer, the pool's original and its copies.
+        Each copy costs ~8 MB with the default model, so a pool that grows shows here."""
+        return len(self._bounded)
+
     async def round(self) -> int:
         """A maintenance round's step: bound the copies the pool added since the last one."""
-        return self.apply()
+        if newly := self.apply():
+            logger.info("tokenizer pool grew: %d new copy(ies) bounded, %d alive", newly, self.copies_alive)
+        return newly
