@@ -104,3 +104,38 @@ def test_a_tokenizer_without_a_word_cache_is_left_alone():
     from services.engine.word_caches import bound_tokenizer_word_cache
 
     assert bound_tokenizer_word_cache(object(), 10) is False
+
+
+@pytest.mark.parametrize("threads, copies_added", [(2, 0), (6, 4)])
+def test_document_threads_bound_the_copies_vllm_s_tokenizer_pool_keeps(
+    default_model_dir: Path, threads: int, copies_added: int
+) -> None:
+    """Twelve uploads read at once: with DOCUMENT_THREADS=2 the pool (made with 2 copies, as vLLM's
+    renderer makes it) lends no more than it holds; with 6 threads (asyncio's default executor on
+    two cores) it keeps 4 more, ~8 MB each, for good."""
+    import asyncio
+    import threading
+
+    from transformers import AutoTokenizer
+    from vllm.tokenizers.hf import maybe_make_thread_pool
+
+    from services.chat.attachments import DocumentThreads
+    from services.engine.word_caches import WordCacheBound, _free_variables
+
+    tokenizer = AutoTokenizer.from_pretrained(str(default_model_dir))
+    maybe_make_thread_pool(tokenizer, 2)
+    borrow = _free_variables(type(tokenizer).encode)["_borrow_from_pool"]
+    before = len(WordCacheBound(tokenizer, 0).copies())
+
+    together = threading.Barrier(threads, timeout=60)  # every allowed thread holds a copy at once
+
+    def read_one_upload() -> None:  # a thread that tokenizes for a while, as reading a document does
+        with borrow():
+            together.wait()
+
+    async def twelve_uploads() -> None:  # 12: the barrier fills in rounds of 2 or 6
+        runner = DocumentThreads(threads)
+        await asyncio.gather(*(runner.run(read_one_upload) for _ in range(12)))
+
+    asyncio.run(twelve_uploads())
+    assert len(WordCacheBound(tokenizer, 0).copies()) - before == copies_added

@@ -5,13 +5,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from services.chat.session import ChatSession, SessionDocument
 from services.config import Settings
 from services.documents.errors import DocumentError
 from services.documents.extract import Document, extract_document
 from services.engine.chat_engine import ChatEngine
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -23,12 +27,29 @@ class AttachResult:
     notes: tuple[str, ...]
 
 
+class DocumentThreads:
+    """Runs document work (reading files, counting tokens) in threads, at most `count` at once.
+
+    vLLM's tokenizer pool lends every calling thread its own deep copy of the tokenizer and keeps
+    each copy it ever made (services/engine/word_caches.py): unbounded threads would grow it by
+    ~8 MB per new peak of concurrent callers, for the life of the process.
+    """
+
+    def __init__(self, count: int) -> None:
+        self._slots = asyncio.Semaphore(count)
+
+    async def run(self, function: Callable[..., T], *args: object) -> T:
+        async with self._slots:
+            return await asyncio.to_thread(function, *args)
+
+
 class Attachments:
     """Turns uploads into session documents within the document settings' limits."""
 
     def __init__(self, engine: ChatEngine, settings: Settings) -> None:
         self.engine = engine
         self.settings = settings
+        self.threads = DocumentThreads(settings.document_threads)  # the chat service's plans use them too
 
     async def attach(self, session: ChatSession, files: list[tuple[str, str]]) -> AttachResult:
         """Read uploaded files (path, name) into the session's document; delete the files.
@@ -44,7 +65,7 @@ class Attachments:
             notes.append(f"Only the first {s.max_files_per_message} files were read.")
         for path, name in files[: s.max_files_per_message]:
             try:
-                readable.append(await asyncio.to_thread(self._read_file, path, name))
+                readable.append(await self.threads.run(self._read_file, path, name))
             except DocumentError as error:
                 errors.append(f"**{name}**: {error}")
         for path, _ in files:
@@ -57,7 +78,7 @@ class Attachments:
             doc.text if len(readable) == 1 else f"## {doc.name}\n\n{doc.text}" for doc in readable
         )
         notes.extend(note for doc in readable for note in doc.notes)
-        text, tokens, cut_note = await asyncio.to_thread(self._bounded_by_tokens, text)
+        text, tokens, cut_note = await self.threads.run(self._bounded_by_tokens, text)
         if cut_note:
             notes.append(cut_note)
         if session.document is not None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
@@ -46,7 +45,7 @@ class ChatService:
         document = result.document
         if document is None:
             return result
-        await asyncio.to_thread(self._plan, session, document)
+        await self.attachments.threads.run(self._plan, session, document)
         note = document.plan.note(document.name) if document.plan is not None else None
         return dataclasses.replace(result, notes=(*result.notes, note)) if note else result
 

@@ -28,6 +28,14 @@ class DocumentSettings:
         0,
     )
     max_files_per_message: int = setting(5, "MAX_FILES_PER_MESSAGE", "Files read from one message.", 1)
+    document_threads: int = setting(
+        2,
+        "DOCUMENT_THREADS",
+        "Uploads read and tokenized at once (others wait their turn). Each thread that tokenizes while "
+        "others do makes vLLM's tokenizer pool keep one more copy (~8 MB with the default model) for "
+        "the life of the process.",
+        1,
+    )
     max_document_pages: int = setting(500, "MAX_DOCUMENT_PAGES", "PDF pages read at most.", 1)
     max_document_chars: int = setting(
         1_000_000, "MAX_DOCUMENT_CHARS", "Characters of text kept from one document.", 1
