@@ -9,8 +9,8 @@ in one burst. This bench repeats that in one process, with the app's own History
 pooled connections and page caches) and no engine:
   1. stores `--base` conversations through Chainlit's data layer (the rows the app writes);
   2. each round adds `--add` copies of them (fresh ids, newer messages: an hour of the soak),
-     runs `History.retention_round()` with the cap at `--keep`, then `malloc_trim` as the
-     maintenance round does;
+     then sweeps with the cap at `--keep`: `History.retention_round()` as maintenance rounds call
+     it (a batch per round) until it deletes nothing, then `malloc_trim` as those rounds do;
   3. after each round records the process's anonymous memory, glibc's in-use and free bytes,
      SQLite's heap and its high-water mark during the round, and the database's size.
 The first rounds fill the page caches and the database file; "ratchet" is the Theil-Sen slope of
@@ -138,10 +138,12 @@ async def run(options: argparse.Namespace, folder: Path) -> dict[str, Any]:
         history._retention_at = None  # the hour has passed
         sqlite_highwater(reset=True)
         started = time.monotonic()
-        deleted = await history.retention_round()
+        deleted, sweep_rounds = 0, 0
+        while batch := await history.retention_round():  # maintenance rounds until the sweep is done
+            deleted, sweep_rounds = deleted + batch, sweep_rounds + 1
         seconds = time.monotonic() - started
         await asyncio.to_thread(malloc_trim)
-        rounds.append(measure(history, index, deleted, seconds))
+        rounds.append({**measure(history, index, deleted, seconds), "maintenance_rounds": sweep_rounds})
         print(
             json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in rounds[-1].items()}),
             flush=True,

@@ -323,6 +323,23 @@ async def test_cap_keeps_each_users_most_recently_active_conversations(history: 
     assert await conversations.delete_excess_threads(history.engine, keep=3) == 0  # type: ignore[arg-type]
 
 
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_sweep_deletes_a_batch_a_round_until_the_cap_holds(
+    history: History, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An hour's excess goes in small transactions over several rounds, not in one burst."""
+    monkeypatch.setattr(conversations, "DELETE_BATCH", 2)
+    hana = await new_user(history, "hana")
+    for _ in range(6):
+        await new_thread(history, hana)
+    capped = {"history_max_conversations": 1, "history_retention_days": 0}
+    history.settings = dataclasses.replace(history.settings, **capped)  # type: ignore[arg-type]
+    history._retention_at = None
+    rounds = [await history.retention_round() for _ in range(5)]
+    assert rounds == [2, 2, 1, 0, 0], "a batch a round, then the sweep waits for the next hour"
+    assert await count(history, "threads", '"userIdentifier" = :who', who="hana") == 1
+
+
 def test_rebuild_rules_match_the_live_history() -> None:
     steps = [
         {"type": "user_message", "output": "hello"},

@@ -95,27 +95,32 @@ EXCESS_THREADS = (
 )
 
 
-async def _delete_selected(engine: AsyncEngine, query: str, params: dict[str, object]) -> int:
-    """Delete the conversations `query` selects (a batch at a time) until it selects none."""
-    deleted = 0
-    while True:
+async def _delete_selected(
+    engine: AsyncEngine, query: str, params: dict[str, object], batches: int | None = None
+) -> int:
+    """Delete the conversations `query` selects, a batch at a time, until it selects none or
+    `batches` batches are done (None: no limit)."""
+    deleted, done = 0, 0
+    while batches is None or done < batches:
         async with engine.connect() as connection:
             rows = await connection.execute(text(query), {**params, "batch": DELETE_BATCH})
             ids = [row[0] for row in rows]
         if not ids:
-            return deleted
+            break
         deleted += await delete_threads(engine, ids)
+        done += 1
+    return deleted
 
 
 async def delete_idle_threads(
-    engine: AsyncEngine, older_than_days: float, now: datetime | None = None
+    engine: AsyncEngine, older_than_days: float, now: datetime | None = None, batches: int | None = None
 ) -> int:
     """Retention: delete conversations whose last message is older than `older_than_days`.
 
     Steps left without a conversation (a thread row that failed to save) age out the same way.
     """
     cutoff = timestamp((now or datetime.now(UTC)) - timedelta(days=older_than_days))
-    deleted = await _delete_selected(engine, IDLE_THREADS, {"cutoff": cutoff})
+    deleted = await _delete_selected(engine, IDLE_THREADS, {"cutoff": cutoff}, batches)
     async with engine.begin() as connection:
         await connection.execute(
             text(
@@ -132,9 +137,9 @@ async def delete_idle_threads(
     return deleted
 
 
-async def delete_excess_threads(engine: AsyncEngine, keep: int) -> int:
+async def delete_excess_threads(engine: AsyncEngine, keep: int, batches: int | None = None) -> int:
     """The cap: delete each user's conversations beyond the `keep` most recently active ones."""
-    return await _delete_selected(engine, EXCESS_THREADS, {"keep": keep})
+    return await _delete_selected(engine, EXCESS_THREADS, {"keep": keep}, batches)
 
 
 async def owner_of_step(engine: AsyncEngine, step_id: str) -> str | None:

@@ -27,7 +27,8 @@ from services.history.resume import chat_settings_of, history_from_steps
 
 logger = logging.getLogger(__name__)
 
-RETENTION_INTERVAL_SECONDS = 3600.0  # retention runs in the first maintenance round, then hourly
+RETENTION_INTERVAL_SECONDS = 3600.0  # a sweep starts in the first maintenance round, then hourly
+RETENTION_BATCHES_PER_ROUND = 1  # batches of DELETE_BATCH conversations each rule deletes per round
 FAILED = object()  # what a guarded database operation returns when it failed
 
 
@@ -50,6 +51,7 @@ class History:
         self.retention_deleted_total = 0
         self._ready_callbacks: list[Callable[[], Awaitable[None]]] = []
         self._retention_at: float | None = None
+        self._sweep_unfinished = False  # the last round deleted full batches: the next one goes on
         self._probe: asyncio.Task | None = None
 
     @property
@@ -156,26 +158,32 @@ class History:
 
     async def retention_round(self) -> int:
         """Delete conversations idle past HISTORY_RETENTION_DAYS and each user's beyond
-        HISTORY_MAX_CONVERSATIONS (hourly; a maintenance round calls it)."""
+        HISTORY_MAX_CONVERSATIONS (a maintenance round calls it).
+
+        A sweep starts hourly and deletes a batch per rule per round until a round finds less
+        than a batch, so an hour's excess goes in small transactions spread over rounds: chat
+        saves wait for the write lock one batch at a time, not for the whole sweep.
+        """
         days, most = self.settings.history_retention_days, self.settings.history_max_conversations
         now = time.monotonic()
-        if (
-            not (days or most)
-            or not self.available
-            or (self._retention_at is not None and now - self._retention_at < RETENTION_INTERVAL_SECONDS)
-        ):
+        due = self._retention_at is None or now - self._retention_at >= RETENTION_INTERVAL_SECONDS
+        if not (days or most) or not self.available or not (due or self._sweep_unfinished):
             return 0
-        self._retention_at = now
-        total = 0
+        if due:
+            self._retention_at = now
+        total, unfinished = 0, False
         for limit, sweep, why in (
             (days, conversations.delete_idle_threads, "idle for more than %g days"),
             (most, conversations.delete_excess_threads, "beyond %g per user"),
         ):
-            deleted = await self._guarded(sweep(self.engine, limit)) if limit else 0  # type: ignore[arg-type, operator]
+            batches = RETENTION_BATCHES_PER_ROUND
+            deleted = await self._guarded(sweep(self.engine, limit, batches=batches)) if limit else 0  # type: ignore[arg-type, operator]
             if deleted is FAILED or not deleted:
                 continue
             total += deleted
+            unfinished = unfinished or deleted >= batches * conversations.DELETE_BATCH
             logger.info("retention: deleted %d conversation(s) " + why, deleted, limit)
+        self._sweep_unfinished = unfinished
         self.retention_deleted_total += total
         return total
 
