@@ -144,17 +144,12 @@ async def run(options: argparse.Namespace, folder: Path) -> dict[str, Any]:
         seconds = time.monotonic() - started
         await asyncio.to_thread(malloc_trim)
         rounds.append({**measure(history, index, deleted, seconds), "maintenance_rounds": sweep_rounds})
-        print(
-            json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in rounds[-1].items()}),
-            flush=True,
-        )
+        print(json.dumps(rounded(rounds[-1])), flush=True)
     await history.stop()
     settled = rounds[SETTLING_ROUNDS:]
     slope = theil_sen_interval([r["round"] for r in settled], [r["anon_mb"] for r in settled])
     return {
-        "options": {
-            name: str(value) if isinstance(value, Path) else value for name, value in vars(options).items()
-        },
+        "options": {name: value for name, value in vars(options).items() if name != "json"},
         "conversations_added_per_round": copies * options.base,
         "rounds": [rounded(row) for row in rounds],
         "anon_mb_per_round_after_settling": [round(value, 3) for value in slope],

@@ -171,12 +171,11 @@ class History:
             return 0
         if due:
             self._retention_at = now
-        total, unfinished = 0, False
+        total, unfinished, batches = 0, False, RETENTION_BATCHES_PER_ROUND
         for limit, sweep, why in (
             (days, conversations.delete_idle_threads, "idle for more than %g days"),
             (most, conversations.delete_excess_threads, "beyond %g per user"),
         ):
-            batches = RETENTION_BATCHES_PER_ROUND
             deleted = await self._guarded(sweep(self.engine, limit, batches=batches)) if limit else 0  # type: ignore[arg-type, operator]
             if deleted is FAILED or not deleted:
                 continue
