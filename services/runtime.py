@@ -36,7 +36,7 @@ from services.chat.store import SessionStore
 from services.config import Settings
 from services.engine.chat_engine import ChatEngine
 from services.engine.lifespan import engine_lifespan
-from services.engine.probe.sitecustomize import pymalloc_counters
+from services.engine.probe.allocator_counters import pymalloc_counters
 from services.engine.processes import engine_processes, is_running
 from services.engine.warmup import WarmUpReport
 from services.history.database import ensure_data_dir

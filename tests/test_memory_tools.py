@@ -211,8 +211,9 @@ def wait_for_counters_after(directory: Path, label: str) -> None:
         time.sleep(0.1)
 
 
-def snapshot_grow_snapshot(directory: Path) -> None:
-    """Start the child, snapshot it, let it grow, snapshot it again, stop it."""
+def snapshot_grow_snapshot(directory: Path, suffix: str = ".tracemalloc") -> None:
+    """Start the child, snapshot it, let it grow, snapshot it again, stop it (each snapshot has
+    written its `suffix` file)."""
     parent, child_end = multiprocessing.get_context("spawn").Pipe()
     child = multiprocessing.get_context("spawn").Process(
         target=child_that_grows_on_command, args=(child_end,)
@@ -222,12 +223,12 @@ def snapshot_grow_snapshot(directory: Path) -> None:
         assert parent.poll(60) and parent.recv() == "ready"
         (directory / "label").write_text("before")
         os.kill(child.pid, signal.SIGUSR2)
-        wait_for_snapshots(directory, 1)
+        wait_for_snapshots(directory, 1, suffix)
         parent.send("grow")
         assert parent.poll(60) and parent.recv() == "done"
         (directory / "label").write_text("after")
         os.kill(child.pid, signal.SIGUSR2)
-        wait_for_snapshots(directory, 2)
+        wait_for_snapshots(directory, 2, suffix)
         wait_for_counters_after(directory, "after")  # the probe's last step, before the child stops
         parent.send("stop")
     finally:
@@ -257,12 +258,27 @@ def test_probe_snapshots_on_signal_and_names_the_site_that_grew(
     assert after["threads"] == before["threads"] >= 3  # main thread, the probe, its counters
 
 
+def test_probe_without_tracing_writes_a_census_and_glibc_counters_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENGINE_MEMORY_PROBE_FRAMES=0, the churn bench's `--probe counters`: cheap enough for every sample."""
+    probe_env(monkeypatch, tmp_path, ENGINE_MEMORY_PROBE_FRAMES="0")
+    snapshot_grow_snapshot(tmp_path, ".census")
+    assert not list(tmp_path.glob("*.tracemalloc"))
+    (process,) = attribute(tmp_path).values()
+    assert set(process) == {"objects"}
+    (before,), (after,) = counters_after(tmp_path, "before"), counters_after(tmp_path, "after")
+    assert after["python_allocated_blocks"] - before["python_allocated_blocks"] >= 19_000
+    assert 0 < before["glibc.in_use"] < before["glibc.heaps"] + before["glibc.mmapped"]
+    assert before["glibc.free"] >= 0 and "jemalloc.allocated" not in before
+
+
 def test_pymalloc_counters_see_small_objects_in_arenas_outside_malloc() -> None:
     """The counters that tell pymalloc's arenas (mmapped by Python, not malloc) from its live blocks.
     In a fresh interpreter, whose arenas have little free space the strings could reuse."""
     code = (
         "import json, tracemalloc\n"
-        "from services.engine.probe.sitecustomize import pymalloc_counters\n"
+        "from services.engine.probe.allocator_counters import pymalloc_counters\n"
         "before = pymalloc_counters()\n"
         "kept = [f'kept in arenas {i}' * 8 for i in range(20_000)]\n"  # ~150 bytes each
         "after = pymalloc_counters()\n"

@@ -162,6 +162,13 @@ class EngineSettings:
         "Seconds between the memory probe's snapshots; 0 = only on SIGUSR2.",
         0,
     )
+    engine_memory_probe_frames: int = setting(
+        16,
+        "ENGINE_MEMORY_PROBE_FRAMES",
+        "Traceback frames tracemalloc keeps in the memory probe's snapshots; 0 = no tracing: a "
+        "snapshot is then an object census and a line of counters, cheap enough for every sample.",
+        0,
+    )
     cache_dir: str = setting(default_cache_dir(), "CACHE_DIR", "Where the prepared default model is kept.")
 
     # --- remote engine: vLLM servers instead of the in-process engine -----------

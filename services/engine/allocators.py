@@ -26,7 +26,7 @@ PROBE_DIR = Path(__file__).resolve().parent / "probe"
 # Variables this module may set; the rest of the environment is left alone.
 MEMORY_ENV_NAMES = (
     "LD_PRELOAD", "MALLOC_CONF", "MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_",
-    "PYTHONPATH", "ENGINE_MEMORY_PROBE_DIR", "ENGINE_MEMORY_PROBE_SECONDS",
+    "PYTHONPATH", "ENGINE_MEMORY_PROBE_DIR", "ENGINE_MEMORY_PROBE_SECONDS", "ENGINE_MEMORY_PROBE_FRAMES",
 )  # fmt: skip
 
 
@@ -80,6 +80,7 @@ def engine_memory_env(settings: Settings, environ: dict[str, str] | None = None)
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
         env["ENGINE_MEMORY_PROBE_DIR"] = str(Path(settings.engine_memory_probe_dir).resolve())
         env["ENGINE_MEMORY_PROBE_SECONDS"] = str(settings.engine_memory_probe_seconds)
+        env["ENGINE_MEMORY_PROBE_FRAMES"] = str(settings.engine_memory_probe_frames)
     return env
 
 

@@ -31,6 +31,7 @@ import psutil
 from services.chat.store import SessionStore
 from services.config import Settings
 from services.engine.chat_engine import ChatEngine
+from services.engine.probe.allocator_counters import glibc_counters
 from services.observability.memory import (
     MB,
     MemoryMonitor,
@@ -67,13 +68,6 @@ def malloc_trim() -> bool | None:
     return None if libc is None else bool(libc.malloc_trim(0))
 
 
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-        "keepcost",
-    )]  # fmt: skip
-
-
 def malloc_info() -> dict[str, int] | None:
     """glibc's malloc totals for this process over all arenas, or None off glibc (< 2.33).
 
@@ -81,13 +75,14 @@ def malloc_info() -> dict[str, int] | None:
     (fragmentation, which malloc_trim can only partly return); mmapped: large blocks.
     Python's small objects live in its own arenas, outside these numbers.
     """
-    libc = _glibc()
-    mallinfo2 = getattr(libc, "mallinfo2", None) if libc is not None else None
-    if mallinfo2 is None:
+    counters = glibc_counters()
+    if not counters:
         return None
-    mallinfo2.restype = _MallInfo2
-    info = mallinfo2()
-    return {"in_use_bytes": info.uordblks, "free_in_heaps_bytes": info.fordblks, "mmapped_bytes": info.hblkhd}
+    return {
+        "in_use_bytes": counters["glibc.in_use"],
+        "free_in_heaps_bytes": counters["glibc.free"],
+        "mmapped_bytes": counters["glibc.mmapped"],
+    }
 
 
 def _cancelling_tasks() -> int:

@@ -9,7 +9,7 @@ are left alone. The app runs the same probe in its own process through
 `start(...)` (APP_MEMORY_PROBE_DIR, services/observability/attribution.py).
 
 In EngineCore and the worker it writes, on SIGUSR2 and every
-ENGINE_MEMORY_PROBE_SECONDS (0 = signal only):
+ENGINE_MEMORY_PROBE_SECONDS (0 = signal only; ENGINE_MEMORY_PROBE_FRAMES=0: no tracemalloc):
     <dir>/<role>-<pid>-<seq>-<label>.tracemalloc   a tracemalloc snapshot (after gc.collect())
     <dir>/<role>-<pid>-<seq>-<label>.census        JSON: live objects by type (count, shallow bytes)
         and the largest containers by length, with a hint of what they hold; costs nothing
@@ -17,8 +17,9 @@ ENGINE_MEMORY_PROBE_SECONDS (0 = signal only):
     <dir>/<role>-<pid>-<seq>-<label>.heap          jemalloc's heap profile, when jemalloc runs with prof:true
     <dir>/counters-<pid>.jsonl                     every COUNTERS_SECONDS and after each snapshot (named):
         jemalloc's allocated/active/metadata/resident/mapped/retained bytes and dirty/muzzy
-        pages (when jemalloc is the malloc), Python's allocated blocks, pyzmq's zero-copy
-        messages not yet released, threads, and anonymous/RSS bytes from /proc
+        pages (when jemalloc is the malloc; else glibc's bytes in use, free and mmapped),
+        Python's allocated blocks, pyzmq's zero-copy messages not yet released, threads,
+        and anonymous/RSS bytes from /proc
 <label> is the text of <dir>/label when present (the churn bench writes its
 request count there). The first snapshot and the newest KEEP_NEWEST are kept.
 tracemalloc starts with the first snapshot (tracing vLLM's imports would take
@@ -32,21 +33,20 @@ import os
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+
+try:  # vLLM's processes: this folder is on PYTHONPATH
+    from allocator_counters import glibc_counters, jemalloc_counters, jemalloc_mallctl, pymalloc_counters
+except ImportError:  # the app imports the probe as a module of services
+    from services.engine.probe.allocator_counters import (
+        glibc_counters,
+        jemalloc_counters,
+        jemalloc_mallctl,
+        pymalloc_counters,
+    )
 
 TRACEMALLOC_FRAMES = 16
 KEEP_NEWEST = 12
 COUNTERS_SECONDS = 30
-JEMALLOC_COUNTERS = (
-    "stats.allocated",
-    "stats.active",
-    "stats.metadata",
-    "stats.resident",
-    "stats.mapped",
-    "stats.retained",
-    "stats.arenas.4096.pdirty",
-    "stats.arenas.4096.pmuzzy",
-)  # fmt: skip  (4096 = MALLCTL_ARENAS_ALL: the sum over arenas)
 # Set by start(): a role that replaces the process title, more counters for each line, and
 # whether each census also walks every reachable object (object_census.reachable_objects).
 ROLE: str | None = None
@@ -67,16 +67,6 @@ def process_role() -> str:
     return "".join(c if c.isalnum() or c == "_" else "_" for c in title)[:40] or "process"
 
 
-def jemalloc_mallctl() -> Any:
-    """jemalloc's `mallctl` when jemalloc is this process's malloc, else None."""
-    import ctypes
-
-    try:
-        return ctypes.CDLL(None).mallctl
-    except (OSError, AttributeError):
-        return None
-
-
 def jemalloc_dump(path: str) -> bool:
     """Ask jemalloc (when it is this process's malloc and profiling is on) to write its heap profile."""
     import ctypes
@@ -88,65 +78,6 @@ def jemalloc_dump(path: str) -> bool:
     return mallctl(b"prof.dump", None, None, ctypes.byref(name), ctypes.sizeof(name)) == 0
 
 
-def jemalloc_counters() -> dict[str, int]:
-    """jemalloc's global statistics (bytes; dirty/muzzy in pages), refreshed; {} without jemalloc."""
-    import ctypes
-
-    mallctl = jemalloc_mallctl()
-    if mallctl is None:
-        return {}
-    epoch = ctypes.c_uint64(1)
-    mallctl(b"epoch", None, None, ctypes.byref(epoch), ctypes.sizeof(epoch))
-    counters = {}
-    for name in JEMALLOC_COUNTERS:
-        value, size = ctypes.c_size_t(0), ctypes.c_size_t(ctypes.sizeof(ctypes.c_size_t))
-        if mallctl(name.encode(), ctypes.byref(value), ctypes.byref(size), None, 0) == 0:
-            counters["jemalloc." + name.removeprefix("stats.").replace("arenas.4096.", "")] = value.value
-    return counters
-
-
-PYMALLOC_STATS = {  # _PyObject_DebugMallocStats's lines -> counter names
-    "# arenas allocated current": "pymalloc.arenas",
-    "# arenas highwater mark": "pymalloc.arenas_highwater",
-    "# bytes in allocated blocks": "pymalloc.allocated_bytes",
-    "# bytes in available blocks": "pymalloc.available_bytes",
-}
-
-
-def pymalloc_counters() -> dict[str, int]:
-    """Python's small-object allocator: arenas held (1 MiB each on 3.10+, mmapped outside malloc) and
-    the bytes of live and free blocks in them; their gap is fragmentation. {} when unavailable
-    (PYTHONMALLOC=malloc, another interpreter)."""
-    import ctypes
-
-    try:
-        libc, stats = ctypes.CDLL(None), ctypes.pythonapi._PyObject_DebugMallocStats
-    except (OSError, AttributeError):
-        return {}
-    libc.open_memstream.restype = ctypes.c_void_p
-    libc.open_memstream.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t)]
-    libc.fclose.argtypes = libc.free.argtypes = stats.argtypes = [ctypes.c_void_p]
-    buffer, size = ctypes.c_void_p(), ctypes.c_size_t()
-    stream = libc.open_memstream(ctypes.byref(buffer), ctypes.byref(size))
-    if not stream:
-        return {}
-    written = stats(stream)  # writes the report to the in-memory stream (the GIL is held)
-    libc.fclose(stream)
-    text = ctypes.string_at(buffer, size.value).decode("ascii", "replace") if buffer.value else ""
-    libc.free(buffer)
-    if not written:
-        return {}
-    counters = {"pymalloc.unused_pool_bytes": 0}  # its line is printed only when there are some
-    for row in text.splitlines():
-        key, _, value = row.partition("=")
-        name = PYMALLOC_STATS.get(key.strip())
-        if "unused pools" in key:  # "N unused pools * 16384 bytes"
-            name = "pymalloc.unused_pool_bytes"
-        if name and value:
-            counters[name] = int(value.strip().replace(",", ""))
-    return counters
-
-
 def process_counters(after_snapshot: str | None = None) -> dict[str, float | str]:
     """One line of counters for this process (see the module's docstring)."""
     import time
@@ -154,7 +85,7 @@ def process_counters(after_snapshot: str | None = None) -> dict[str, float | str
     line: dict[str, float | str] = {"time": round(time.time(), 1), "role": process_role()}
     if after_snapshot:
         line["snapshot"] = after_snapshot
-    line.update(jemalloc_counters())
+    line.update(jemalloc_counters() or glibc_counters())
     line["python_allocated_blocks"] = sys.getallocatedblocks()
     line.update(pymalloc_counters())
     garbage = sys.modules.get("zmq.utils.garbage")
@@ -284,7 +215,9 @@ def install() -> None:
     directory = os.environ.get("ENGINE_MEMORY_PROBE_DIR")
     if not directory or "--multiprocessing-fork" not in sys.orig_argv:
         return
-    start(directory, float(os.environ.get("ENGINE_MEMORY_PROBE_SECONDS") or 0) or None)
+    frames = os.environ.get("ENGINE_MEMORY_PROBE_FRAMES", "")
+    seconds = float(os.environ.get("ENGINE_MEMORY_PROBE_SECONDS") or 0) or None
+    start(directory, seconds, tracemalloc_frames=int(frames) if frames.isdigit() else TRACEMALLOC_FRAMES)
 
 
 install()
