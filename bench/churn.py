@@ -9,7 +9,8 @@
         --allocators glibc,tcmalloc,jemalloc,glibc-arena2                  # each arm bounded in time too
 
 No app and no network: `ChatEngine` over vLLM's AsyncLLM in this process,
-`--concurrency` requests in flight, as fast as the machine serves them. Each
+`--concurrency` requests in flight, as fast as the machine serves them (a
+list, e.g. `4,4,4,32`, is cycled block by block: bursts of new batch sizes). Each
 request has its own prompt length (a shared system prompt plus 1 to
 `--max-prompt-words` random words) and answer budget (1 to
 `--max-answer-tokens`), and `--abort-fraction` of them are dropped after 1-3
@@ -97,14 +98,14 @@ class ChurnOptions:
     requests: int = 3000
     sample_every: int = 1000
     warmup: int | None = None  # default: two sample intervals
-    concurrency: int = 24
+    concurrency: list[int] = field(default_factory=lambda: [24])  # per block, cycled: bursts
     abort_fraction: float = 0.2
     max_prompt_words: int = 60
     max_answer_tokens: int = 32
     seed: int = 0
     tiny: bool = False
     allocators: list[str] = field(default_factory=lambda: ["configured"])
-    attribute: bool = False
+    probe: str = ""  # the engine's memory probe: "" off, counters, native (+ jemalloc profiles), all
     max_bytes_per_request: float | None = None
     arm_seconds: float | None = None  # each arm stops at the first sample after this much load
     conversations: int = 0  # 0: independent requests; N: turns of N interleaved conversations
@@ -286,7 +287,7 @@ async def probe_snapshots(probe_dir: Path, label: str) -> int:
             os.kill(process.pid, signal.SIGUSR2)
     deadline = time.monotonic() + PROBE_WAIT_SECONDS
     while time.monotonic() < deadline:
-        written = {p.name.split("-")[1] for p in probe_dir.glob(f"*-{label}.tracemalloc")}
+        written = {p.name.split("-")[1] for p in probe_dir.glob(f"*-{label}.census")}
         if all(str(p.pid) in written for p in processes):
             return len(written)
         await asyncio.sleep(0.25)
@@ -337,11 +338,15 @@ def _value(row: dict[str, Any], role: str) -> dict[str, int] | None:
     return processes.get(role)
 
 
-def arm_settings(base: Settings, arm: str, probe_dir: Path | None) -> Settings:
+def arm_settings(base: Settings, arm: str, probe_dir: Path | None, probe: str = "all") -> Settings:
+    """The arm's engine settings; with a probe folder, the memory probe on: counters and a census at
+    every sample, plus jemalloc's heap profiles (`native`) and tracemalloc (`all`)."""
     settings = base if arm == "configured" else base.replace(**ARMS[arm])
     if probe_dir is not None:
         settings = settings.replace(engine_memory_probe_dir=str(probe_dir))
-        if settings.engine_allocator == "jemalloc":
+        if probe != "all":
+            settings = settings.replace(engine_memory_probe_frames=0)
+        if probe != "counters" and settings.engine_allocator == "jemalloc":
             conf = f"{settings.engine_jemalloc_conf},{JEMALLOC_PROFILING},prof_prefix:{probe_dir}/jeprof"
             settings = settings.replace(engine_jemalloc_conf=conf.strip(","))
     return settings
@@ -349,8 +354,8 @@ def arm_settings(base: Settings, arm: str, probe_dir: Path | None) -> Settings:
 
 async def run_arm(base: Settings, arm: str, options: ChurnOptions, out: Path) -> dict[str, Any]:
     """One engine, `options.requests` requests, a memory row every `sample_every`."""
-    probe_dir = out / f"probe-{arm}" if options.attribute else None
-    settings = arm_settings(base, arm, probe_dir)
+    probe_dir = out / f"probe-{arm}" if options.probe else None
+    settings = arm_settings(base, arm, probe_dir, options.probe)
     memory_env = engine_memory_env(settings, {})
     settle = settle_seconds(memory_env)
     described = memory_env or "glibc defaults"
@@ -366,11 +371,12 @@ async def run_arm(base: Settings, arm: str, options: ChurnOptions, out: Path) ->
         for first in range(0, options.requests, options.sample_every):
             last = min(first + options.sample_every, options.requests)
             started = time.monotonic()
-            await run_block(engine, workload, first, last, options.concurrency, arm)
+            in_flight = options.concurrency[first // options.sample_every % len(options.concurrency)]
+            await run_block(engine, workload, first, last, in_flight, arm)
             busy_seconds += time.monotonic() - started
             await wait_until_idle(engine, settle)
             gc.collect()
-            rows.append(memory_row(last, busy_seconds))
+            rows.append({**memory_row(last, busy_seconds), "concurrency": in_flight})
             if probe_dir is not None:
                 await probe_snapshots(probe_dir, f"r{last:06d}")
             print(f"[churn] {arm}: {last} requests, {_progress(rows[-1], busy_seconds, tally)}", flush=True)
@@ -404,7 +410,7 @@ def arm_report(
         "worst_anon_bytes_per_request": processes[worst]["anon_bytes_per_request"] if worst else None,
         "samples": rows,
     }
-    if probe_dir is not None:
+    if probe_dir is not None and options.probe != "counters":
         print(f"[churn] {arm}: attributing growth (jeprof can take minutes)", flush=True)
         report["attribution"] = attribute(probe_dir, since=f"r{options.warmup_requests:06d}")
     if options.max_bytes_per_request is not None:
@@ -496,7 +502,9 @@ def parse_args(argv: list[str] | None = None) -> ChurnOptions:
     )
     parser.add_argument("--sample-every", type=int, default=1000, help="requests between memory samples")
     parser.add_argument("--warmup", type=int, default=None, help="requests left out of the slope (2 samples)")
-    parser.add_argument("--concurrency", type=int, default=24, help="requests in flight")
+    parser.add_argument(
+        "--concurrency", default="24", help="requests in flight; a list (4,4,32) is cycled block by block"
+    )
     parser.add_argument("--abort-fraction", type=float, default=0.2, help="requests dropped mid-stream")
     parser.add_argument("--max-prompt-words", type=int, default=60)
     parser.add_argument("--max-answer-tokens", type=int, default=32)
@@ -506,8 +514,11 @@ def parse_args(argv: list[str] | None = None) -> ChurnOptions:
         "--allocators", default="configured", help=f"comma-separated arms: configured, {', '.join(ARMS)}"
     )
     parser.add_argument(
-        "--attribute", action="store_true", help="memory probe in the engine: tracemalloc, jemalloc profiles"
-    )
+        "--probe", choices=("counters", "native", "all"), default="",
+        help="memory probe in the engine at every sample: allocator counters and an object census; "
+        "native: + jemalloc heap profiles, attributed; all: + tracemalloc (slow)",
+    )  # fmt: skip
+    parser.add_argument("--attribute", dest="probe", action="store_const", const="all", help="= --probe all")
     parser.add_argument(
         "--max-bytes-per-request", type=float, default=None, help="fail above this (anon, any process)"
     )
@@ -528,9 +539,9 @@ def parse_args(argv: list[str] | None = None) -> ChurnOptions:
         parser.error(f"unknown arm(s) {unknown}; choose from configured, {', '.join(ARMS)}")
     return ChurnOptions(
         requests=args.requests, sample_every=args.sample_every, warmup=args.warmup,
-        concurrency=args.concurrency, abort_fraction=args.abort_fraction,
+        concurrency=[int(n) for n in args.concurrency.split(",")], abort_fraction=args.abort_fraction,
         max_prompt_words=args.max_prompt_words, max_answer_tokens=args.max_answer_tokens, seed=args.seed,
-        tiny=args.tiny, allocators=arms, attribute=args.attribute,
+        tiny=args.tiny, allocators=arms, probe=args.probe,
         max_bytes_per_request=args.max_bytes_per_request, arm_seconds=args.arm_seconds, out=args.out,
         conversations=args.conversations, turns=args.turns,
     )  # fmt: skip
