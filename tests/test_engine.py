@@ -21,6 +21,7 @@ from services.engine.lifespan import engine_lifespan
 from services.engine.local import RPC_DIR_PREFIX
 from services.engine.processes import engine_processes
 from services.engine.stream_stats import StreamStats
+from services.engine.warmup import BATCH_SIZES, warm_up
 from tests.conftest import tiny_settings
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -178,3 +179,13 @@ async def test_new_batch_sizes_do_not_grow_the_worker(engine: ChatEngine) -> Non
     growth = worker_rss_mb() - before
     assert growth < 30, f"the worker grew {growth:.0f} MB over 160 new batch sizes"
     assert engine.unfinished_requests() == 0
+
+
+async def test_warm_up_doubles_its_batches_until_one_is_too_slow_for_the_reading_pace(
+    engine: ChatEngine, tiny_model_dir: Path
+) -> None:
+    """Up to the largest batch admission may run, so the worker's kernels for it exist before users."""
+    settings = tiny_settings(tiny_model_dir)
+    assert max(engine.warm_up_report.decode_seconds_per_token) == min(max(BATCH_SIZES), settings.max_num_seqs)
+    strict = await warm_up(engine, settings.replace(reading_pace_tokens_per_second=1e6))  # no batch keeps it
+    assert len(strict.decode_seconds_per_token) == 1

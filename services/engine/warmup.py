@@ -3,9 +3,11 @@
 vLLM's CPU kernels are prepared the first time a batch shape appears, so the
 first request of a new shape is slow (BENCHMARKS.md, warm-up). The service
 reports ready (/healthz 200, Chainlit's port open) only after this pass: prompts
-of typical lengths one at a time, then short answers in batches of typical
-sizes. The batches also measure decode speed per batch size, which admission
-takes as its first estimate of how many streams keep a reading pace.
+of typical lengths one at a time, then short answers in batches of doubling
+size, up to the first batch too slow for the reading pace. The batches measure
+decode speed per batch size, which admission takes as its first estimate of how
+many streams keep that pace; and they leave the worker's per-shape kernel caches
+as full as admission's largest batches would, before the first peak of users.
 """
 
 from __future__ import annotations
@@ -24,7 +26,11 @@ logger = logging.getLogger(__name__)
 
 # A question, a long question or short document, a summary part (capped by the engine's step size).
 PROMPT_TOKENS = (48, 320, 1024)
-BATCH_SIZES = (1, 2, 4, 8, 16)  # streams decoding together (capped by MAX_NUM_SEQS)
+# Streams decoding together (capped by MAX_NUM_SEQS), up to the first size too slow for the reading
+# pace (admission runs no more): vLLM keeps 32 oneDNN matmul primitives per layer shape, those of
+# larger batches bigger, and a first peak of streams would otherwise grow the worker for good
+# (BENCHMARKS.md, bursts).
+BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 BATCH_ANSWER_TOKENS = 32  # the first few overlap the others' prefill; the rest measure decoding
 WORDS = (
     "apple", "river", "mountain", "cloud", "stone", "garden", "window", "paper", "music", "silver",
@@ -81,6 +87,14 @@ def decode_seconds_per_token(batch: list[list[float]]) -> float | None:
     return sum(gaps) / len(gaps) if gaps else None
 
 
+async def _decode_batch(engine: ChatEngine, texts: list[str], sampling: SamplingSettings) -> float | None:
+    """Answer `texts` at once; seconds per token per stream while all of them decoded."""
+    batch = await asyncio.gather(
+        *(_token_times(engine, text, sampling, f"warm-up-b{len(texts)}-{i}") for i, text in enumerate(texts))
+    )
+    return decode_seconds_per_token(batch) if any(len(times) > 1 for times in batch) else None
+
+
 async def warm_up(engine: ChatEngine, settings: Settings) -> WarmUpReport:
     """Run the warm-up pass; return what it measured (logged, and shown in /status).
 
@@ -96,16 +110,15 @@ async def warm_up(engine: ChatEngine, settings: Settings) -> WarmUpReport:
     for tokens in sorted({min(t, longest) for t in PROMPT_TOKENS}):
         times = await _token_times(engine, filler(rng, engine, tokens), prompt_sampling, f"warm-up-p{tokens}")
         report.prompt_ttft_seconds[tokens] = (times[1] if len(times) > 1 else time.monotonic()) - times[0]
+    slowest = 1 / (settings.reading_pace_tokens_per_second * settings.reading_pace_headroom or float("inf"))
     for size in sorted({min(s, settings.max_num_seqs) for s in BATCH_SIZES}):
-        texts = [filler(rng, engine, 24) for _ in range(size)]
-        batch = await asyncio.gather(
-            *(
-                _token_times(engine, text, batch_sampling, f"warm-up-b{size}-{i}")
-                for i, text in enumerate(texts)
-            )
+        per_token = await _decode_batch(
+            engine, [filler(rng, engine, 24) for _ in range(size)], batch_sampling
         )
-        if any(len(times) > 1 for times in batch) and (per_token := decode_seconds_per_token(batch)):
+        if per_token is not None:
             report.decode_seconds_per_token[size] = per_token
+            if per_token > slowest:  # admission will not run this many at once: no larger batches
+                break
     report.seconds = time.monotonic() - started
     logger.info("warm-up took %.1f s: %s", report.seconds, report.summary())
     return report
