@@ -189,3 +189,5 @@ async def test_warm_up_doubles_its_batches_until_one_is_too_slow_for_the_reading
     assert max(engine.warm_up_report.decode_seconds_per_token) == min(max(BATCH_SIZES), settings.max_num_seqs)
     strict = await warm_up(engine, settings.replace(reading_pace_tokens_per_second=1e6))  # no batch keeps it
     assert len(strict.decode_seconds_per_token) == 1
+    unpaced = await warm_up(engine, settings.replace(reading_pace_tokens_per_second=0))  # admits all at once
+    assert max(unpaced.decode_seconds_per_token) == min(max(BATCH_SIZES), settings.max_num_seqs)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -110,7 +111,8 @@ async def warm_up(engine: ChatEngine, settings: Settings) -> WarmUpReport:
     for tokens in sorted({min(t, longest) for t in PROMPT_TOKENS}):
         times = await _token_times(engine, filler(rng, engine, tokens), prompt_sampling, f"warm-up-p{tokens}")
         report.prompt_ttft_seconds[tokens] = (times[1] if len(times) > 1 else time.monotonic()) - times[0]
-    slowest = 1 / (settings.reading_pace_tokens_per_second * settings.reading_pace_headroom or float("inf"))
+    pace = settings.reading_pace_tokens_per_second * settings.reading_pace_headroom
+    slowest = 1 / pace if pace > 0 else math.inf  # no pace: admission may run MAX_NUM_SEQS at once
     for size in sorted({min(s, settings.max_num_seqs) for s in BATCH_SIZES}):
         per_token = await _decode_batch(
             engine, [filler(rng, engine, 24) for _ in range(size)], batch_sampling
