@@ -5,8 +5,10 @@
     .venv/bin/python bench/churn.py --tiny --requests 20000 \\
         --allocators glibc,tcmalloc,jemalloc,glibc-arena2                  # allocators side by side
     .venv/bin/python bench/churn.py --tiny --requests 6000 --attribute     # who keeps it: probe snapshots
-    .venv/bin/python bench/churn.py --requests 20000 --arm-seconds 600 \
+    .venv/bin/python bench/churn.py --requests 20000 --arm-seconds 600 \\
         --allocators glibc,tcmalloc,jemalloc,glibc-arena2                  # each arm bounded in time too
+    .venv/bin/python bench/churn.py --requests 1200 --sample-every 300 --concurrency 4,32 \\
+        --allocators configured,onednn-vllm,configured --probe counters    # our primitive cap vs vLLM's
 
 No app and no network: `ChatEngine` over vLLM's AsyncLLM in this process,
 `--concurrency` requests in flight, as fast as the machine serves them (a
@@ -77,12 +79,13 @@ from services.observability.series import theil_sen_interval
 
 TINY_MAX_MODEL_LEN = 4096  # as in tests/conftest.py
 DEFAULT_MODEL_POOL_TOKENS = 46_592  # the default model's KV pool in 1 GiB (bfloat16) here, per vLLM's log
-# Arms of the allocator comparison: settings changes over the configured defaults.
+# Arms of a side-by-side run: settings changes over the configured defaults.
 ARMS: dict[str, dict[str, Any]] = {
     "glibc": {"engine_allocator": "glibc", "engine_malloc_arena_max": 0},
     "glibc-arena2": {"engine_allocator": "glibc", "engine_malloc_arena_max": 2},
     "tcmalloc": {"engine_allocator": "tcmalloc"},
     "jemalloc": {"engine_allocator": "jemalloc"},
+    "onednn-vllm": {"engine_onednn_mm_cache": 0},  # vLLM's own 32 primitives per weight
 }
 JEMALLOC_PROFILING = "prof:true,prof_active:true,lg_prof_sample:16"
 ENGINE_ROLES = ("EngineCore", "Worker")

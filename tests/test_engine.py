@@ -147,6 +147,7 @@ async def test_engine_processes_start_with_the_configured_allocator(engine: Chat
     processes = engine_processes()
     assert len(processes) >= 2, "EngineCore and a worker"
     assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(settings.engine_onednn_cache_capacity)
+    assert os.environ["ENGINE_ONEDNN_MM_CACHE"] == str(settings.engine_onednn_mm_cache)
     preloaded = PRELOAD_LIBRARIES.get(settings.engine_allocator)
     for process in processes:
         maps = Path(f"/proc/{process.pid}/maps").read_text()

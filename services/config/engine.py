@@ -116,6 +116,15 @@ class EngineSettings:
         "vLLM keeps its own 32 sizes per layer shape in front of it. 1024 = oneDNN's default.",
         0,
     )
+    engine_onednn_mm_cache: int = setting(
+        8,
+        "ENGINE_ONEDNN_MM_CACHE",
+        "oneDNN matmul primitives vLLM's CPU linear layers keep per weight, one per step size "
+        "(vLLM's own: 32). Large steps' primitives are large and an LRU keeps them after a peak of "
+        "load: 8 kept ~39 MB less in the worker and no step at a burst (BENCHMARKS.md). "
+        "0 = vLLM's own.",
+        0,
+    )
     engine_allocator: str = setting(
         "jemalloc",
         "ENGINE_ALLOCATOR",

@@ -128,6 +128,8 @@ def prepare_process_env(settings: Settings) -> None:
     register_vllm_plugins()
     # Read by the oneDNN inside vLLM's CPU kernels when its cache is first used (in the worker).
     os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = str(settings.engine_onednn_cache_capacity)
+    # vLLM's own LRU in front of it, per weight: capped by our plugin when the worker loads the model.
+    os.environ["ENGINE_ONEDNN_MM_CACHE"] = str(settings.engine_onednn_mm_cache)
 
 
 @contextlib.contextmanager

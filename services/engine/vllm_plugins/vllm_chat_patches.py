@@ -21,11 +21,22 @@ BENCHMARKS.md, issue 15.)
 The workaround: after a read, at most once every DRAIN_SECONDS, the reader asks
 its notify socket for ZMQ_EVENTS, which makes libzmq process the queued commands.
 It costs one system call a second and keeps the mailbox to a second's worth.
+
+## oneDNN primitives: fewer kept per weight
+
+On CPU, each of vLLM's linear layers keeps an LRU of oneDNN matmul primitives,
+one per step size M (`ops.create_onednn_mm(weight, 32)` in
+`vllm/model_executor/layers/utils.py`; `MSizeCache` in `csrc/cpu/dnnl_helper.cpp`).
+Primitives for large steps are large, and the LRU evicts only when a new size
+arrives, so the worker steps up by MBs at its first peak of load and keeps them
+(BENCHMARKS.md, "The worker's step at a new peak"). The workaround caps the
+cache at ENGINE_ONEDNN_MM_CACHE primitives per weight (unset or 0: vLLM's own).
 """
 
 from __future__ import annotations
 
 import ctypes
+import inspect
 import logging
 import os
 import shutil
@@ -36,6 +47,8 @@ from collections.abc import Callable
 from typing import Any
 
 DRAIN_SECONDS = 1.0
+ONEDNN_CACHE_ENV = "ENGINE_ONEDNN_MM_CACHE"
+ONEDNN_FACTORIES = ("create_onednn_mm", "create_onednn_scaled_mm")
 _DRAINED_AT = "_vllm_chat_drained_at"
 # vLLM's logger tree: its handlers print from EngineCore and the workers too.
 logger = logging.getLogger("vllm.vllm_chat_patches")
@@ -43,7 +56,7 @@ logger = logging.getLogger("vllm.vllm_chat_patches")
 
 def apply() -> None:
     """vLLM's entry point: apply every workaround (safe to call more than once)."""
-    for name, patch in (("spin_condition", drain_busy_readers),):
+    for name, patch in (("spin_condition", drain_busy_readers), ("onednn_cache", cap_onednn_primitives)):
         applied = patch()
         state = "applied" if applied else "not applicable to this vLLM"
         logger.info("vllm_chat_patches: %s %s in pid %d", name, state, os.getpid())
@@ -70,6 +83,41 @@ def drain_busy_readers() -> bool:
     record_read.drains_notifications = True  # type: ignore[attr-defined]
     SpinCondition.record_read = record_read
     return True
+
+
+def cap_onednn_primitives() -> bool:
+    """Cap the primitives each oneDNN matmul handler keeps; False when unset or without oneDNN.
+
+    Wraps vLLM's handler factories in `vllm._custom_ops`, which its layers call
+    through the module when the model loads (after the plugins, in the worker).
+    """
+    limit = int(os.environ.get(ONEDNN_CACHE_ENV) or 0)
+    try:
+        from vllm import _custom_ops as ops
+    except ImportError:
+        return False
+    if limit <= 0 or not getattr(ops, "_supports_onednn", False):
+        return False
+    for name in ONEDNN_FACTORIES:
+        factory = getattr(ops, name, None)
+        if factory is not None:
+            setattr(ops, name, _capped(getattr(factory, "uncapped", factory), limit))
+    return True
+
+
+def _capped(factory: Callable[..., Any], limit: int) -> Callable[..., Any]:
+    """`factory` with its `primitive_cache_size` argument at most `limit`."""
+    signature = inspect.signature(factory)
+
+    def capped(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        bound.arguments["primitive_cache_size"] = min(bound.arguments["primitive_cache_size"], limit)
+        return factory(*bound.args, **bound.kwargs)
+
+    capped.uncapped = factory  # type: ignore[attr-defined]
+    capped.primitive_cache_limit = limit  # type: ignore[attr-defined]
+    return capped
 
 
 def malloc_in_use_bytes() -> int:
