@@ -86,7 +86,7 @@ def drain_busy_readers() -> bool:
 
 
 def cap_onednn_primitives() -> bool:
-    """Cap the primitives each oneDNN matmul handler keeps; False when unset or without oneDNN.
+    """Cap the primitives each oneDNN matmul handler keeps; False when unset or nothing to cap.
 
     Wraps vLLM's handler factories in `vllm._custom_ops`, which its layers call
     through the module when the model loads (after the plugins, in the worker).
@@ -98,11 +98,13 @@ def cap_onednn_primitives() -> bool:
         return False
     if limit <= 0 or not getattr(ops, "_supports_onednn", False):
         return False
+    applied = False
     for name in ONEDNN_FACTORIES:
-        factory = getattr(ops, name, None)
-        if factory is not None:
-            setattr(ops, name, _capped(getattr(factory, "uncapped", factory), limit))
-    return True
+        factory = getattr(getattr(ops, name, None), "uncapped", getattr(ops, name, None))
+        if factory is not None and "primitive_cache_size" in inspect.signature(factory).parameters:
+            setattr(ops, name, _capped(factory, limit))
+            applied = True
+    return applied
 
 
 def _capped(factory: Callable[..., Any], limit: int) -> Callable[..., Any]:
