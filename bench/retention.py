@@ -135,7 +135,7 @@ async def run(options: argparse.Namespace, folder: Path) -> dict[str, Any]:
     rounds = []
     for index in range(options.rounds):
         await asyncio.to_thread(add_copies, live, base, copies, index)
-        history._retention_at = None  # the hour has passed
+        history._retention_at = None  # the sweep interval has passed
         sqlite_highwater(reset=True)
         started = time.monotonic()
         deleted, sweep_rounds = 0, 0

@@ -319,7 +319,10 @@ async def test_cap_keeps_each_users_most_recently_active_conversations(history: 
     assert kept == {franks[0], franks[2], franks[4]}, "the three most recently active stay"
     assert await count(history, "steps", '"threadId" IN (:a, :b)', a=franks[1], b=franks[3]) == 0
     assert all([await count(history, "threads", '"id" = :id', id=row) for row in ginas]), "others untouched"
-    assert await history.retention_round() == 0, "hourly: a second round right away does nothing"
+    assert await history.retention_round() == 0, "a second round within the interval does nothing"
+    await new_thread(history, frank)
+    history._retention_at -= history.settings.history_retention_interval_seconds  # type: ignore[operator]
+    assert await history.retention_round() == 1, "the next interval's sweep keeps the cap"
     assert await conversations.delete_excess_threads(history.engine, keep=3) == 0  # type: ignore[arg-type]
 
 
@@ -327,7 +330,7 @@ async def test_cap_keeps_each_users_most_recently_active_conversations(history: 
 async def test_a_sweep_deletes_a_batch_a_round_until_the_cap_holds(
     history: History, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An hour's excess goes in small transactions over several rounds, not in one burst."""
+    """A sweep's excess goes in small transactions over several rounds, not in one burst."""
     monkeypatch.setattr(conversations, "DELETE_BATCH", 2)
     hana = await new_user(history, "hana")
     for _ in range(6):
@@ -336,7 +339,7 @@ async def test_a_sweep_deletes_a_batch_a_round_until_the_cap_holds(
     history.settings = dataclasses.replace(history.settings, **capped)  # type: ignore[arg-type]
     history._retention_at = None
     rounds = [await history.retention_round() for _ in range(5)]
-    assert rounds == [2, 2, 1, 0, 0], "a batch a round, then the sweep waits for the next hour"
+    assert rounds == [2, 2, 1, 0, 0], "a batch a round, then the sweep waits for the next interval"
     assert await count(history, "threads", '"userIdentifier" = :who', who="hana") == 1
 
 

@@ -44,8 +44,17 @@ class HistorySettings:
         1000,
         "HISTORY_MAX_CONVERSATIONS",
         "Conversations kept per user: the maintenance task deletes the least recently active beyond "
-        "it (hourly, so a user may briefly hold an hour's more); 0 = no cap.",
+        "it (every HISTORY_RETENTION_INTERVAL_SECONDS, so a user may briefly hold that long's more); "
+        "0 = no cap.",
         0,
+    )
+    history_retention_interval_seconds: float = setting(
+        300.0,
+        "HISTORY_RETENTION_INTERVAL_SECONDS",
+        "How often retention and the per-user cap sweep: each sweep deletes a batch of 200 "
+        "conversations per maintenance round until the rules hold. Short: small steady deletes "
+        "beside the chat's saves; long: fewer scans of the whole history, in larger bursts.",
+        1,
     )
     database_timeout_seconds: float = setting(
         5.0,

@@ -27,7 +27,6 @@ from services.history.resume import chat_settings_of, history_from_steps
 
 logger = logging.getLogger(__name__)
 
-RETENTION_INTERVAL_SECONDS = 3600.0  # a sweep starts in the first maintenance round, then hourly
 RETENTION_BATCHES_PER_ROUND = 1  # batches of DELETE_BATCH conversations each rule deletes per round
 FAILED = object()  # what a guarded database operation returns when it failed
 
@@ -160,13 +159,15 @@ class History:
         """Delete conversations idle past HISTORY_RETENTION_DAYS and each user's beyond
         HISTORY_MAX_CONVERSATIONS (a maintenance round calls it).
 
-        A sweep starts hourly and deletes a batch per rule per round until a round finds less
-        than a batch, so an hour's excess goes in small transactions spread over rounds: chat
-        saves wait for the write lock one batch at a time, not for the whole sweep.
+        A sweep starts every HISTORY_RETENTION_INTERVAL_SECONDS and deletes a batch per rule per
+        round until a round finds less than a batch, so the excess goes in small transactions
+        spread over rounds: chat saves wait for the write lock one batch at a time, not for the
+        whole sweep.
         """
         days, most = self.settings.history_retention_days, self.settings.history_max_conversations
         now = time.monotonic()
-        due = self._retention_at is None or now - self._retention_at >= RETENTION_INTERVAL_SECONDS
+        interval = self.settings.history_retention_interval_seconds
+        due = self._retention_at is None or now - self._retention_at >= interval
         if not (days or most) or not self.available or not (due or self._sweep_unfinished):
             return 0
         if due:
