@@ -1,12 +1,13 @@
-"""What the hourly retention round costs the app's heap, and whether rounds ratchet it.
+"""What a retention sweep costs the app's heap, and whether sweeps ratchet it.
 
     .venv/bin/python bench/retention.py                  # ~2 minutes, no engine
     .venv/bin/python bench/retention.py --rounds 3 --add 600 --keep 200   # quick
 
-The soak signs every simulated user in as one identity, so by its hourly retention round one
-user holds thousands of conversations beyond HISTORY_MAX_CONVERSATIONS, and the round deletes them
-in one burst. This bench repeats that in one process, with the app's own History (SQLite, its
-pooled connections and page caches) and no engine:
+The soak signs every simulated user in as one identity, so by a retention sweep one user holds
+hundreds to thousands of conversations beyond HISTORY_MAX_CONVERSATIONS (thousands when sweeps
+were hourly), and the sweep deletes them a batch per maintenance round. This bench repeats that
+in one process, with the app's own History (SQLite, its pooled connections and page caches) and
+no engine:
   1. stores `--base` conversations through Chainlit's data layer (the rows the app writes);
   2. each round adds `--add` copies of them (fresh ids, newer messages: an hour of the soak),
      then sweeps with the cap at `--keep`: `History.retention_round()` as maintenance rounds call

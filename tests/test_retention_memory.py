@@ -1,4 +1,4 @@
-"""The hourly retention round gives back the heap it takes: rounds do not ratchet the app's memory.
+"""A retention sweep gives back the heap it takes: rounds do not ratchet the app's memory.
 
 The real History on SQLite (pooled connections, page caches), conversations stored through
 Chainlit's data layer and copied between rounds; bench/retention.py is the full-size run.
