@@ -48,4 +48,5 @@ EXPOSE 8000
 # ping may take up to HEALTH_PING_TIMEOUT_SECONDS (15 s).
 HEALTHCHECK --interval=30s --timeout=20s --start-period=300s \
     CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=18)"
-CMD ["sh", "-c", "exec chainlit run app.py --headless --host \"$HOST\" --port 8000"]
+# services.web.launch preloads the app's malloc (APP_ALLOCATOR), then runs `chainlit run`.
+CMD ["sh", "-c", "exec python -m services.web.launch app.py --headless --host \"$HOST\" --port 8000"]

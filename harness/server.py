@@ -65,7 +65,7 @@ class PortTakenError(RuntimeError):
 
 
 class AppServer:
-    """`chainlit run app.py` as a child process, with its own env and log file."""
+    """`chainlit run app.py` (through services.web.launch) as a child process, with its own env and log."""
 
     def __init__(self, env: dict[str, str], log_path: Path, port: int | None = None) -> None:
         self.port = port or free_port()
@@ -106,8 +106,9 @@ class AppServer:
         self.env.setdefault("DATA_DIR", str(Path(self.env["CHAINLIT_APP_ROOT"]) / "data"))
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("wb")
-        chainlit = str(Path(sys.executable).with_name("chainlit"))
-        command = [chainlit, "run", "app.py", "--headless", "--host", "127.0.0.1", "--port", str(self.port)]
+        # As scripts/run.sh starts it: the launcher applies APP_ALLOCATOR, then execs `chainlit run`.
+        launch = [sys.executable, "-m", "services.web.launch"]
+        command = [*launch, "app.py", "--headless", "--host", "127.0.0.1", "--port", str(self.port)]
         self.process = subprocess.Popen(command, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

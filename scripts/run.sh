@@ -4,4 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-exec .venv/bin/chainlit run app.py --headless --host "${HOST:-127.0.0.1}" --port "${PORT:-8000}" "$@"
+# services.web.launch preloads the app's malloc (APP_ALLOCATOR), then runs `chainlit run`.
+exec .venv/bin/python -m services.web.launch app.py --headless --host "${HOST:-127.0.0.1}" --port "${PORT:-8000}" "$@"

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -22,6 +24,7 @@ import pytest
 from harness.chat_client import ChatClient
 from harness.server import AppServer
 from services.config import Settings
+from services.engine.allocators import PRELOAD_LIBRARIES, find_library
 from services.observability.maintenance import LoopLagMonitor, malloc_info, malloc_trim
 from services.observability.memory import MB, MemoryMonitor, MemorySample, ProcessMemory, process_tree_memory
 from services.observability.series import SampleRing, theil_sen_slope
@@ -173,6 +176,31 @@ def test_malloc_info_counts_what_the_program_holds_on_glibc() -> None:
     after = malloc_info()
     assert after is not None and during["in_use_bytes"] - after["in_use_bytes"] > 15 * MB
     assert after["free_in_heaps_bytes"] >= 0 and after["mmapped_bytes"] >= 0
+
+
+MALLOC_INFO_SCRIPT = """
+import json
+from services.observability.maintenance import malloc_info
+before = malloc_info()
+held = [bytes(1000) + str(i).encode() for i in range(20_000)]
+during = malloc_info()
+del held
+print(json.dumps([before, during, malloc_info()]))
+"""
+
+
+def test_malloc_info_counts_what_the_program_holds_on_jemalloc() -> None:
+    """With APP_ALLOCATOR=jemalloc the app's /status reports jemalloc's totals, not glibc's idle heap."""
+    library = find_library(PRELOAD_LIBRARIES["jemalloc"])
+    assert library is not None, "run scripts/setup.sh: it installs libjemalloc2"
+    env = {**os.environ, "LD_PRELOAD": str(library)}
+    root = Path(__file__).resolve().parent.parent
+    result = subprocess.run([sys.executable, "-c", MALLOC_INFO_SCRIPT], cwd=root, env=env,
+                            capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
+    before, during, after = json.loads(result.stdout)
+    assert during["in_use_bytes"] - before["in_use_bytes"] > 15 * MB
+    assert during["in_use_bytes"] - after["in_use_bytes"] > 15 * MB
+    assert after["mmapped_bytes"] >= after["in_use_bytes"] > 0 and after["free_in_heaps_bytes"] >= 0
 
 
 @pytest.mark.asyncio

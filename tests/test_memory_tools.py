@@ -26,6 +26,7 @@ from services.config import Settings, SettingsError
 from services.engine import allocators
 from services.engine.allocators import (
     PROBE_DIR,
+    app_memory_env,
     apply_engine_memory_env,
     engine_memory_env,
     find_library,
@@ -38,6 +39,7 @@ from services.observability.report import report_text
 from services.observability.series import theil_sen_interval, thinned
 
 JEMALLOC = "libjemalloc.so.2"
+ROOT = Path(__file__).resolve().parent.parent
 SNAPSHOT_WAIT_SECONDS = 60
 
 
@@ -168,6 +170,71 @@ def test_each_engine_start_begins_from_the_environment_before_the_first(
     apply_engine_memory_env(base.replace(engine_allocator="jemalloc"))
     forget_preload()  # the engine runs: later children (a browser, the plot process) keep their malloc
     assert os.environ["LD_PRELOAD"] == "libmine.so" and "MALLOC_CONF" not in os.environ
+
+
+# --- the app's own malloc: services.web.launch --------------------------------------
+def test_the_app_s_preload_keeps_the_operator_s_and_remembers_what_was_there() -> None:
+    library = find_library(JEMALLOC)
+    settings = Settings.from_env({}).replace(app_allocator="jemalloc")
+    env = app_memory_env(settings, {"LD_PRELOAD": "libx.so"})
+    assert env["LD_PRELOAD"] == f"{library}:libx.so"
+    assert env["MALLOC_CONF"] == settings.app_jemalloc_conf
+    assert json.loads(env[allocators.LAUNCHER_SAVED_ENV]) == {"LD_PRELOAD": "libx.so", "MALLOC_CONF": None}
+    assert app_memory_env(settings.replace(app_allocator="glibc"), {}) == {}
+    assert app_memory_env(settings, env) == {}, "a second launch changes nothing"
+
+
+def test_engines_started_by_a_launched_app_begin_from_the_environment_before_the_launcher(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(allocators, "_before_us", {})
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    monkeypatch.delenv("MALLOC_CONF", raising=False)
+    settings = Settings.from_env({}).replace(app_allocator="jemalloc", app_jemalloc_conf="narenas:1")
+    for name, value in app_memory_env(settings).items():
+        monkeypatch.setenv(name, value)
+    apply_engine_memory_env(settings.replace(engine_allocator="glibc"))
+    assert "LD_PRELOAD" not in os.environ and "MALLOC_CONF" not in os.environ, "not the app's malloc"
+    apply_engine_memory_env(settings.replace(engine_allocator="jemalloc"))
+    assert os.environ["MALLOC_CONF"] == settings.engine_jemalloc_conf
+    forget_preload()  # later children of the app start on plain glibc
+    assert "LD_PRELOAD" not in os.environ and "MALLOC_CONF" not in os.environ
+
+
+LAUNCHED_SCRIPT = """
+import json, os
+maps = open(f"/proc/{os.getpid()}/maps").read()
+mapped = {name: name in maps for name in %r}
+print("LAUNCHED", json.dumps({"mapped": mapped, "conf": os.environ.get("MALLOC_CONF")}), flush=True)
+os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("name", ["glibc", "jemalloc", "tcmalloc"])
+def test_the_launcher_starts_chainlit_on_app_allocator(name: str, tmp_path: Path) -> None:
+    """`python -m services.web.launch <script>`: Chainlit imports the script, which reports its malloc."""
+    script = tmp_path / "report_malloc.py"
+    script.write_text(LAUNCHED_SCRIPT % (list(allocators.PRELOAD_LIBRARIES.values()),))
+    env = {**os.environ, "APP_ALLOCATOR": name, "CHAINLIT_APP_ROOT": str(tmp_path)}
+    for variable in ("LD_PRELOAD", "MALLOC_CONF", allocators.LAUNCHER_SAVED_ENV):
+        env.pop(variable, None)
+    command = [sys.executable, "-m", "services.web.launch", str(script), "--headless", "--port", "1"]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    line = next((row for row in result.stdout.splitlines() if row.startswith("LAUNCHED")), None)
+    assert line is not None, result.stdout + result.stderr
+    launched = json.loads(line.removeprefix("LAUNCHED "))
+    expected = allocators.PRELOAD_LIBRARIES.get(name)
+    assert launched["mapped"] == {
+        library: library == expected for library in allocators.PRELOAD_LIBRARIES.values()
+    }
+    assert launched["conf"] == (Settings.from_env({}).app_jemalloc_conf if name == "jemalloc" else None)
+
+
+def test_the_launcher_refuses_an_unknown_allocator_before_chainlit_starts() -> None:
+    env = {**os.environ, "APP_ALLOCATOR": "hoard"}
+    result = subprocess.run([sys.executable, "-m", "services.web.launch", "app.py"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert result.returncode != 0 and "APP_ALLOCATOR='hoard'" in result.stderr
 
 
 # --- the probe inside spawned processes -------------------------------------------------

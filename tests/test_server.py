@@ -5,11 +5,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from pathlib import Path
 
+import psutil
 import pytest
 
 from harness.chat_client import ChatClient
 from harness.server import AppServer, vllm_processes_without_workarounds
+from services.config import Settings
+from services.engine.allocators import PRELOAD_LIBRARIES
+from services.engine.processes import engine_processes
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -59,6 +64,24 @@ async def test_twenty_concurrent_sessions_stream_their_replies(tiny_server: AppS
 async def test_vllm_processes_run_the_app_s_workarounds(tiny_server: AppServer) -> None:
     """EngineCore and its worker loaded services/engine/vllm_plugins as a vLLM general plugin."""
     assert not vllm_processes_without_workarounds(tiny_server.log_path.read_text(errors="replace"))
+
+
+async def test_the_app_and_vllm_s_processes_each_run_on_their_configured_malloc(
+    tiny_server: AppServer,
+) -> None:
+    """The launcher preloaded APP_ALLOCATOR into the app; EngineCore and the worker got ENGINE_ALLOCATOR's."""
+    settings = Settings.from_env(tiny_server.env)
+    assert tiny_server.process is not None
+    processes = [(psutil.Process(tiny_server.process.pid), settings.app_allocator)]
+    processes += [(process, settings.engine_allocator) for process in engine_processes(processes[0][0])]
+    assert len(processes) >= 3, "the app, EngineCore and a worker"
+    for process, allocator in processes:
+        maps = Path(f"/proc/{process.pid}/maps").read_text()
+        mapped = [name for name in PRELOAD_LIBRARIES.values() if name in maps]
+        assert mapped == [PRELOAD_LIBRARIES[allocator]] if allocator in PRELOAD_LIBRARIES else not mapped, (
+            f"{process.name()} maps {mapped}, configured {allocator}"
+        )
+    assert (await tiny_server.astatus())["app_malloc"]["in_use_bytes"] > 0
 
 
 async def test_stop_mid_stream_aborts_the_engine_request(tiny_server: AppServer) -> None:

@@ -147,6 +147,19 @@ class EngineSettings:
         "MALLOC_CONF of vLLM's processes with ENGINE_ALLOCATOR=jemalloc: free pages go back to the "
         "OS after dirty_decay_ms, by a background thread rather than inside the engine's steps.",
     )
+    app_allocator: str = setting(
+        "glibc",
+        "APP_ALLOCATOR",
+        "malloc of the app's own process (Chainlit, the chat, the data layer): glibc, jemalloc or "
+        "tcmalloc. A process's malloc is fixed when it starts, so `python -m services.web.launch` "
+        "(what scripts/run.sh, the Dockerfile and the tests run) preloads it before `chainlit run`; "
+        "a missing library starts the app on glibc with a warning.",
+    )
+    app_jemalloc_conf: str = setting(
+        "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0",
+        "APP_JEMALLOC_CONF",
+        "MALLOC_CONF of the app's process with APP_ALLOCATOR=jemalloc.",
+    )
     tokenizer_word_cache: int = setting(
         1000,
         "TOKENIZER_WORD_CACHE",

@@ -80,10 +80,12 @@ class Settings(
         for url in self.engine_url_list:
             if not url.startswith(("http://", "https://")):
                 raise SettingsError(f"ENGINE_URLS entry {url!r} is not an http:// or https:// URL")
-        if self.engine_allocator not in ENGINE_ALLOCATORS:
-            raise SettingsError(
-                f"ENGINE_ALLOCATOR={self.engine_allocator!r} is not one of {ENGINE_ALLOCATORS}"
-            )
+        for name, allocator in (
+            ("ENGINE_ALLOCATOR", self.engine_allocator),
+            ("APP_ALLOCATOR", self.app_allocator),
+        ):
+            if allocator not in ENGINE_ALLOCATORS:
+                raise SettingsError(f"{name}={allocator!r} is not one of {ENGINE_ALLOCATORS}")
         self._check_sign_in()
 
     def _check_sign_in(self) -> None:

@@ -1,14 +1,17 @@
-"""The malloc of vLLM's processes: glibc tuned, or jemalloc/tcmalloc preloaded, and the memory probe.
+"""The malloc of vLLM's processes and of the app: glibc tuned, or jemalloc/tcmalloc preloaded; the probe.
 
-Everything here becomes environment of EngineCore and its worker: vLLM
-spawns them (never forks them on CPU), so what `engine_memory_env` returns,
-set before AsyncLLM is created, reaches them at start. The app process keeps
-the malloc it started with. The libraries are Debian's packages, installed by
-`scripts/setup.sh`; a missing one falls back to glibc with a warning.
+Everything `engine_memory_env` returns becomes environment of EngineCore and
+its worker: vLLM spawns them (never forks them on CPU), so what is set before
+AsyncLLM is created reaches them at start. The app's own process keeps the
+malloc it started with: `app_memory_env` is for the launcher
+(services/web/launch.py), which sets it before `chainlit run`. The libraries
+are Debian's packages, installed by `scripts/setup.sh`; a missing one falls
+back to glibc with a warning.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sysconfig
@@ -21,6 +24,9 @@ logger = logging.getLogger(__name__)
 PRELOAD_LIBRARIES = {"jemalloc": "libjemalloc.so.2", "tcmalloc": "libtcmalloc_minimal.so.4"}
 DEBIAN_PACKAGES = {"jemalloc": "libjemalloc2", "tcmalloc": "libtcmalloc-minimal4"}
 LIBRARY_DIRS = ("/usr/lib/{multiarch}", "/lib/{multiarch}", "/usr/lib64", "/usr/lib", "/usr/local/lib")
+PRELOAD_ENV_NAMES = ("LD_PRELOAD", "MALLOC_CONF")
+# Set by `app_memory_env` in the app's environment: PRELOAD_ENV_NAMES as they were before (JSON).
+LAUNCHER_SAVED_ENV = "APP_MALLOC_ENV_BEFORE"
 # The folder holding the probe's sitecustomize.py, put first on the engine processes' PYTHONPATH.
 PROBE_DIR = Path(__file__).resolve().parent / "probe"
 # Variables this module may set; the rest of the environment is left alone.
@@ -40,22 +46,50 @@ def find_library(file_name: str) -> Path | None:
     return None
 
 
-def allocator_in_use(settings: Settings) -> tuple[str, Path | None]:
-    """(allocator, library to preload): the configured one, or glibc when its library is missing."""
-    name = settings.engine_allocator
+def allocator_in_use(settings: Settings, role: str = "engine") -> tuple[str, Path | None]:
+    """(allocator, library to preload) for the engine's processes or the app's ("app"): the
+    configured one, or glibc when its library is missing."""
+    name = settings.app_allocator if role == "app" else settings.engine_allocator
     if name == "glibc":
         return name, None
     library = find_library(PRELOAD_LIBRARIES[name])
     if library is None:
         logger.warning(
-            "ENGINE_ALLOCATOR=%s but %s is not installed (Debian: apt-get install %s, or run "
-            "scripts/setup.sh); vLLM's processes use glibc",
+            "%s_ALLOCATOR=%s but %s is not installed (Debian: apt-get install %s, or run "
+            "scripts/setup.sh); %s glibc",
+            role.upper(),
             name,
             PRELOAD_LIBRARIES[name],
             DEBIAN_PACKAGES[name],
+            "the app uses" if role == "app" else "vLLM's processes use",
         )
         return "glibc", None
     return name, library
+
+
+def app_memory_env(settings: Settings, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The variables that start the app's process on APP_ALLOCATOR, and LAUNCHER_SAVED_ENV: what
+    LD_PRELOAD and MALLOC_CONF were before, which the engine's processes and later children get."""
+    environ = dict(os.environ if environ is None else environ)
+    if LAUNCHER_SAVED_ENV in environ:  # launched already (a launcher starting a launcher)
+        return {}
+    name, library = allocator_in_use(settings, "app")
+    if library is None:
+        return {}
+    preloaded = [part for part in environ.get("LD_PRELOAD", "").split(":") if part]
+    env = {
+        "LD_PRELOAD": ":".join([str(library), *[p for p in preloaded if p != str(library)]]),
+        LAUNCHER_SAVED_ENV: json.dumps({name: environ.get(name) for name in PRELOAD_ENV_NAMES}),
+    }
+    if name == "jemalloc" and settings.app_jemalloc_conf:
+        env["MALLOC_CONF"] = settings.app_jemalloc_conf
+    return env
+
+
+def environment_before_launcher() -> dict[str, str | None]:
+    """LD_PRELOAD and MALLOC_CONF as they were before `app_memory_env` preloaded the app's malloc."""
+    saved = json.loads(os.environ.get(LAUNCHER_SAVED_ENV) or "{}")
+    return {name: saved[name] if name in saved else os.environ.get(name) for name in PRELOAD_ENV_NAMES}
 
 
 def engine_memory_env(settings: Settings, environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -90,8 +124,9 @@ def apply_engine_memory_env(settings: Settings) -> dict[str, str]:
     Bench and test processes start several engines in turn with different
     allocators: each start begins from the environment as it was before ours.
     """
+    before_launcher = environment_before_launcher()
     for name in MEMORY_ENV_NAMES:
-        _before_us.setdefault(name, os.environ.get(name))
+        _before_us.setdefault(name, before_launcher.get(name, os.environ.get(name)))
     base = {**os.environ, **{k: v for k, v in _before_us.items() if v is not None}}
     for name, value in _before_us.items():
         if value is None:
@@ -121,5 +156,4 @@ def put_env(name: str, value: str | None) -> None:
         os.environ[name] = value
 
 
-PRELOAD_ENV_NAMES = ("LD_PRELOAD", "MALLOC_CONF")
 _before_us: dict[str, str | None] = {}  # the memory variables as they were before the first engine

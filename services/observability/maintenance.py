@@ -31,7 +31,7 @@ import psutil
 from services.chat.store import SessionStore
 from services.config import Settings
 from services.engine.chat_engine import ChatEngine
-from services.engine.probe.allocator_counters import glibc_counters
+from services.engine.probe.allocator_counters import glibc_counters, jemalloc_counters
 from services.observability.memory import (
     MB,
     MemoryMonitor,
@@ -69,12 +69,20 @@ def malloc_trim() -> bool | None:
 
 
 def malloc_info() -> dict[str, int] | None:
-    """glibc's malloc totals for this process over all arenas, or None off glibc (< 2.33).
+    """This process's malloc totals (jemalloc's when preloaded, else glibc's), or None (tcmalloc).
 
-    in_use: what the program holds; free_in_heaps: freed memory the heaps keep
-    (fragmentation, which malloc_trim can only partly return); mmapped: large blocks.
-    Python's small objects live in its own arenas, outside these numbers.
+    in_use: what the program holds; free_in_heaps: what malloc keeps resident beyond that
+    (glibc: free chunks inside its heaps, which malloc_trim can only partly return; jemalloc:
+    resident - allocated, its metadata and pages not yet decayed included); mmapped: glibc's
+    large blocks, or all jemalloc has mapped. Python's small objects live in its own arenas.
     """
+    jemalloc = jemalloc_counters()
+    if jemalloc:
+        return {
+            "in_use_bytes": jemalloc["jemalloc.allocated"],
+            "free_in_heaps_bytes": jemalloc["jemalloc.resident"] - jemalloc["jemalloc.allocated"],
+            "mmapped_bytes": jemalloc["jemalloc.mapped"],
+        }
     counters = glibc_counters()
     if not counters:
         return None
