@@ -81,7 +81,6 @@ async def test_the_app_and_vllm_s_processes_each_run_on_their_configured_malloc(
         assert mapped == [PRELOAD_LIBRARIES[allocator]] if allocator in PRELOAD_LIBRARIES else not mapped, (
             f"{process.name()} maps {mapped}, configured {allocator}"
         )
-    assert (await tiny_server.astatus())["app_malloc"]["in_use_bytes"] > 0
 
 
 async def test_stop_mid_stream_aborts_the_engine_request(tiny_server: AppServer) -> None:
