@@ -79,7 +79,7 @@ def app_memory_env(settings: Settings, environ: dict[str, str] | None = None) ->
     preloaded = [part for part in environ.get("LD_PRELOAD", "").split(":") if part]
     env = {
         "LD_PRELOAD": ":".join([str(library), *[p for p in preloaded if p != str(library)]]),
-        LAUNCHER_SAVED_ENV: json.dumps({name: environ.get(name) for name in PRELOAD_ENV_NAMES}),
+        LAUNCHER_SAVED_ENV: json.dumps({variable: environ.get(variable) for variable in PRELOAD_ENV_NAMES}),
     }
     if name == "jemalloc" and settings.app_jemalloc_conf:
         env["MALLOC_CONF"] = settings.app_jemalloc_conf
