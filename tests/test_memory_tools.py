@@ -179,9 +179,27 @@ def test_the_app_s_preload_keeps_the_operator_s_and_remembers_what_was_there() -
     env = app_memory_env(settings, {"LD_PRELOAD": "libx.so"})
     assert env["LD_PRELOAD"] == f"{library}:libx.so"
     assert env["MALLOC_CONF"] == settings.app_jemalloc_conf
-    assert json.loads(env[allocators.LAUNCHER_SAVED_ENV]) == {"LD_PRELOAD": "libx.so", "MALLOC_CONF": None}
-    assert app_memory_env(settings.replace(app_allocator="glibc"), {}) == {}
+    assert json.loads(env[allocators.LAUNCHER_SAVED_ENV]) == {
+        "LD_PRELOAD": "libx.so", "MALLOC_CONF": None, "MALLOC_ARENA_MAX": None,
+    }  # fmt: skip
+    assert "MALLOC_ARENA_MAX" not in app_memory_env(settings.replace(app_malloc_arena_max=2), {})
+    assert app_memory_env(settings.replace(app_allocator="glibc", app_malloc_arena_max=0), {}) == {}
     assert app_memory_env(settings, env) == {}, "a second launch changes nothing"
+
+
+def test_the_app_s_arena_limit_is_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """APP_MALLOC_ARENA_MAX limits the app's glibc; vLLM's processes get ENGINE_MALLOC_ARENA_MAX."""
+    monkeypatch.setattr(allocators, "_before_us", {})
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")  # the operator's, before the launcher
+    settings = Settings.from_env({}).replace(app_allocator="glibc", app_malloc_arena_max=2)
+    env = app_memory_env(settings)
+    assert env["MALLOC_ARENA_MAX"] == "2" and "LD_PRELOAD" not in env
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    apply_engine_memory_env(settings.replace(engine_allocator="glibc", engine_malloc_arena_max=0))
+    assert os.environ["MALLOC_ARENA_MAX"] == "4", "the engine's glibc starts from the operator's"
+    apply_engine_memory_env(settings.replace(engine_allocator="glibc", engine_malloc_arena_max=3))
+    assert os.environ["MALLOC_ARENA_MAX"] == "3"
 
 
 def test_engines_started_by_a_launched_app_begin_from_the_environment_before_the_launcher(
@@ -202,21 +220,39 @@ def test_engines_started_by_a_launched_app_begin_from_the_environment_before_the
 
 
 LAUNCHED_SCRIPT = """
-import json, os
+import ctypes, json, os, tempfile, threading
 maps = open(f"/proc/{os.getpid()}/maps").read()
 mapped = {name: name in maps for name in %r}
-print("LAUNCHED", json.dumps({"mapped": mapped, "conf": os.environ.get("MALLOC_CONF")}), flush=True)
+libc = ctypes.CDLL("libc.so.6")  # glibc's own malloc, whatever is preloaded
+libc.malloc.restype, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+libc.fopen.restype, libc.fopen.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_char_p]
+libc.malloc_info.argtypes, libc.fclose.argtypes = [ctypes.c_int, ctypes.c_void_p], [ctypes.c_void_p]
+barrier = threading.Barrier(8)
+def allocate():  # eight threads at once: glibc gives each a new arena up to its limit
+    barrier.wait(); block = libc.malloc(4096); barrier.wait(); libc.free(block)
+threads = [threading.Thread(target=allocate) for _ in range(8)]
+for thread in threads: thread.start()
+for thread in threads: thread.join()
+with tempfile.NamedTemporaryFile("r") as report:
+    stream = libc.fopen(report.name.encode(), b"w"); libc.malloc_info(0, stream); libc.fclose(stream)
+    arenas = report.read().count("<heap nr=")
+print("LAUNCHED", json.dumps({"mapped": mapped, "conf": os.environ.get("MALLOC_CONF"),
+                              "arena_max": os.environ.get("MALLOC_ARENA_MAX"), "arenas": arenas}), flush=True)
 os._exit(0)
 """
 
 
-@pytest.mark.parametrize("name", ["glibc", "jemalloc", "tcmalloc"])
-def test_the_launcher_starts_chainlit_on_app_allocator(name: str, tmp_path: Path) -> None:
+LAUNCHES = [("glibc", 0), ("glibc", 2), ("jemalloc", 2), ("tcmalloc", 2)]  # (APP_ALLOCATOR, arena limit)
+
+
+@pytest.mark.parametrize(("name", "arena_max"), LAUNCHES)
+def test_the_launcher_starts_chainlit_on_app_allocator(name: str, arena_max: int, tmp_path: Path) -> None:
     """`python -m services.web.launch <script>`: Chainlit imports the script, which reports its malloc."""
     script = tmp_path / "report_malloc.py"
     script.write_text(LAUNCHED_SCRIPT % (list(allocators.PRELOAD_LIBRARIES.values()),))
-    env = {**os.environ, "APP_ALLOCATOR": name, "CHAINLIT_APP_ROOT": str(tmp_path)}
-    for variable in ("LD_PRELOAD", "MALLOC_CONF", allocators.LAUNCHER_SAVED_ENV):
+    env = {**os.environ, "CHAINLIT_APP_ROOT": str(tmp_path)}
+    env |= {"APP_ALLOCATOR": name, "APP_MALLOC_ARENA_MAX": str(arena_max)}
+    for variable in (*allocators.LAUNCHER_ENV_NAMES, allocators.LAUNCHER_SAVED_ENV):
         env.pop(variable, None)
     command = [sys.executable, "-m", "services.web.launch", str(script), "--headless", "--port", "1"]
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
@@ -228,6 +264,10 @@ def test_the_launcher_starts_chainlit_on_app_allocator(name: str, tmp_path: Path
         library: library == expected for library in allocators.PRELOAD_LIBRARIES.values()
     }
     assert launched["conf"] == (Settings.from_env({}).app_jemalloc_conf if name == "jemalloc" else None)
+    glibc_arenas = name == "glibc" and arena_max
+    assert launched["arena_max"] == (str(arena_max) if glibc_arenas else None)
+    if name == "glibc":  # the limit holds: eight threads at once share `arena_max` heaps
+        assert launched["arenas"] <= arena_max if arena_max else launched["arenas"] > 2, launched
 
 
 def test_the_launcher_refuses_an_unknown_allocator_before_chainlit_starts() -> None:

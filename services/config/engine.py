@@ -160,6 +160,14 @@ class EngineSettings:
         "APP_JEMALLOC_CONF",
         "MALLOC_CONF of the app's process with APP_ALLOCATOR=jemalloc.",
     )
+    app_malloc_arena_max: int = setting(
+        0,
+        "APP_MALLOC_ARENA_MAX",
+        "glibc's MALLOC_ARENA_MAX in the app's process (with APP_ALLOCATOR=glibc), applied by "
+        "`python -m services.web.launch`: fewer arenas leave fewer heaps to fragment. "
+        "0 = glibc's default (8 per core).",
+        0,
+    )
     tokenizer_word_cache: int = setting(
         1000,
         "TOKENIZER_WORD_CACHE",

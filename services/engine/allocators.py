@@ -25,7 +25,9 @@ PRELOAD_LIBRARIES = {"jemalloc": "libjemalloc.so.2", "tcmalloc": "libtcmalloc_mi
 DEBIAN_PACKAGES = {"jemalloc": "libjemalloc2", "tcmalloc": "libtcmalloc-minimal4"}
 LIBRARY_DIRS = ("/usr/lib/{multiarch}", "/lib/{multiarch}", "/usr/lib64", "/usr/lib", "/usr/local/lib")
 PRELOAD_ENV_NAMES = ("LD_PRELOAD", "MALLOC_CONF")
-# Set by `app_memory_env` in the app's environment: PRELOAD_ENV_NAMES as they were before (JSON).
+# What `app_memory_env` may set for the app's process.
+LAUNCHER_ENV_NAMES = (*PRELOAD_ENV_NAMES, "MALLOC_ARENA_MAX")
+# Set by `app_memory_env` in the app's environment: LAUNCHER_ENV_NAMES as they were before (JSON).
 LAUNCHER_SAVED_ENV = "APP_MALLOC_ENV_BEFORE"
 # The folder holding the probe's sitecustomize.py, put first on the engine processes' PYTHONPATH.
 PROBE_DIR = Path(__file__).resolve().parent / "probe"
@@ -68,28 +70,30 @@ def allocator_in_use(settings: Settings, role: str = "engine") -> tuple[str, Pat
 
 
 def app_memory_env(settings: Settings, environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The variables that start the app's process on APP_ALLOCATOR, and LAUNCHER_SAVED_ENV: what
-    LD_PRELOAD and MALLOC_CONF were before, which the engine's processes and later children get."""
+    """The variables that start the app's process on APP_ALLOCATOR (and APP_MALLOC_ARENA_MAX), and
+    LAUNCHER_SAVED_ENV: what they were before, which the engine's processes and later children get."""
     environ = dict(os.environ if environ is None else environ)
     if LAUNCHER_SAVED_ENV in environ:  # launched already (a launcher starting a launcher)
         return {}
     name, library = allocator_in_use(settings, "app")
-    if library is None:
-        return {}
-    preloaded = [part for part in environ.get("LD_PRELOAD", "").split(":") if part]
-    env = {
-        "LD_PRELOAD": ":".join([str(library), *[p for p in preloaded if p != str(library)]]),
-        LAUNCHER_SAVED_ENV: json.dumps({variable: environ.get(variable) for variable in PRELOAD_ENV_NAMES}),
-    }
+    env: dict[str, str] = {}
+    if library is not None:
+        preloaded = [part for part in environ.get("LD_PRELOAD", "").split(":") if part]
+        env["LD_PRELOAD"] = ":".join([str(library), *[p for p in preloaded if p != str(library)]])
     if name == "jemalloc" and settings.app_jemalloc_conf:
         env["MALLOC_CONF"] = settings.app_jemalloc_conf
+    if name == "glibc" and settings.app_malloc_arena_max:
+        env["MALLOC_ARENA_MAX"] = str(settings.app_malloc_arena_max)
+    if env:
+        saved = {variable: environ.get(variable) for variable in LAUNCHER_ENV_NAMES}
+        env[LAUNCHER_SAVED_ENV] = json.dumps(saved)
     return env
 
 
 def environment_before_launcher() -> dict[str, str | None]:
-    """LD_PRELOAD and MALLOC_CONF as they were before `app_memory_env` preloaded the app's malloc."""
+    """LAUNCHER_ENV_NAMES as they were before `app_memory_env` set the app's malloc."""
     saved = json.loads(os.environ.get(LAUNCHER_SAVED_ENV) or "{}")
-    return {name: saved[name] if name in saved else os.environ.get(name) for name in PRELOAD_ENV_NAMES}
+    return {name: saved[name] if name in saved else os.environ.get(name) for name in LAUNCHER_ENV_NAMES}
 
 
 def engine_memory_env(settings: Settings, environ: dict[str, str] | None = None) -> dict[str, str]:
