@@ -343,6 +343,77 @@ async def test_a_sweep_deletes_a_batch_a_round_until_the_cap_holds(
     assert await count(history, "threads", '"userIdentifier" = :who', who="hana") == 1
 
 
+def test_a_long_conversation_loses_its_oldest_turns_whole() -> None:
+    rows: list[tuple[str, str | None, str, str]] = [("start", None, "00", "run")]
+    for turn in range(4):
+        at = f"{turn + 1:02d}"
+        rows += [(f"u{turn}", None, at, "user_message"), (f"r{turn}", f"u{turn}", f"{at}.1", "run"),
+                 (f"a{turn}", f"r{turn}", f"{at}.2", "assistant_message")]  # fmt: skip
+    rows.append(("late", "r1", "09", "assistant_message"))  # turn 1's answer, begun after turn 3's
+    assert conversations.steps_before_last_turns(rows, 2) == sorted(
+        ["start", "u0", "r0", "a0", "u1", "r1", "a1", "late"]
+    )
+    assert conversations.steps_before_last_turns(rows, 4) == []
+    tied = [("x", None, "05", "user_message"), ("y", None, "05", "user_message"), ("z", "x", "06", "run")]
+    assert conversations.steps_before_last_turns(tied, 1) == ["x", "z"], "exactly one turn is left"
+
+
+async def new_long_thread(history: History, user_id: str, turns: int) -> tuple[str, list[str]]:
+    """A conversation of `turns` turns stored as the app stores them (message, run, answer, a minute
+    apart); returns its id and the answers' ids."""
+    layer = history.layer
+    assert layer is not None
+    thread_id, answers = str(uuid.uuid4()), []
+    await layer.update_thread(thread_id, name="long", user_id=user_id)
+    start = datetime.now(UTC) - timedelta(hours=1)
+    for turn in range(turns):
+        ids = [str(uuid.uuid4()) for _ in range(3)]
+        for n, (kind, parent) in enumerate(
+            [("user_message", None), ("run", ids[0]), ("assistant_message", ids[1])]
+        ):
+            at = conversations.timestamp(start + timedelta(minutes=turn, seconds=n))
+            step = {"id": ids[n], "threadId": thread_id, "parentId": parent, "type": kind, "name": kind,
+                    "output": f"turn {turn} {kind}", "createdAt": at, "streaming": False}  # fmt: skip
+            await layer.create_step(typing.cast(StepDict, step))
+        answers.append(ids[2])
+    return thread_id, answers
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_the_length_cap_keeps_each_conversation_s_last_turns(
+    history: History, caplog: pytest.LogCaptureFixture
+) -> None:
+    layer, engine = history.layer, history.engine
+    assert layer is not None and engine is not None
+    ivan = await new_user(history, "ivan")
+    (long_one, answers), (short_one, _) = (
+        await new_long_thread(history, ivan, 5),
+        await new_long_thread(history, ivan, 2),
+    )
+    await layer.upsert_feedback(Feedback(forId=answers[0], value=0, comment="old"))
+    await layer.upsert_feedback(Feedback(forId=answers[4], value=1, comment="new"))
+    async with engine.begin() as connection:  # an element on an old answer
+        insert = (
+            'INSERT INTO elements ("id", "threadId", "forId", "name") VALUES (:id, :thread, :answer, :name)'
+        )
+        element = {"id": str(uuid.uuid4()), "thread": long_one, "answer": answers[0], "name": "old.txt"}
+        await connection.execute(text(insert), element)
+    capped = {"history_max_turns": 2, "history_max_conversations": 0, "history_retention_days": 0}
+    history.settings = dataclasses.replace(history.settings, **capped)  # type: ignore[arg-type]
+    history._retention_at = None
+    with caplog.at_level("INFO"):
+        assert await history.retention_round() == 0, "no conversation is deleted"
+    assert "trimmed 1 conversation(s) to their last 2 turns" in caplog.text
+    thread = await layer.get_thread(long_one)
+    assert thread is not None and [s["output"] for s in thread["steps"] if s["type"] == "user_message"] == [
+        "turn 3 user_message", "turn 4 user_message"
+    ]  # fmt: skip
+    assert len(thread["steps"]) == 6, "the last two turns whole: message, run, answer"
+    assert await count(history, "feedbacks") == 1 and await count(history, "elements") == 0
+    assert await count(history, "steps", '"threadId" = :id', id=short_one) == 6, "a short one is untouched"
+    assert await conversations.trim_long_threads(engine, keep=2) == 0, "the cap holds"
+
+
 def test_rebuild_rules_match_the_live_history() -> None:
     steps = [
         {"type": "user_message", "output": "hello"},

@@ -48,6 +48,14 @@ class HistorySettings:
         "0 = no cap.",
         0,
     )
+    history_max_turns: int = setting(
+        1000,
+        "HISTORY_MAX_TURNS",
+        "Turns (a message and its answer) kept per conversation: the maintenance task deletes a "
+        "longer conversation's oldest turns, so one endless conversation cannot fill the database "
+        "or a resume; 0 = no cap.",
+        0,
+    )
     history_retention_interval_seconds: float = setting(
         300.0,
         "HISTORY_RETENTION_INTERVAL_SECONDS",

@@ -2,6 +2,7 @@
 
 Bulk deletes (retention, the per-user cap, an account's removal) remove every row of each
 conversation, in one transaction per batch: feedbacks, elements, steps, the document, the thread.
+The length cap deletes a long conversation's oldest turns the same way.
 """
 
 from __future__ import annotations
@@ -53,17 +54,24 @@ async def load_document(engine: AsyncEngine, thread_id: str) -> StoredDocument |
     return None if row is None else StoredDocument(row[0], row[1], int(row[2]))
 
 
+async def _execute_for_ids(
+    connection: AsyncConnection, ids: list[str], statements: tuple[str, ...], **params: str
+) -> None:
+    """Run each statement with `:ids` bound to the list `ids` (and any other `params`)."""
+    for statement in statements:
+        bound = text(statement).bindparams(bindparam("ids", expanding=True))
+        await connection.execute(bound, {"ids": ids, **params})
+
+
 async def _delete_batch(connection: AsyncConnection, thread_ids: list[str]) -> None:
-    ids = {"ids": thread_ids}
-    for statement in (
+    await _execute_for_ids(connection, thread_ids, (
         'DELETE FROM feedbacks WHERE "forId" IN (SELECT "id" FROM steps WHERE "threadId" IN :ids)',
         'DELETE FROM feedbacks WHERE "threadId" IN :ids',
         'DELETE FROM elements WHERE "threadId" IN :ids',
         'DELETE FROM steps WHERE "threadId" IN :ids',
         "DELETE FROM thread_documents WHERE thread_id IN :ids",
         'DELETE FROM threads WHERE "id" IN :ids',
-    ):
-        await connection.execute(text(statement).bindparams(bindparam("ids", expanding=True)), ids)
+    ))  # fmt: skip
 
 
 async def delete_threads(engine: AsyncEngine, thread_ids: list[str]) -> int:
@@ -140,6 +148,57 @@ async def delete_idle_threads(
 async def delete_excess_threads(engine: AsyncEngine, keep: int, batches: int | None = None) -> int:
     """The cap: delete each user's conversations beyond the `keep` most recently active ones."""
     return await _delete_selected(engine, EXCESS_THREADS, {"keep": keep}, batches)
+
+
+OVER_LONG_THREADS = (
+    'SELECT "threadId" FROM steps WHERE "type" = \'user_message\' AND "threadId" IS NOT NULL '
+    'GROUP BY "threadId" HAVING COUNT(*) > :keep LIMIT :batch'
+)
+STEP_ROWS = 'SELECT "id", "parentId", "createdAt", "type" FROM steps WHERE "threadId" = :id'
+
+
+def steps_before_last_turns(rows: list[tuple[str, str | None, str, str]], keep: int) -> list[str]:
+    """Ids of the steps older than the last `keep` turns (a turn starts at a user message), with every
+    step under them: rows are (id, parentId, createdAt, type) of one conversation."""
+    starts = sorted((at or "", step) for step, _, at, kind in rows if kind == "user_message")
+    if len(starts) <= keep:
+        return []
+    dropped_starts = {step for _, step in starts[: len(starts) - keep]}
+    cut = starts[len(starts) - keep][0]
+    doomed = {step for step, _, at, kind in rows if (at or "") < cut and kind != "user_message"}
+    doomed |= dropped_starts
+    while grown := {step for step, parent, _, _ in rows if parent in doomed and step not in doomed}:
+        doomed |= grown  # an answer that began after the cut goes with the turn it answers
+    return sorted(doomed)
+
+
+async def trim_long_threads(engine: AsyncEngine, keep: int, batches: int | None = None) -> int:
+    """The length cap: delete each conversation's turns before its last `keep` (their answers,
+    feedback and elements with them), a batch of conversations per transaction; return how many
+    conversations were trimmed."""
+    trimmed, done = 0, 0
+    while batches is None or done < batches:
+        async with engine.begin() as connection:
+            rows = await connection.execute(text(OVER_LONG_THREADS), {"keep": keep, "batch": DELETE_BATCH})
+            thread_ids = [row[0] for row in rows]
+            for thread_id in thread_ids:
+                steps = (await connection.execute(text(STEP_ROWS), {"id": thread_id})).all()
+                doomed = steps_before_last_turns([tuple(row) for row in steps], keep)  # type: ignore[misc]
+                for start in range(0, len(doomed), DELETE_BATCH):
+                    await _delete_steps(connection, thread_id, doomed[start : start + DELETE_BATCH])
+        if not thread_ids:
+            break
+        trimmed += len(thread_ids)
+        done += 1
+    return trimmed
+
+
+async def _delete_steps(connection: AsyncConnection, thread_id: str, step_ids: list[str]) -> None:
+    await _execute_for_ids(connection, step_ids, (
+        'DELETE FROM feedbacks WHERE "forId" IN :ids',
+        'DELETE FROM elements WHERE "threadId" = :thread AND "forId" IN :ids',
+        'DELETE FROM steps WHERE "id" IN :ids',
+    ), thread=thread_id)  # fmt: skip
 
 
 async def owner_of_step(engine: AsyncEngine, step_id: str) -> str | None:

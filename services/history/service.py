@@ -157,32 +157,38 @@ class History:
 
     async def retention_round(self) -> int:
         """Delete conversations idle past HISTORY_RETENTION_DAYS and each user's beyond
-        HISTORY_MAX_CONVERSATIONS (a maintenance round calls it).
+        HISTORY_MAX_CONVERSATIONS, and trim conversations to their last HISTORY_MAX_TURNS turns
+        (a maintenance round calls it); return how many conversations it deleted.
 
-        A sweep starts every HISTORY_RETENTION_INTERVAL_SECONDS and deletes a batch per rule per
+        A sweep starts every HISTORY_RETENTION_INTERVAL_SECONDS and goes a batch per rule per
         round until a round finds less than a batch, so the excess goes in small transactions
         spread over rounds: chat saves wait for the write lock one batch at a time, not for the
         whole sweep.
         """
-        days, most = self.settings.history_retention_days, self.settings.history_max_conversations
-        now = time.monotonic()
-        interval = self.settings.history_retention_interval_seconds
+        settings = self.settings
+        rules = (
+            (settings.history_retention_days, conversations.delete_idle_threads,
+             "deleted %d conversation(s) idle for more than %g days"),
+            (settings.history_max_conversations, conversations.delete_excess_threads,
+             "deleted %d conversation(s) beyond %g per user"),
+            (settings.history_max_turns, conversations.trim_long_threads,
+             "trimmed %d conversation(s) to their last %g turns"),
+        )  # fmt: skip
+        now, interval = time.monotonic(), settings.history_retention_interval_seconds
         due = self._retention_at is None or now - self._retention_at >= interval
-        if not (days or most) or not self.available or not (due or self._sweep_unfinished):
+        enabled = any(limit for limit, _, _ in rules) and self.available
+        if not enabled or not (due or self._sweep_unfinished):
             return 0
         if due:
             self._retention_at = now
         total, unfinished, batches = 0, False, RETENTION_BATCHES_PER_ROUND
-        for limit, sweep, why in (
-            (days, conversations.delete_idle_threads, "idle for more than %g days"),
-            (most, conversations.delete_excess_threads, "beyond %g per user"),
-        ):
-            deleted = await self._guarded(sweep(self.engine, limit, batches=batches)) if limit else 0  # type: ignore[arg-type, operator]
-            if deleted is FAILED or not deleted:
+        for limit, sweep, what in rules:
+            done = await self._guarded(sweep(self.engine, limit, batches=batches)) if limit else 0  # type: ignore[operator]
+            if done is FAILED or not done:
                 continue
-            total += deleted
-            unfinished = unfinished or deleted >= batches * conversations.DELETE_BATCH
-            logger.info("retention: deleted %d conversation(s) " + why, deleted, limit)
+            total += done if sweep is not conversations.trim_long_threads else 0
+            unfinished = unfinished or done >= batches * conversations.DELETE_BATCH
+            logger.info("retention: " + what, done, limit)
         self._sweep_unfinished = unfinished
         self.retention_deleted_total += total
         return total
