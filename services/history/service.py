@@ -166,27 +166,27 @@ class History:
         whole sweep.
         """
         settings = self.settings
-        rules = (
+        rules = (  # (limit, sweep, log message, whether it deletes whole conversations)
             (settings.history_retention_days, conversations.delete_idle_threads,
-             "deleted %d conversation(s) idle for more than %g days"),
+             "deleted %d conversation(s) idle for more than %g days", True),
             (settings.history_max_conversations, conversations.delete_excess_threads,
-             "deleted %d conversation(s) beyond %g per user"),
+             "deleted %d conversation(s) beyond %g per user", True),
             (settings.history_max_turns, conversations.trim_long_threads,
-             "trimmed %d conversation(s) to their last %g turns"),
+             "trimmed %d conversation(s) to their last %g turns", False),
         )  # fmt: skip
         now, interval = time.monotonic(), settings.history_retention_interval_seconds
         due = self._retention_at is None or now - self._retention_at >= interval
-        enabled = any(limit for limit, _, _ in rules) and self.available
+        enabled = any(rule[0] for rule in rules) and self.available
         if not enabled or not (due or self._sweep_unfinished):
             return 0
         if due:
             self._retention_at = now
         total, unfinished, batches = 0, False, RETENTION_BATCHES_PER_ROUND
-        for limit, sweep, what in rules:
-            done = await self._guarded(sweep(self.engine, limit, batches=batches)) if limit else 0  # type: ignore[operator]
+        for limit, sweep, what, deletes in rules:
+            done = await self._guarded(sweep(self.engine, limit, batches=batches)) if limit else 0  # type: ignore[arg-type, operator]
             if done is FAILED or not done:
                 continue
-            total += done if sweep is not conversations.trim_long_threads else 0
+            total += done if deletes else 0
             unfinished = unfinished or done >= batches * conversations.DELETE_BATCH
             logger.info("retention: " + what, done, limit)
         self._sweep_unfinished = unfinished
