@@ -161,11 +161,12 @@ class EngineSettings:
         "MALLOC_CONF of the app's process with APP_ALLOCATOR=jemalloc.",
     )
     app_malloc_arena_max: int = setting(
-        0,
+        2,
         "APP_MALLOC_ARENA_MAX",
         "glibc's MALLOC_ARENA_MAX in the app's process (with APP_ALLOCATOR=glibc), applied by "
-        "`python -m services.web.launch`: fewer arenas leave fewer heaps to fragment. "
-        "0 = glibc's default (8 per core).",
+        "`python -m services.web.launch`: with glibc's default the free space inside the heaps "
+        "of the app's threads spread for hours; with 2 the app stayed flat after the warm-up "
+        "(BENCHMARKS.md, soak). 0 = glibc's default (8 per core).",
         0,
     )
     tokenizer_word_cache: int = setting(
