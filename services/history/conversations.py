@@ -7,8 +7,10 @@ The length cap deletes a long conversation's oldest turns the same way.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 from sqlalchemy import bindparam, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -104,10 +106,14 @@ EXCESS_THREADS = (
 
 
 async def _delete_selected(
-    engine: AsyncEngine, query: str, params: dict[str, object], batches: int | None = None
+    engine: AsyncEngine,
+    query: str,
+    params: dict[str, object],
+    batches: int | None = None,
+    delete: Callable[[AsyncEngine, list[str]], Awaitable[int]] = delete_threads,
 ) -> int:
-    """Delete the conversations `query` selects, a batch at a time, until it selects none or
-    `batches` batches are done (None: no limit)."""
+    """Delete the conversations `query` selects (or apply another `delete` to them), a batch at a
+    time, until it selects none or `batches` batches are done (None: no limit)."""
     deleted, done = 0, 0
     while batches is None or done < batches:
         async with engine.connect() as connection:
@@ -115,7 +121,7 @@ async def _delete_selected(
             ids = [row[0] for row in rows]
         if not ids:
             break
-        deleted += await delete_threads(engine, ids)
+        deleted += await delete(engine, ids)
         done += 1
     return deleted
 
@@ -176,21 +182,19 @@ async def trim_long_threads(engine: AsyncEngine, keep: int, batches: int | None 
     """The length cap: delete each conversation's turns before its last `keep` (their answers,
     feedback and elements with them), a batch of conversations per transaction; return how many
     conversations were trimmed."""
-    trimmed, done = 0, 0
-    while batches is None or done < batches:
-        async with engine.begin() as connection:
-            rows = await connection.execute(text(OVER_LONG_THREADS), {"keep": keep, "batch": DELETE_BATCH})
-            thread_ids = [row[0] for row in rows]
-            for thread_id in thread_ids:
-                steps = (await connection.execute(text(STEP_ROWS), {"id": thread_id})).all()
-                doomed = steps_before_last_turns([tuple(row) for row in steps], keep)  # type: ignore[misc]
-                for start in range(0, len(doomed), DELETE_BATCH):
-                    await _delete_steps(connection, thread_id, doomed[start : start + DELETE_BATCH])
-        if not thread_ids:
-            break
-        trimmed += len(thread_ids)
-        done += 1
-    return trimmed
+    return await _delete_selected(
+        engine, OVER_LONG_THREADS, {"keep": keep}, batches, delete=partial(_trim_threads, keep=keep)
+    )
+
+
+async def _trim_threads(engine: AsyncEngine, thread_ids: list[str], keep: int) -> int:
+    async with engine.begin() as connection:
+        for thread_id in thread_ids:
+            steps = (await connection.execute(text(STEP_ROWS), {"id": thread_id})).all()
+            doomed = steps_before_last_turns([tuple(row) for row in steps], keep)  # type: ignore[misc]
+            for start in range(0, len(doomed), DELETE_BATCH):
+                await _delete_steps(connection, thread_id, doomed[start : start + DELETE_BATCH])
+    return len(thread_ids)
 
 
 async def _delete_steps(connection: AsyncConnection, thread_id: str, step_ids: list[str]) -> None:
