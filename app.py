@@ -35,6 +35,7 @@ from services.web.chainlit_state import (
     tell_uploader,
 )
 from services.web.chat_feedback import StatusMessage, notice, summary_progress, user_key
+from services.web.client_ids import install_client_id_guards
 from services.web.key_chat import answer_key_command
 from services.web.page_assets import install_page_assets
 from services.web.routes import install_api, install_routes
@@ -58,6 +59,7 @@ install_upload_guard(
     session_wait_seconds=runtime.settings.upload_session_wait_seconds,
     on_reject=tell_uploader,
 )
+install_client_id_guards(http_app)  # last: the outermost check, before anything reads a request
 
 
 @cl.data_layer
