@@ -346,9 +346,9 @@ def arm_settings(base: Settings, arm: str, probe_dir: Path | None, probe: str = 
     every sample, plus jemalloc's heap profiles (`native`) and tracemalloc (`all`)."""
     settings = base if arm == "configured" else base.replace(**ARMS[arm])
     if probe_dir is not None:
-        settings = settings.replace(engine_memory_probe_dir=str(probe_dir))
-        if probe != "all":
-            settings = settings.replace(engine_memory_probe_frames=0)
+        # counters and native: no tracemalloc (DIAGNOSTICS=counters); all: tracemalloc too (memory).
+        level = "memory" if probe == "all" else "counters"
+        settings = settings.replace(diagnostics=level, diagnostics_dir=str(probe_dir))
         if probe != "counters" and settings.engine_allocator == "jemalloc":
             conf = f"{settings.engine_jemalloc_conf},{JEMALLOC_PROFILING},prof_prefix:{probe_dir}/jeprof"
             settings = settings.replace(engine_jemalloc_conf=conf.strip(","))
