@@ -1,12 +1,12 @@
 """KV-cache block size: vLLM's CPU default (128) against smaller blocks, on a plain vLLM server.
 
-    .venv/bin/python bench/block_size.py                 # 128 against 32, one round (~4 min)
-    .venv/bin/python bench/block_size.py --sizes 128,64,32 --rounds 2
+    .venv/bin/python bench/engine/block_size.py                 # 128 against 32, one round (~4 min)
+    .venv/bin/python bench/engine/block_size.py --sizes 128,64,32 --rounds 2
 
 Prefix caching works in whole blocks, so a prompt that repeats a cached one
 re-reads its last partial block: up to 127 tokens at 128. Each phase starts
 `python -m vllm.entrypoints.openai.api_server` with the app's engine
-environment (bench/api_overhead.py) and `--block-size N`, then runs vLLM's
+environment (bench/overhead/api_layer.py) and `--block-size N`, then runs vLLM's
 serving benchmark twice with the same random prompts (512 tokens in): `load`,
 32 prompts at concurrency 8, 128 tokens out (throughput, TPOT), then `single`,
 12 prompts one at a time, 16 tokens out. They are the `load` prompts again, so
@@ -21,10 +21,10 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.api_overhead import Load, app_engine_options, run_phase
+from bench.overhead.api_layer import Load, app_engine_options, run_phase
 from harness.server import VllmServer
 from services.config import Settings
 from services.engine.model_prep import ensure_default_model

@@ -1,10 +1,10 @@
 """Overload benchmark: people chatting and sending documents, two arms side by side in one run.
 
-    .venv/bin/python bench/overload.py --duration 10m --users 50 --save-results   # the verdict (~28 min)
-    .venv/bin/python bench/overload.py --duration 2m --users 12                   # a validation run
+    .venv/bin/python bench/load/overload.py --duration 10m --users 50 --save-results   # the verdict (~28 min)
+    .venv/bin/python bench/load/overload.py --duration 2m --users 12                   # a validation run
 
 Each arm starts its own `chainlit run app.py` (default model) on a free loopback port and runs
-bench/overload_users.py under Locust for --duration, then stops both by itself:
+bench/load/overload_users.py under Locust for --duration, then stops both by itself:
     fcfs     today's behaviour: first come, first served, everything admitted at once, no limits
     managed  the defaults: chat before documents, admission at a reading pace, a bounded queue
              that shows each person their place, per-person limits
@@ -13,7 +13,7 @@ refusals and how fast they were told, document completion time, total tokens/s (
 counters), the longest wait without any update. Writes to --out (default bench/out/overload-<time>):
 summary.json (one object per arm, the targets), overload.png (TTFT over time, both arms),
 turns-<arm>.csv, server-<arm>.log, locust-<arm>.log. --save-results copies the summary and plot to
-bench/results/overload-summary.json and overload-ttft.png.
+bench/results/load/overload-summary-<date-time>.json and overload-ttft-<date-time>.png.
 """
 
 from __future__ import annotations
@@ -29,11 +29,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import machine_info, percentile
-from bench.soak import parse_duration
+from bench.common import machine_info, parse_duration, percentile, result_path
 from harness.server import AppServer
 
 ARMS: dict[str, dict[str, str]] = {
@@ -80,7 +79,7 @@ def run_arm(name: str, options: argparse.Namespace, out: Path) -> dict[str, Any]
         command = [
             str(Path(sys.executable).with_name("locust")),
             "-f",
-            str(ROOT / "bench" / "overload_users.py"),
+            str(ROOT / "bench" / "load" / "overload_users.py"),
             "--headless",
             "-u",
             str(options.users),
@@ -148,7 +147,7 @@ def spread(values: list[float], *qs: int) -> dict[str, float | None]:
 
 
 def summarize(turns: list[dict[str, Any]], timeout: float) -> dict[str, Any]:
-    """The issue's report for one arm, from the turns as the people saw them."""
+    """The report for one arm, from the turns as the people saw them."""
     chats = [t for t in turns if t["kind"] == "chat"]
     documents = [t for t in turns if t["kind"] == "document"]
     accepted = [t for t in turns if t["outcome"] != "refused"]
@@ -196,7 +195,7 @@ def summarize(turns: list[dict[str, Any]], timeout: float) -> dict[str, Any]:
 
 
 def verdict(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The issue's targets, checked on the managed arm (throughput against the fcfs arm)."""
+    """The targets, checked on the managed arm (throughput against the fcfs arm)."""
     managed, fcfs = arms.get("managed"), arms.get("fcfs")
     if managed is None:
         return {}
@@ -306,7 +305,7 @@ def main() -> None:
     parser.add_argument("--arms", default="fcfs,managed", help="Comma-separated, run in this order.")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument(
-        "--save-results", action="store_true", help="Copy summary and plot to bench/results/."
+        "--save-results", action="store_true", help="Copy summary and plot to bench/results/load/."
     )
     options = parser.parse_args()
     out = options.out or ROOT / "bench" / "out" / f"overload-{datetime.now():%Y%m%d-%H%M%S}"
@@ -324,9 +323,9 @@ def main() -> None:
     print(json.dumps(report["targets"], indent=1))
     print(f"wrote {out / 'summary.json'} and {picture}")
     if options.save_results:
-        results = ROOT / "bench" / "results"
-        (results / "overload-summary.json").write_text(json.dumps(report, indent=2))
-        (results / "overload-ttft.png").write_bytes(picture.read_bytes())
+        now = datetime.now()
+        result_path("load", "overload-summary", at=now).write_text(json.dumps(report, indent=2))
+        result_path("load", "overload-ttft", ".png", at=now).write_bytes(picture.read_bytes())
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
-"""Locust users for bench/overload.py: people chatting and sending documents over Chainlit's socket.io.
+"""Locust users for bench/load/overload.py: people chatting and sending documents over Chainlit's socket.io.
 
-Run by bench/overload.py (one Locust process per arm); by hand:
-    .venv/bin/locust -f bench/overload_users.py --headless -u 50 -r 5 -t 10m --host http://127.0.0.1:8000 \
-        --turns-csv turns.csv
+Run by bench/load/overload.py (one Locust process per arm); by hand:
+    .venv/bin/locust -f bench/load/overload_users.py --headless -u 50 -r 5 -t 10m \
+        --host http://127.0.0.1:8000 --turns-csv turns.csv
 
 Each user is a person of their own (an X-Forwarded-For address the app trusts from loopback). A
 session sends 1..3 turns with a few seconds of thought between them; a share of turns upload a
@@ -38,7 +38,7 @@ from harness.chat_client import (
 from harness.csv_log import CsvLog
 from harness.documents import long_document
 
-PROMPTS_FILE = Path(__file__).resolve().parent / "data" / "prompts.json"
+PROMPTS_FILE = Path(__file__).resolve().parents[1] / "data" / "prompts.json"
 TURN_COLUMNS = (
     "user", "kind", "sent_unix", "outcome", "refused_reason", "told_seconds", "ttft_seconds",
     "first_signal_seconds", "max_silence_seconds", "tokens", "stream_seconds", "total_seconds",

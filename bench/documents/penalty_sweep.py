@@ -1,6 +1,6 @@
 """Which repetition_penalty / frequency_penalty pair gives the best single-pass summaries here.
 
-Part of bench/summary_quality.py (--sweep). For each document every pair runs
+Run by bench/documents/summary_quality.py --sweep. For each document every pair runs
 at once (they share the document's prefix in vLLM's cache, so the document is
 read once), with the loop guard off, so that the penalties alone are measured:
 distinct-4-gram ratio, whether the guard would have fired, coverage, language.
@@ -13,15 +13,15 @@ import time
 from typing import Any
 
 from bench.common import machine_info
-from bench.legacy_summaries import LOOP_GUARD_OFF
-from bench.quality_metrics import Coverage, distinct_ngram_ratio, identify_language
-from bench.summary_quality import (
+from bench.documents.corpus import (
     attach,
     force_path,
     load_documents,
     new_session,
     sections_of_document,
 )
+from bench.documents.legacy_summaries import LOOP_GUARD_OFF
+from bench.documents.quality_metrics import Coverage, distinct_ngram_ratio, identify_language
 from services.chat.service import ChatService
 from services.config import Settings
 from services.engine.lifespan import engine_lifespan

@@ -1,7 +1,7 @@
 """Write bench/data/prompts.json: the prompt mix of the load test and the benchmarks.
 
 Run once; the output is committed so every run sends the same text:
-    .venv/bin/python bench/make_prompts.py
+    .venv/bin/python bench/data/make_prompts.py
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from harness.documents import long_document

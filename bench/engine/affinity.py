@@ -1,7 +1,7 @@
 """ENGINE_URLS routing: follow-up time to first token with prefix affinity against fewest-in-flight.
 
-    .venv/bin/python bench/affinity.py                      # default model, ~5 minutes here
-    .venv/bin/python bench/affinity.py --rounds 1 --turns 3 # a validation run
+    .venv/bin/python bench/engine/affinity.py                      # default model, ~5 minutes here
+    .venv/bin/python bench/engine/affinity.py --rounds 1 --turns 3 # a validation run
 
 Starts two vLLM servers (the module form of `vllm serve`) on loopback, each worker on its own core,
 and drives them through the app's own RemoteLLM + ChatEngine, twice: with ENGINE_AFFINITY (a
@@ -25,7 +25,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import machine_info, percentile

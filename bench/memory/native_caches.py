@@ -1,7 +1,7 @@
 """What bounding the tokenizer's word cache costs: speed and memory, side by side in one run.
 
-    .venv/bin/python bench/native_caches.py                   # ~1 minute
-    .venv/bin/python bench/native_caches.py --save-results    # JSON under bench/results/
+    .venv/bin/python bench/memory/native_caches.py                   # ~1 minute
+    .venv/bin/python bench/memory/native_caches.py --save-results    # JSON under bench/results/memory/
 
 The app bounds the BPE word cache at TOKENIZER_WORD_CACHE words (services/engine/lifespan.py;
 tokenizers' own default is 10,000). Three copies of the default model's tokenizer
@@ -22,11 +22,11 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import machine_info
-from bench.summary_quality import load_documents
+from bench.common import machine_info, result_path
+from bench.documents.corpus import load_documents
 from services.config import Settings
 from services.documents.encoding import decode_text
 from services.engine.model_prep import ensure_default_model
@@ -34,7 +34,6 @@ from services.engine.word_caches import bound_tokenizer_word_cache
 from services.observability.maintenance import malloc_info
 from services.observability.native_caches import fill_numpy_buffer_cache
 
-RESULTS = ROOT / "bench" / "results"
 TOKENIZERS_DEFAULT_WORDS = 10_000
 
 
@@ -85,7 +84,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rounds", type=int, default=7, help="passes over the documents per arm")
-    parser.add_argument("--save-results", action="store_true", help="write the JSON to bench/results/")
+    parser.add_argument("--save-results", action="store_true", help="write the JSON to bench/results/memory/")
     args = parser.parse_args()
     settings = Settings.from_env()
     summary = {"started_at": datetime.now(UTC).isoformat(timespec="seconds"), "machine": machine_info(),
@@ -93,7 +92,7 @@ def main() -> None:
     text = json.dumps(summary, indent=1)
     print(text)
     if args.save_results:
-        path = RESULTS / f"native-caches-{datetime.now(UTC):%Y%m%d-%H%M}.json"
+        path = result_path("memory", "native-caches", at=datetime.now(UTC))
         path.write_text(text + "\n")
         print(f"saved {path}", file=sys.stderr)
 

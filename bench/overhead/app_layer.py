@@ -1,7 +1,7 @@
 """Overhead benchmark: the same requests through the app (socket.io) and straight into the engine.
 
-    .venv/bin/python bench/overhead.py            # full run (~8 min on 2 cores)
-    .venv/bin/python bench/overhead.py --quick    # smoke run (~4 min)
+    .venv/bin/python bench/overhead/app_layer.py            # full run (~8 min on 2 cores)
+    .venv/bin/python bench/overhead/app_layer.py --quick    # smoke run (~4 min)
 
 How it is measured (one run, two phases, never two engines at once):
   1. app path: `chainlit run app.py` on a loopback port with TEMPERATURE=0 and
@@ -40,11 +40,17 @@ from typing import Any
 
 import psutil
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import PROMPTS_FILE, machine_info, percentile, process_label, reap_children
-from bench.signals import run_until_signalled
+from bench.common import (
+    PROMPTS_FILE,
+    machine_info,
+    percentile,
+    process_label,
+    reap_children,
+    run_until_signalled,
+)
 from harness.chat_client import ChatClient
 from harness.server import AppServer
 from services.config import Settings

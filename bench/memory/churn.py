@@ -1,14 +1,14 @@
 """Accelerated churn: many short requests straight into the engine; the bytes each process keeps per request.
 
-    .venv/bin/python bench/churn.py --tiny --requests 3000                 # quick, tiny model
-    .venv/bin/python bench/churn.py --requests 20000                       # verdict, default model
-    .venv/bin/python bench/churn.py --tiny --requests 20000 \\
-        --allocators glibc,tcmalloc,jemalloc,glibc-arena2                  # allocators side by side
-    .venv/bin/python bench/churn.py --tiny --requests 6000 --attribute     # who keeps it: probe snapshots
-    .venv/bin/python bench/churn.py --requests 20000 --arm-seconds 600 \\
-        --allocators glibc,tcmalloc,jemalloc,glibc-arena2                  # each arm bounded in time too
-    .venv/bin/python bench/churn.py --requests 1200 --sample-every 300 --concurrency 4,32 \\
-        --allocators configured,onednn-vllm,configured --probe counters    # our primitive cap vs vLLM's
+    .venv/bin/python bench/memory/churn.py --tiny --requests 3000              # quick, tiny model
+    .venv/bin/python bench/memory/churn.py --requests 20000                    # default model
+    .venv/bin/python bench/memory/churn.py --tiny --requests 20000 \\
+        --allocators glibc,tcmalloc,jemalloc,glibc-arena2               # allocators side by side
+    .venv/bin/python bench/memory/churn.py --tiny --requests 6000 --attribute  # who keeps it: probe snapshots
+    .venv/bin/python bench/memory/churn.py --requests 20000 --arm-seconds 600 \\
+        --allocators glibc,tcmalloc,jemalloc,glibc-arena2               # each arm bounded in time too
+    .venv/bin/python bench/memory/churn.py --requests 1200 --sample-every 300 --concurrency 4,32 \\
+        --allocators configured,onednn-vllm,configured --probe counters # our primitive cap vs vLLM's
 
 No app and no network: `ChatEngine` over vLLM's AsyncLLM in this process,
 `--concurrency` requests in flight, as fast as the machine serves them (a
@@ -56,13 +56,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import numpy as np
 
-from bench.common import PROMPTS_FILE, machine_info
-from bench.signals import run_until_signalled
+from bench.common import PROMPTS_FILE, machine_info, run_until_signalled
 from services.admission.gate import CHAT, DOCUMENT, engine_priority, queue_key
 from services.chat.store import session_sampling
 from services.config import Settings

@@ -1,7 +1,7 @@
 """Batching benchmark: continuous batching vs static batches of 4 (vLLM gated, and HF generate).
 
-    .venv/bin/python bench/batching.py            # full run (~15 min on a quiet 2-core machine)
-    .venv/bin/python bench/batching.py --quick    # smoke run (~4 min)
+    .venv/bin/python bench/engine/batching.py            # full run (~15 min on a quiet 2-core machine)
+    .venv/bin/python bench/engine/batching.py --quick    # smoke run (~4 min)
 
 Three systems on the SAME model (the default SmolLM2 folder, or --model):
   continuous  every request goes into our ChatEngine the moment it arrives
@@ -38,11 +38,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import PROMPTS_FILE, machine_info, percentile, reap_children
-from bench.signals import run_until_signalled
+from bench.common import PROMPTS_FILE, machine_info, percentile, reap_children, run_until_signalled
 from services.config import Settings
 from services.engine.chat_engine import ChatEngine, SamplingSettings
 from services.engine.lifespan import engine_lifespan

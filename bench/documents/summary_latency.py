@@ -1,7 +1,7 @@
 """Document benchmark on the default model: summary latency, concurrent vs sequential map, prefix cache.
 
-    .venv/bin/python bench/documents.py            # ~24 min on 2 AVX2 cores in float32
-    .venv/bin/python bench/documents.py --quick    # smaller documents, ~13 min
+    .venv/bin/python bench/documents/summary_latency.py            # ~24 min on 2 AVX2 cores in float32
+    .venv/bin/python bench/documents/summary_latency.py --quick    # smaller documents, ~13 min
 
 Everything runs through the real session layer and engine (in-process, the
 same code the app runs), in one process, side by side:
@@ -23,10 +23,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.signals import run_until_signalled
+from bench.common import run_until_signalled
 from harness.documents import long_document
 from services.chat.service import ChatService
 from services.chat.session import ChatSession

@@ -1,7 +1,7 @@
 """API overhead: vLLM's own serving benchmark against the app's /v1 API and a plain vLLM server.
 
-    .venv/bin/python bench/api_overhead.py --quick            # validation (~6 min on 2 cores)
-    .venv/bin/python bench/api_overhead.py --save-results     # verdict (~20 min), JSON under bench/results/
+    .venv/bin/python bench/overhead/api_layer.py --quick            # validation (~6 min on 2 cores)
+    .venv/bin/python bench/overhead/api_layer.py --save-results     # verdict (~20 min) into bench/results/
 
 One run, phases in turn (never two engines at once), on the same model and engine options:
   plain: `python -m vllm.entrypoints.openai.api_server` (harness.server.VllmServer), the reference,
@@ -49,10 +49,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import machine_info
+from bench.common import machine_info, result_path
 from harness.server import AppServer, VllmServer
 from services.config import Settings
 from services.engine.allocators import engine_memory_env
@@ -82,7 +82,7 @@ def parse_arguments() -> argparse.Namespace:
         "--endpoint", default="/v1/completions", choices=["/v1/completions", "/v1/chat/completions"]
     )
     parser.add_argument(
-        "--save-results", action="store_true", help="write the JSON summary to bench/results/"
+        "--save-results", action="store_true", help="write the JSON summary to bench/results/overhead/"
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "api-overhead")
     arguments = parser.parse_args()
@@ -263,7 +263,7 @@ def main() -> int:
         for run in runs:
             print(name, json.dumps(run))
     if arguments.save_results:
-        target = ROOT / "bench" / "results" / f"api_overhead-{datetime.now():%Y%m%d-%H%M}.json"
+        target = result_path("overhead", "api_overhead")
         target.write_text(json.dumps(summary, indent=2) + "\n")
         print(f"saved {target}")
     return 1 if incomplete else 0

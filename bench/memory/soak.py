@@ -1,6 +1,6 @@
 """Soak test: start the app, load it with Locust, sample memory, write a report.
 
-    .venv/bin/python bench/soak.py --duration 30m --users 50 --vanish-fraction 0.2
+    .venv/bin/python bench/memory/soak.py --duration 30m --users 50 --vanish-fraction 0.2
 
 Starts `chainlit run app.py` on a free loopback port (settings as env vars),
 runs locustfile.py headless for --duration, samples the memory of the whole
@@ -11,14 +11,14 @@ writes to --out (default bench/out/soak-<timestamp>):
     requests.csv   one row per Locust request event
     summary.json   counts, latency percentiles, memory slopes, state after the clients left
     soak.png       anonymous memory per process and latency over time
-                   (drawn again from the files: bench/soak.py --replot <folder>)
-    bench/soak.py --slopes <folder> 0-30 60-150 ...   prints every numeric column's slope per hour
+                   (drawn again from the files: bench/memory/soak.py --replot <folder>)
+    bench/memory/soak.py --slopes <folder> 0-30 60-150 ...   prints every numeric column's slope per hour
                    [Sen 95%] in each window (minutes from the load's start; bytes as MB);
                    add --in-flight-at-most 8 to fit only samples taken with <= 8 turns running
                    (live buffers of running steps swing with the load, retention does not)
     server.log, locust.log, locust_*.csv
 The server inherits this shell's environment, so any app setting applies
-(e.g. DTYPE=float32 MAX_NUM_BATCHED_TOKENS=2048 .venv/bin/python bench/soak.py ...).
+(e.g. DTYPE=float32 MAX_NUM_BATCHED_TOKENS=2048 .venv/bin/python bench/memory/soak.py ...).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import csv
 import json
 import math
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -40,12 +39,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import psutil
 
-from bench.common import machine_info, percentile, process_label
+from bench.common import machine_info, parse_duration, percentile, process_label
 from harness.server import AppServer
 from services.observability.memory import proc_status_bytes
 
@@ -130,17 +129,6 @@ def hourly_fit(
     that hold it (the summary's slopes and --slopes' windows both fit with it)."""
     rows = [s for s in rows if s[column] != ""]
     return theil_sen([s["t_s"] / 3600 for s in rows], [s[column] * scale for s in rows])
-
-
-def parse_duration(text: str) -> float:
-    """Seconds from '90', '90s', '10m', '2h' or '1h30m'."""
-    text = text.strip().lower()
-    if re.fullmatch(r"\d+(\.\d+)?", text):
-        return float(text)
-    parts = re.findall(r"(\d+(?:\.\d+)?)([hms])", text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 90s, 10m, 2h, 1h30m)")
-    return sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
 
 
 # --- memory sampling ------------------------------------------------------------------
@@ -691,7 +679,7 @@ def window_slopes(
 
 
 def slopes_command(args: list[str]) -> dict[str, Any]:
-    """bench/soak.py --slopes <folder> 0-30 60-150 [--in-flight-at-most N]"""
+    """bench/memory/soak.py --slopes <folder> 0-30 60-150 [--in-flight-at-most N]"""
     folder, rest = Path(args[0]), list(args[1:])
     at_most = None
     if "--in-flight-at-most" in rest:
@@ -706,10 +694,10 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (e.g. from timeout(1)) unwinds like Ctrl-C, so the server and Locust are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["--replot"] and len(args) == 2:  # bench/soak.py --replot <report folder>
+    if args[:1] == ["--replot"] and len(args) == 2:  # bench/memory/soak.py --replot <report folder>
         print(f"[soak] wrote {replot(Path(args[1]))}")
         return 0
-    if args[:1] == ["--slopes"] and len(args) >= 3:  # bench/soak.py --slopes <folder> 0-30 60-150
+    if args[:1] == ["--slopes"] and len(args) >= 3:  # bench/memory/soak.py --slopes <folder> 0-30 60-150
         print(json.dumps(slopes_command(args[1:]), indent=1))
         return 0
     summary = run_soak(parse_args(args))

@@ -1,7 +1,7 @@
 """vLLM worker memory against new batch sizes: oneDNN's primitive cache capped vs its default.
 
-    .venv/bin/python bench/shapes.py                # default model, 300 sizes per arm, ~18 min here
-    .venv/bin/python bench/shapes.py --sizes 80     # quick
+    .venv/bin/python bench/memory/shapes.py                # default model, 300 sizes per arm, ~18 min here
+    .venv/bin/python bench/memory/shapes.py --sizes 80     # quick
 
 On CPU, vLLM multiplies matrices with oneDNN, which compiles a kernel
 ("primitive") for every batch size it meets and keeps them in a global cache
@@ -27,11 +27,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import machine_info
-from bench.signals import run_until_signalled
+from bench.common import machine_info, run_until_signalled
 from services.config import Settings
 from services.engine.chat_engine import ChatEngine, SamplingSettings
 from services.engine.lifespan import engine_lifespan

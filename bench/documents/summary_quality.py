@@ -1,12 +1,13 @@
-"""Summary quality on real documents of this machine, before and after issue 13, side by side in one run.
+"""Summary quality on real documents of this machine: the old summary code and today's, side by side.
 
-    .venv/bin/python bench/summary_quality.py --quick                 # 3 documents, ~10 min: a smoke run
-    .venv/bin/python bench/summary_quality.py --json bench/results/summary-quality.json   # all 14, ~90 min
-    .venv/bin/python bench/summary_quality.py --sweep 1.0:0,1.1:0,1.0:0.5 --ids pip-readme,gnupg-help-pt
+    .venv/bin/python bench/documents/summary_quality.py --quick          # 3 documents, ~10 min: a smoke run
+    .venv/bin/python bench/documents/summary_quality.py --json bench/out/summary-quality.json  # all 14
+    .venv/bin/python bench/documents/summary_quality.py --sweep 1.0:0,1.1:0,1.0:0.5 \
+        --ids pip-readme,gnupg-help-pt                                   # penalty pairs (penalty_sweep.py)
 
 The documents (bench/data/summary_documents.json: paths, languages, sha256)
 are read through the app's own upload path (ChatService.attach_files). For
-each document, each side ("before": the code as it was, bench/legacy_summaries.py;
+each document, each side ("before": the code as it was, bench/documents/legacy_summaries.py;
 "after": the code now) and each path that applies ("single": one pass, when
 document and summary fit the context; "map-reduce": when the document has 2+
 chunks), with vLLM's prefix cache emptied before each summary:
@@ -24,34 +25,36 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gzip
-import hashlib
 import json
 import sys
-import tempfile
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import machine_info
-from bench.legacy_summaries import LOOP_GUARD_OFF, LegacyChatService
-from bench.quality_metrics import Coverage, distinct_ngram_ratio, identify_language, sections_of
-from bench.signals import run_until_signalled
+from bench.common import machine_info, run_until_signalled
+from bench.documents.corpus import (
+    attach,
+    force_path,
+    load_documents,
+    new_session,
+    sections_of_document,
+    write_checksums,
+)
+from bench.documents.legacy_summaries import LOOP_GUARD_OFF, LegacyChatService
+from bench.documents.penalty_sweep import sweep
+from bench.documents.quality_metrics import Coverage, distinct_ngram_ratio, identify_language
 from services.chat.service import ChatService
 from services.chat.session import ChatSession
 from services.config import Settings
-from services.documents.planning import IN_PARTS, WHOLE
 from services.engine.answer_tokens import AnswerTokens
 from services.engine.chat_engine import ChatEngine, SamplingSettings
 from services.engine.errors import RepetitionError
 from services.engine.lifespan import engine_lifespan
 from services.engine.loop_guard import LoopGuardConfig, repeats_in
 
-DOCUMENTS_FILE = ROOT / "bench" / "data" / "summary_documents.json"
 QUICK_IDS = ("pip-readme", "libffi-basics", "gnupg-help-pt")
 FOLLOW_UP = {
     "en": "Which command or setting does the document mention first?",
@@ -61,33 +64,6 @@ FOLLOW_UP = {
 }
 FOLLOW_UP_TOKENS = 48
 TARGETS = {"min_distinct_4": 0.9, "language_match": 0.9, "follow_up_ratio": 0.2}
-
-
-def load_documents(ids: set[str] | None) -> tuple[list[dict], list[dict]]:
-    """The listed documents that exist with the recorded checksum, and those skipped (with why)."""
-    listed = json.loads(DOCUMENTS_FILE.read_text())["documents"]
-    kept, skipped = [], []
-    for entry in listed:
-        if ids and entry["id"] not in ids:
-            continue
-        path = Path(entry["path"])
-        if not path.exists():
-            skipped.append({**entry, "why": "missing"})
-            continue
-        raw = path.read_bytes()
-        if entry.get("sha256") and hashlib.sha256(raw).hexdigest() != entry["sha256"]:
-            skipped.append({**entry, "why": "checksum differs"})
-            continue
-        name = path.name.removesuffix(".gz")
-        kept.append({**entry, "name": name, "data": gzip.decompress(raw) if path.suffix == ".gz" else raw})
-    return kept, skipped
-
-
-def write_checksums() -> None:
-    listing = json.loads(DOCUMENTS_FILE.read_text())
-    for entry in listing["documents"]:
-        entry["sha256"] = hashlib.sha256(Path(entry["path"]).read_bytes()).hexdigest()
-    DOCUMENTS_FILE.write_text(json.dumps(listing, indent=2, ensure_ascii=False) + "\n")
 
 
 def prefix_cache_hits() -> float:
@@ -101,24 +77,6 @@ def prefix_cache_hits() -> float:
         for sample in metric.samples
         if sample.name.endswith("_total")
     )
-
-
-def new_session(chat: ChatService, session_id: str) -> ChatSession:
-    s = chat.settings
-    sampling = SamplingSettings(
-        s.temperature, s.top_p, s.max_new_tokens, s.repetition_penalty, s.frequency_penalty
-    )
-    return ChatSession(session_id, sampling, s.system_prompt, deque(maxlen=s.max_history_messages))
-
-
-async def attach(chat: ChatService, session: ChatSession, doc: dict) -> tuple[str, ...]:
-    folder = Path(tempfile.mkdtemp(prefix="bench-quality-"))
-    path = folder / doc["name"]
-    path.write_bytes(doc["data"])
-    result = await chat.attach_files(session, [(str(path), doc["name"])])
-    folder.rmdir()
-    assert result.document is not None, result.errors
-    return result.notes
 
 
 async def timed_summary(chat: ChatService, session: ChatSession, request_id: str) -> dict[str, Any]:
@@ -158,27 +116,6 @@ async def timed_follow_up(chat: ChatService, session: ChatSession, question: str
         "prompt_tokens": len(chat.engine.encode_chat(prompt.messages)),
         "prefix_cache_hits_tokens": prefix_cache_hits() - hits_before,
     }  # fmt: skip
-
-
-def force_path(chat: ChatService, session: ChatSession, path: str) -> bool:
-    """Make the session's document go `path`; False when that path cannot hold it."""
-    document = session.document
-    assert document is not None
-    plan = document.plan or chat.summarizer.plan(chat._job(session, ""), document.tokens)
-    if path == "single":
-        fits = plan.prompt_tokens + plan.budget.summary_tokens <= plan.budget.max_model_len
-        forced = (
-            plan if plan.whole else type(plan)(WHOLE, plan.document_tokens, plan.prompt_tokens, plan.budget)
-        )
-        document.plan = forced if fits else None
-        return fits
-    if (
-        len(sections_of(document.text, chat.engine.count_tokens)) < 2
-        or document.tokens <= chat.summarizer.chunk_tokens()
-    ):
-        return False
-    document.plan = type(plan)(IN_PARTS, plan.document_tokens, plan.prompt_tokens, plan.budget)
-    return True
 
 
 async def one_run(
@@ -273,16 +210,6 @@ async def run(
     results["machine_after"] = machine_info()
     results["overall"] = overall(results["documents"])
     return results
-
-
-def sections_of_document(engine: ChatEngine, doc: dict) -> list[str]:
-    from services.documents.extract import extract_document
-
-    extracted = extract_document(
-        doc["data"], doc["name"], max_pages=500, max_docx_uncompressed_bytes=10**8, max_chars=10**6
-    )
-    doc["text"] = extracted.text
-    return sections_of(extracted.text, engine.count_tokens)
 
 
 def summary_line(outcome: dict) -> str:
@@ -417,8 +344,6 @@ def main() -> None:
         return
     ids = set(QUICK_IDS) if args.quick else set(args.ids.split(",")) if args.ids else None
     if args.sweep:
-        from bench.penalty_sweep import sweep
-
         results = run_until_signalled(sweep(ids, args.sweep))
     else:
         results = run_until_signalled(run(ids, tuple(args.paths.split(",")), tuple(args.sides.split(","))))

@@ -1,7 +1,7 @@
 """History benchmark: what keeping conversations costs, measured on this machine.
 
-    .venv/bin/python bench/history.py            # verdict run (~10 min on 2 cores)
-    .venv/bin/python bench/history.py --quick    # smoke run (~5 min)
+    .venv/bin/python bench/history/persistence.py            # verdict run (~10 min on 2 cores)
+    .venv/bin/python bench/history/persistence.py --quick    # smoke run (~5 min)
 
 Three numbers, one run, the default model:
   1. TTFT with persistence on and off, side by side: two app servers (CHAT_HISTORY=true on SQLite,
@@ -31,7 +31,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from chainlit.context import init_http_context
 from chainlit.user import User
@@ -167,7 +167,7 @@ def main() -> int:
     summary = {
         "benchmark": "history", "quick": options.quick, "at": datetime.now(UTC).isoformat(),
         "ttft_s": ttft, "resume": resume, "machine": machine_info(),
-        "command": "python bench/history.py" + (" --quick" if options.quick else ""),
+        "command": "python bench/history/persistence.py" + (" --quick" if options.quick else ""),
     }  # fmt: skip
     out = ROOT / "bench" / "out" / f"history-{datetime.now():%Y%m%d-%H%M%S}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """CPU thread layout of vLLM's worker: chat time to first token at 50 users, and document prefill speed.
 
-    .venv/bin/python bench/thread_layout.py                                    # ~35 minutes here
-    .venv/bin/python bench/thread_layout.py --duration 60 --users 10 --repeats 1   # a validation run
+    .venv/bin/python bench/engine/thread_layout.py                                    # ~35 minutes here
+    .venv/bin/python bench/engine/thread_layout.py --duration 60 --users 10 --repeats 1   # a validation run
 
 Layouts (VLLM_CPU_OMP_THREADS_BIND and VLLM_CPU_NUM_OF_RESERVED_CPU, vLLM's own variables):
     auto      vLLM's default: the worker's OpenMP threads on all cores but one, which is left to the
@@ -29,10 +29,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import machine_info, percentile
+from bench.common import PROMPTS_FILE, machine_info, percentile
 from harness.chat_client import ChatClient
 from harness.documents import long_document
 from harness.server import AppServer
@@ -47,7 +47,7 @@ LAYOUTS: dict[str, dict[str, str]] = {
     },
     "nobind": {"VLLM_CPU_OMP_THREADS_BIND": "nobind"},
 }
-QUESTIONS = json.loads((ROOT / "bench" / "data" / "prompts.json").read_text())["short"]
+QUESTIONS = json.loads(PROMPTS_FILE.read_text())["short"]
 
 
 def prompt_tokens(text: str) -> int:

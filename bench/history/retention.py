@@ -1,7 +1,7 @@
 """What a retention sweep costs the app's heap, and whether sweeps ratchet it.
 
-    .venv/bin/python bench/retention.py                  # ~2 minutes, no engine
-    .venv/bin/python bench/retention.py --rounds 3 --add 600 --keep 200   # quick
+    .venv/bin/python bench/history/retention.py                  # ~2 minutes, no engine
+    .venv/bin/python bench/history/retention.py --rounds 3 --add 600 --keep 200   # quick
 
 The soak signs every simulated user in as one identity, so by a retention sweep one user holds
 hundreds to thousands of conversations beyond HISTORY_MAX_CONVERSATIONS (thousands when sweeps
@@ -35,13 +35,13 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from chainlit.context import init_http_context
 from chainlit.user import User
 
 from bench.common import ROOT, machine_info
-from bench.history import store_conversation
+from bench.history.persistence import store_conversation
 from services.config import Settings
 from services.history.database import file_size_bytes, sqlite_memory_bytes, sqlite_path
 from services.history.service import History

@@ -1,6 +1,6 @@
-"""The summaries as they were before issue 13, for the "before" side of bench/summary_quality.py.
+"""The summaries as they were before the summary rework: the "before" side of summary_quality.py.
 
-Same engine, same code path, with what the issue changed put back: English
+Same engine, same code path, with what the rework changed put back: English
 instructions whatever the document's language, no repetition penalties, no
 loop guard, no minimum summary length, map parts of up to a sixth of a chunk
 (341 tokens), planning without room for follow-ups (one pass whenever
@@ -33,7 +33,7 @@ def legacy_settings(settings: Settings) -> Settings:
 
 
 class LegacyPrompts(SummaryPrompts):
-    """The instructions of the code before issue 13 (English only)."""
+    """The instructions of the code before the rework (English only)."""
 
     def single_pass(self, system_prompt: str, name: str, text: str) -> list[Message]:
         return [document_system_message(system_prompt, name, text), self.instruction()]

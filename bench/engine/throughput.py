@@ -1,7 +1,7 @@
 """Engine benchmark on the default model: startup, tokens/s for 1 and 8 streams, memory over 200 requests.
 
-    .venv/bin/python bench/engine.py           # ~4 min on 2 cores
-    .venv/bin/python bench/engine.py --quick   # fewer requests
+    .venv/bin/python bench/engine/throughput.py           # ~4 min on 2 cores
+    .venv/bin/python bench/engine/throughput.py --quick   # fewer requests
 
 In-process, through ChatEngine (the code the app runs). Memory is the RSS of
 this process (the app's role) and of each vLLM child process (EngineCore and
@@ -23,10 +23,10 @@ from pathlib import Path
 
 import psutil
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.signals import run_until_signalled
+from bench.common import run_until_signalled
 from services.config import Settings
 from services.engine.chat_engine import ChatEngine, SamplingSettings
 from services.engine.lifespan import engine_lifespan
