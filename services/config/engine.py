@@ -125,7 +125,7 @@ class EngineSettings:
         "ENGINE_ONEDNN_MM_CACHE",
         "oneDNN matmul primitives vLLM's CPU linear layers keep per weight, one per step size "
         "(vLLM's own: 32). Large steps' primitives are large and an LRU keeps them after a peak of "
-        "load: 8 kept ~39 MB less in the worker and no step at a burst (BENCHMARKS.md). "
+        "load: 8 kept ~25 MB less in the worker and no step at a burst (BENCHMARKS.md). "
         "0 = vLLM's own.",
         0,
     )
@@ -170,7 +170,7 @@ class EngineSettings:
         "glibc's MALLOC_ARENA_MAX in the app's process (with APP_ALLOCATOR=glibc), applied by "
         "`python -m services.web.launch`: with glibc's default the free space inside the heaps "
         "of the app's threads spread for hours; with 2 the app stayed flat after the warm-up "
-        "(BENCHMARKS.md, soak). 0 = glibc's default (8 per core).",
+        "(BENCHMARKS.md, memory soak). 0 = glibc's default (8 per core).",
         0,
     )
     tokenizer_word_cache: int = setting(
