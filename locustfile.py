@@ -22,7 +22,7 @@ Locust request events (type / name):
     chat / refused                   send -> "busy, please try again in ~N" (the service's answer
                                      to overload, not a failure); the user waits N, as a person
                                      would, and goes on in the same session
---requests-csv FILE appends one row per event (for bench/soak.py's percentiles and plots).
+--requests-csv FILE appends one row per event (for bench/memory/soak.py's percentiles and plots).
 """
 
 from __future__ import annotations

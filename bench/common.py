@@ -1,20 +1,42 @@
-"""Small helpers shared by the benchmark scripts."""
+"""Helpers every benchmark shares: paths, percentiles, machine info, clean shutdown, durations, results.
+
+The benchmarks are scripts (`.venv/bin/python bench/<topic>/<name>.py`): each puts
+the repository on sys.path before importing this module.
+"""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import contextlib
 import math
 import os
 import platform
+import re
+import signal
+from collections.abc import Coroutine
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 
 from services.engine.processes import process_role, reap
 
-ROOT = Path(__file__).resolve().parent.parent
-PROMPTS_FILE = ROOT / "bench" / "data" / "prompts.json"
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "bench" / "data"
+PROMPTS_FILE = DATA / "prompts.json"
+OUT = ROOT / "bench" / "out"  # reports of every run (git-ignored)
+RESULTS = ROOT / "bench" / "results"  # the verdict runs BENCHMARKS.md cites, by topic
+
+T = TypeVar("T")
+
+
+def result_path(topic: str, stem: str, suffix: str = ".json", at: datetime | None = None) -> Path:
+    """Where a run saves a result BENCHMARKS.md may cite: bench/results/<topic>/<stem>-<date-time><suffix>."""
+    folder = RESULTS / topic
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{stem}-{(at or datetime.now()):%Y%m%d-%H%M}{suffix}"
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -26,6 +48,34 @@ def percentile(values: list[float], q: float) -> float | None:
     low = math.floor(rank)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from '90', '90s', '10m', '2h' or '1h30m'."""
+    text = text.strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        return float(text)
+    parts = re.findall(r"(\d+(?:\.\d+)?)([hms])", text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 90s, 10m, 2h, 1h30m)")
+    return sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+
+
+def run_until_signalled(main: Coroutine[Any, Any, T]) -> T:
+    """asyncio.run(main), but SIGTERM/SIGINT cancel it, so `async with engine_lifespan` exits cleanly.
+
+    Without this, SIGTERM (e.g. from `timeout`) kills the script at once and
+    vLLM's worker process lives on, re-parented to init, burning a core.
+    """
+
+    async def guarded() -> T:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        return await main
+
+    return asyncio.run(guarded())
 
 
 def reap_children(grace_s: float = 10.0) -> list[str]:

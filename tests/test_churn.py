@@ -1,7 +1,7 @@
 """A short churn on the tiny model (CI): no process keeps more than a generous bound per request.
 
 The verdict runs (>= 20,000 requests, default model, every allocator) are
-`bench/churn.py`'s; this is the same code on a few thousand requests, so a
+`bench/memory/churn.py`'s; this is the same code on a few thousand requests, so a
 change that makes any process keep memory per request fails here, not in a
 soak weeks later. The bound is generous: before the fix the worker kept
 ~3.5 KB. Two thousand measured requests, each sample taken after jemalloc's
@@ -15,7 +15,7 @@ import asyncio
 import json
 from pathlib import Path
 
-from bench.churn import (
+from bench.memory.churn import (
     ChurnOptions,
     Workload,
     default_model_pool_blocks,

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import dataclasses
 
 import pytest
 
 from services.config import Settings, SettingsError
-from services.config.settings import settings_table
+from services.config.fields import TIERS
+from services.config.reference import README_FILE, REFERENCE_FILE, essential_table, settings_reference
+from services.config.settings import SECTIONS
 
 
 def test_defaults_need_no_environment() -> None:
@@ -48,12 +50,62 @@ def test_non_default_redacts_secrets_only() -> None:
     assert settings.non_default() == {"MAX_NUM_BATCHED_TOKENS": 4096, "MAX_SESSIONS": 5}
 
 
-def test_settings_table_lists_every_variable() -> None:
-    table = settings_table()
-    for name in ("MODEL", "MAX_MODEL_LEN", "SESSION_TTL_SECONDS", "VLLM_CPU_KVCACHE_SPACE"):
-        assert f"`{name}`" in table
+def test_every_setting_has_a_tier_and_a_section() -> None:
+    in_sections = [f.name for section in SECTIONS for f in dataclasses.fields(section.declared_in)]
+    assert sorted(in_sections) == sorted(f.name for f in dataclasses.fields(Settings))
+    assert {f.metadata["tier"] for f in dataclasses.fields(Settings)} <= set(TIERS)
 
 
-def test_the_readme_lists_every_setting_as_generated() -> None:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    assert settings_table() in readme, "regenerate it: python -m services.config.settings"
+def test_a_deployer_needs_to_know_about_ten_settings() -> None:
+    essential = [f.metadata["env"] for f in dataclasses.fields(Settings) if f.metadata["tier"] == "essential"]
+    assert {"MODEL", "AUTH_MODE", "DATABASE_URL", "OPS_TOKEN", "ENGINE_URLS"} <= set(essential)
+    assert len(essential) <= 12, "the README's table is for what a deployer must decide"
+
+
+def test_the_reference_lists_every_variable_once() -> None:
+    reference = settings_reference(SECTIONS)
+    for f in dataclasses.fields(Settings):
+        assert reference.count(f"| `{f.metadata['env']}` |") == 1, f.metadata["env"]
+
+
+def test_docs_settings_md_is_the_generated_reference() -> None:
+    assert REFERENCE_FILE.read_text() == settings_reference(SECTIONS), (
+        "regenerate it: python -m services.config.settings"
+    )
+
+
+def test_the_readme_lists_the_essential_settings_as_generated() -> None:
+    assert essential_table(SECTIONS) in README_FILE.read_text(), (
+        "regenerate it: python -m services.config.settings"
+    )
+
+
+def test_diagnostics_are_off_unless_asked_for() -> None:
+    settings = Settings.from_env({"DATA_DIR": "/srv/chat"})
+    assert (settings.engine_memory_probe_dir, settings.app_memory_probe_dir) == ("", "")
+
+
+def test_diagnostics_memory_runs_both_probes_as_their_knobs_defaulted() -> None:
+    settings = Settings.from_env({"DIAGNOSTICS": "memory", "DATA_DIR": "/srv/chat"})
+    assert settings.engine_memory_probe_dir == settings.app_memory_probe_dir == "/srv/chat/diagnostics"
+    engine = (settings.engine_memory_probe_seconds, settings.engine_memory_probe_frames)
+    app = (
+        settings.app_memory_probe_seconds,
+        settings.app_memory_probe_frames,
+        settings.app_memory_probe_deep,
+    )
+    assert (engine, app) == ((0.0, 16), (600.0, 0, False))
+
+
+def test_diagnostics_counters_never_trace_and_all_traces_everything() -> None:
+    counters = Settings.from_env({"DIAGNOSTICS": "counters", "DIAGNOSTICS_DIR": "/tmp/probe"})
+    assert counters.engine_memory_probe_dir == "/tmp/probe"
+    assert counters.engine_memory_probe_frames == counters.app_memory_probe_frames == 0
+    everything = Settings.from_env({"DIAGNOSTICS": "all"})
+    assert everything.app_memory_probe_frames > 0 and everything.app_memory_probe_deep
+    assert everything.engine_memory_probe_seconds > 0
+
+
+def test_an_unknown_diagnostics_level_is_refused() -> None:
+    with pytest.raises(SettingsError, match="DIAGNOSTICS='verbose' is not one of off, counters, memory, all"):
+        Settings.from_env({"DIAGNOSTICS": "verbose"})

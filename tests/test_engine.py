@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from bench.shapes import distinct_size_prompts, sweep, worker_rss_mb
+from bench.memory.shapes import distinct_size_prompts, sweep, worker_rss_mb
 from services.config import Settings
 from services.engine.allocators import PRELOAD_LIBRARIES
 from services.engine.chat_engine import ChatEngine, SamplingSettings

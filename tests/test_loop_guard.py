@@ -15,7 +15,7 @@ import re
 
 import pytest
 
-from bench.quality_metrics import distinct_ngram_ratio
+from bench.documents.quality_metrics import distinct_ngram_ratio
 from services.engine.errors import EchoError, RepetitionError
 from services.engine.loop_guard import EchoDetector, LoopGuardConfig, RepetitionDetector, repeats_in
 
@@ -159,8 +159,8 @@ def test_repeats_in_reports_a_finished_answer() -> None:
 
 
 # --- the echo guard: loops in paraphrase, for summaries ----------------------------------------
-# Real summaries of the default model (bench/results/summary-quality.json): each restates itself
-# with a word or two changed, so no exact period exists.
+# Real summaries of the default model from runs of bench/documents/summary_quality.py: each
+# restates itself with a word or two changed, so no exact period exists.
 PARAPHRASES = {
     "a sentence again with one word changed (Portuguese)": (
         "Ao verá a documentação, estou desenhados os nomes, comando e números importantes para cada "

@@ -77,7 +77,7 @@ def test_process_role_names_vllm_processes_by_their_title() -> None:
 
 
 def test_the_worker_gets_every_core_of_a_small_machine_and_vllms_layout_on_larger_ones() -> None:
-    assert worker_thread_bind({0, 1}) == "0,1", "2 cores: both for the worker (bench/thread_layout.py)"
+    assert worker_thread_bind({0, 1}) == "0,1", "2 cores: both for the worker (bench/engine/thread_layout.py)"
     assert worker_thread_bind({3}) == "3"
     assert worker_thread_bind({2, 5}) == "2,5", "the cores this process may use, not 0..n-1"
     assert worker_thread_bind(set(range(8))) == "auto"

@@ -1,7 +1,7 @@
 """A retention sweep gives back the heap it takes: rounds do not ratchet the app's memory.
 
 The real History on SQLite (pooled connections, page caches), conversations stored through
-Chainlit's data layer and copied between rounds; bench/retention.py is the full-size run.
+Chainlit's data layer and copied between rounds; bench/history/retention.py is the full-size run.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import argparse
 import asyncio
 from pathlib import Path
 
-from bench.retention import SETTLING_ROUNDS, run
+from bench.history.retention import SETTLING_ROUNDS, run
 
 
 def test_retention_rounds_do_not_ratchet_the_heap(tmp_path: Path) -> None:

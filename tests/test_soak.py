@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from bench.soak import SoakOptions, parse_duration, run_soak, split_evenly, theil_sen, window_slopes
+from bench.memory.soak import SoakOptions, parse_duration, run_soak, split_evenly, theil_sen, window_slopes
 from harness.chat_client import reconnect_delay_seconds
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN
 

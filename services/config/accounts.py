@@ -19,15 +19,20 @@ class AccountSettings:
         "none = no sign-in (on a loopback address: one local user, history kept; elsewhere the app "
         "refuses to start unless ALLOW_ANONYMOUS=true); password = accounts in the database; header = "
         "a user name set by a trusted auth proxy (AUTH_HEADER, AUTH_PROXY_ADDRESSES).",
+        tier="essential",
     )
     admin_username: str = setting(
-        "", "ADMIN_USERNAME", "First administrator (password mode), created at start if missing."
+        "",
+        "ADMIN_USERNAME",
+        "First administrator (password mode), created at start if missing.",
+        tier="essential",
     )
     admin_password: str = setting(
         "",
         "ADMIN_PASSWORD",
         "Its password; when both are empty and no administrator exists, one named `admin` is created "
         "with a generated password printed once to the console.",
+        tier="essential",
     )
     auth_header: str = setting(
         "",
@@ -44,6 +49,7 @@ class AccountSettings:
         False,
         "ALLOW_ANONYMOUS",
         "Serve a non-loopback address without sign-in, on purpose: everyone is anonymous, nothing is stored.",
+        tier="essential",
     )
     sign_in_max_failures: int = setting(
         5,

@@ -20,14 +20,14 @@ class ChatSettings:
         1.0,
         "REPETITION_PENALTY",
         "Default vLLM repetition_penalty (> 1 discourages tokens already in the prompt or answer; "
-        "1 = off). Chosen by measurement: BENCHMARKS.md, summary quality.",
+        "1 = off). Chosen by measurement: BENCHMARKS.md, sampling defaults.",
         0.01,
     )
     frequency_penalty: float = setting(
         1.0,
         "FREQUENCY_PENALTY",
         "Default vLLM frequency_penalty (> 0 discourages answer tokens by how often they already "
-        "occurred; 0 = off). Chosen by measurement: BENCHMARKS.md, summary quality.",
+        "occurred; 0 = off). Chosen by measurement: BENCHMARKS.md, sampling defaults.",
         -2,
     )
     loop_guard_min_tokens: int = setting(

@@ -78,8 +78,9 @@ class DocumentSettings:
         "SINGLE_PASS_MAX_TOKENS",
         "Longest document summarized in one pass even when it fits; longer ones go map-reduce. "
         "Off by default: with the default model on 2 CPU cores one pass wrote its first words "
-        "sooner on 11 of 12 documents that fit (BENCHMARKS.md, summary quality), and its "
-        "follow-ups are served from the prefix cache. Lower it where map-reduce starts sooner.",
+        "sooner up to ~5,000 tokens and within 2 s of map-reduce above (BENCHMARKS.md, summary "
+        "quality), and its follow-ups are served from the prefix cache. Lower it where map-reduce "
+        "starts sooner.",
         1,
     )
     progress_interval_seconds: float = setting(

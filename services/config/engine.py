@@ -21,13 +21,17 @@ def default_cache_dir() -> str:
 class EngineSettings:
     """The in-process vLLM engine, or the vLLM servers that replace it (ENGINE_URLS)."""
 
-    model: str = setting("", "MODEL", "Model folder or id vLLM loads; empty = bundled SmolLM2-135M-Instruct.")
+    model: str = setting(
+        "", "MODEL", "Model folder or id vLLM loads; empty = bundled SmolLM2-135M-Instruct.", tier="essential"
+    )
     dtype: str = setting(
         "auto",
         "DTYPE",
         "Weights/activations dtype; auto = bfloat16 on GPUs and bf16-capable CPUs, else float32.",
     )
-    max_model_len: int = setting(8192, "MAX_MODEL_LEN", "Context window in tokens (prompt + answer).", 16)
+    max_model_len: int = setting(
+        8192, "MAX_MODEL_LEN", "Context window in tokens (prompt + answer).", 16, tier="essential"
+    )
     max_num_seqs: int = setting(64, "MAX_NUM_SEQS", "Sequences batched together at most.", 1)
     max_num_batched_tokens: int = setting(
         2048,
@@ -121,7 +125,7 @@ class EngineSettings:
         "ENGINE_ONEDNN_MM_CACHE",
         "oneDNN matmul primitives vLLM's CPU linear layers keep per weight, one per step size "
         "(vLLM's own: 32). Large steps' primitives are large and an LRU keeps them after a peak of "
-        "load: 8 kept ~39 MB less in the worker and no step at a burst (BENCHMARKS.md). "
+        "load: 8 kept ~25 MB less in the worker and no step at a burst (BENCHMARKS.md). "
         "0 = vLLM's own.",
         0,
     )
@@ -166,7 +170,7 @@ class EngineSettings:
         "glibc's MALLOC_ARENA_MAX in the app's process (with APP_ALLOCATOR=glibc), applied by "
         "`python -m services.web.launch`: with glibc's default the free space inside the heaps "
         "of the app's threads spread for hours; with 2 the app stayed flat after the warm-up "
-        "(BENCHMARKS.md, soak). 0 = glibc's default (8 per core).",
+        "(BENCHMARKS.md, memory soak). 0 = glibc's default (8 per core).",
         0,
     )
     tokenizer_word_cache: int = setting(
@@ -174,30 +178,6 @@ class EngineSettings:
         "TOKENIZER_WORD_CACHE",
         "Words the tokenizer's BPE model caches, in each copy vLLM's tokenizer pool encodes with "
         "(tokenizers' own default is 10,000, ~4 MB a copy, filled slowly for hours); 0 turns the cache off.",
-        0,
-    )
-    engine_memory_probe_dir: str = setting(
-        "",
-        "ENGINE_MEMORY_PROBE_DIR",
-        "For finding leaks: when set, EngineCore and the worker append a line of counters "
-        "(jemalloc's allocated/resident bytes, Python's blocks, threads, anonymous memory) to "
-        "`counters-<pid>.jsonl` in this folder every 30 s (cheap), and on SIGUSR2 and every "
-        "ENGINE_MEMORY_PROBE_SECONDS trace their Python allocations (tracemalloc, which slows the "
-        "engine) and write a snapshot; under jemalloc with `prof:true` in ENGINE_JEMALLOC_CONF, a "
-        "heap profile too (read them with `python -m services.observability.attribution`). "
-        "Empty = off.",
-    )
-    engine_memory_probe_seconds: float = setting(
-        0.0,
-        "ENGINE_MEMORY_PROBE_SECONDS",
-        "Seconds between the memory probe's snapshots; 0 = only on SIGUSR2.",
-        0,
-    )
-    engine_memory_probe_frames: int = setting(
-        16,
-        "ENGINE_MEMORY_PROBE_FRAMES",
-        "Traceback frames tracemalloc keeps in the memory probe's snapshots; 0 = no tracing: a "
-        "snapshot is then an object census and a line of counters, cheap enough for every sample.",
         0,
     )
     cache_dir: str = setting(default_cache_dir(), "CACHE_DIR", "Where the prepared default model is kept.")
@@ -211,6 +191,7 @@ class EngineSettings:
         "cached id), and the context window and engine options are the servers' own. A conversation "
         "stays on the server holding its prefix (ENGINE_AFFINITY), else requests go to the healthy "
         "server with the fewest of ours in flight; a server that refuses the connection is skipped.",
+        tier="essential",
     )
     engine_affinity: bool = setting(
         True,

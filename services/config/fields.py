@@ -5,14 +5,20 @@ from __future__ import annotations
 from dataclasses import field
 from typing import Any
 
+# Who needs to know a setting: a deployer (essential), someone tuning a running
+# service (tuning), or someone hunting a problem (diagnostic).
+TIERS = ("essential", "tuning", "diagnostic")
+
 
 class SettingsError(ValueError):
     """A setting has a value the app cannot use."""
 
 
-def setting(default: Any, env: str, doc: str, minimum: float | None = None) -> Any:
-    """A settings field read from `env`; `doc` is its README line, `minimum` its lower bound."""
-    return field(default=default, metadata={"env": env, "doc": doc, "min": minimum})
+def setting(default: Any, env: str, doc: str, minimum: float | None = None, tier: str = "tuning") -> Any:
+    """A settings field read from `env`; `doc` is its line in the reference, `minimum` its lower bound."""
+    if tier not in TIERS:
+        raise ValueError(f"{env}: tier {tier!r} is not one of {TIERS}")
+    return field(default=default, metadata={"env": env, "doc": doc, "min": minimum, "tier": tier})
 
 
 def parse(env: str, raw: str, kind: str, minimum: float | None) -> Any:

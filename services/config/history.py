@@ -22,12 +22,14 @@ class HistorySettings:
         default_data_dir(),
         "DATA_DIR",
         "Folder of the SQLite database (`chat.db`) and the sign-in secret (`auth-secret`); created 0700.",
+        tier="essential",
     )
     database_url: str = setting(
         "",
         "DATABASE_URL",
         "PostgreSQL URL (postgresql://user:password@host:5432/db) for conversations and accounts; "
         "empty = SQLite in DATA_DIR.",
+        tier="essential",
     )
     chat_history: bool = setting(
         True,

@@ -32,43 +32,12 @@ class ObservabilitySettings:
     latency_samples_kept: int = setting(
         10_000, "LATENCY_SAMPLES_KEPT", "Recent requests kept for /stats percentiles and plots.", 10
     )
-    app_memory_probe_dir: str = setting(
-        "",
-        "APP_MEMORY_PROBE_DIR",
-        "For finding leaks in the app's own process (ENGINE_MEMORY_PROBE_DIR does vLLM's): when "
-        "set, the app appends a line of counters (Python's blocks and pymalloc's arenas, threads, "
-        "anonymous memory in all and by kind of mapping) to `counters-<pid>.jsonl` in this folder "
-        "every 30 s, and on SIGUSR2 and every APP_MEMORY_PROBE_SECONDS writes a census of its live "
-        "objects (by type, and the longest containers; a pause of about a second) to "
-        "`app-<pid>-*.census`, read with `python -m services.observability.attribution`. Empty = off.",
-    )
-    app_memory_probe_seconds: float = setting(
-        600.0,
-        "APP_MEMORY_PROBE_SECONDS",
-        "Seconds between the app's memory probe snapshots; 0 = only on SIGUSR2.",
-        0,
-    )
-    app_memory_probe_frames: int = setting(
-        0,
-        "APP_MEMORY_PROBE_FRAMES",
-        "With APP_MEMORY_PROBE_DIR: > 0 also traces the app's Python allocations (tracemalloc, "
-        "this many frames) from the first snapshot on. Costly: at 50 users and 16 frames the app "
-        "fell behind and sign-ins timed out (BENCHMARKS.md).",
-        0,
-    )
-    app_memory_probe_deep: bool = setting(
-        False,
-        "APP_MEMORY_PROBE_DEEP",
-        "With APP_MEMORY_PROBE_DIR: each census also walks every object reachable from module "
-        "globals (strings and numbers too, which gc does not track) and counts them by the global "
-        "that holds them. Several seconds per snapshot in the app, and its temporary sets fragment "
-        "the app's memory: for attribution runs, not verdicts (BENCHMARKS.md).",
-    )
     ops_token: str = setting(
         "",
         "OPS_TOKEN",
         "When set, GET /status, /metrics and /stats need `Authorization: Bearer <token>`; /healthz "
         "stays open for load balancers. Empty = open (fine on a private network only).",
+        tier="essential",
     )
     health_recent_output_seconds: float = setting(
         30.0,

@@ -1,14 +1,16 @@
 """The one settings object: every limit and engine option, read from env vars.
 
 Each concern declares its settings in its own section (engine, chat,
-documents, observability, history, accounts, admission, api); `Settings` joins them into one
-frozen object.
+documents, admission, api, accounts, history, observability, diagnostics);
+`Settings` joins them into one frozen object. Each setting has a tier:
+essential (what a deployer must know: the README lists them), tuning, or
+diagnostic.
 Engine options carry the names of vLLM's ``AsyncEngineArgs`` fields
 (upper-cased as env vars), so vLLM's own documentation explains them. Values
 are parsed and validated once, at startup, and a bad value stops the app with
 a message that names the variable, the value and what was expected.
 
-    python -m services.config.settings    # prints the README's settings table
+    python -m services.config.settings    # writes docs/settings.md and README's essential table
 """
 
 from __future__ import annotations
@@ -23,20 +25,37 @@ from services.config.accounts import AUTH_MODES, AccountSettings
 from services.config.admission import AdmissionSettings
 from services.config.api import ApiSettings
 from services.config.chat import ChatSettings
+from services.config.diagnostics import DIAGNOSTIC_LEVELS, DiagnosticSettings
 from services.config.documents import DocumentSettings
 from services.config.engine import ENGINE_ALLOCATORS, EngineSettings
 from services.config.fields import SettingsError, parse
 from services.config.history import HistorySettings
 from services.config.observability import ObservabilitySettings
+from services.config.reference import Section, write_generated
 
 SENSITIVE_SUFFIXES = ("_TOKEN", "_SECRET", "PASSWORD", "_KEY")
 SENSITIVE_NAMES = ("DATABASE_URL",)  # may carry a password
 
 
+# The sections in reading order, with their headings in docs/settings.md.
+SECTIONS: tuple[Section, ...] = (
+    Section("Engine", EngineSettings),
+    Section("Chat", ChatSettings),
+    Section("Documents", DocumentSettings),
+    Section("Overload and fair share", AdmissionSettings),
+    Section("OpenAI-compatible API", ApiSettings),
+    Section("Sign-in", AccountSettings),
+    Section("Stored conversations", HistorySettings),
+    Section("Operations", ObservabilitySettings),
+    Section("Diagnostics", DiagnosticSettings),
+)
+
+
 # Sections are listed last-first: a dataclass orders inherited fields from the
-# last base to the first, and the README table follows that order.
+# last base to the first.
 @dataclass(frozen=True)
 class Settings(
+    DiagnosticSettings,
     ApiSettings,
     AdmissionSettings,
     AccountSettings,
@@ -86,6 +105,9 @@ class Settings(
         ):
             if allocator not in ENGINE_ALLOCATORS:
                 raise SettingsError(f"{name}={allocator!r} is not one of {ENGINE_ALLOCATORS}")
+        if self.diagnostics not in DIAGNOSTIC_LEVELS:
+            levels = ", ".join(DIAGNOSTIC_LEVELS)
+            raise SettingsError(f"DIAGNOSTICS={self.diagnostics!r} is not one of {levels}")
         self._check_sign_in()
 
     def _check_sign_in(self) -> None:
@@ -114,17 +136,6 @@ class Settings(
         return dataclasses.replace(self, **changes)
 
 
-def settings_table() -> str:
-    """The README's settings table, generated from the fields (one source of truth)."""
-    rows = ["| Variable | Default | Meaning |", "|---|---|---|"]
-    for f in fields(Settings):
-        default = {"cache_dir": "~/.cache/vllm-chat", "data_dir": "~/.local/share/vllm-chat"}.get(
-            f.name, f.default
-        )
-        shown = f"`{default}`" if default != "" else "(empty)"
-        rows.append(f"| `{f.metadata['env']}` | {shown} | {f.metadata['doc']} |")
-    return "\n".join(rows)
-
-
 if __name__ == "__main__":
-    print(settings_table())
+    for path in write_generated(SECTIONS):
+        print(f"wrote {path}")

@@ -1,0 +1,1 @@
+"""Documents: summary latency and quality, the penalty sweep behind the sampling defaults."""

@@ -1,0 +1,357 @@
+"""Summary quality on real documents of this machine: the old summary code and today's, side by side.
+
+    .venv/bin/python bench/documents/summary_quality.py --quick          # 3 documents, ~10 min: a smoke run
+    .venv/bin/python bench/documents/summary_quality.py --json bench/out/summary-quality.json  # all 14
+    .venv/bin/python bench/documents/summary_quality.py --sweep 1.0:0,1.1:0,1.0:0.5 \
+        --ids pip-readme,gnupg-help-pt                                   # penalty pairs (penalty_sweep.py)
+
+The documents (bench/data/summary_documents.json: paths, languages, sha256)
+are read through the app's own upload path (ChatService.attach_files). For
+each document, each side ("before": the code as it was, bench/documents/legacy_summaries.py;
+"after": the code now) and each path that applies ("single": one pass, when
+document and summary fit the context; "map-reduce": when the document has 2+
+chunks), with vLLM's prefix cache emptied before each summary:
+  - distinct-4-gram ratio, loop-guard firings (before: would the guard have fired),
+    coverage of each section's top TF-IDF terms, length, first-token and total time,
+    language match (py3langid) against the document's language;
+  - a follow-up question: its time to first token over the summary's, and the
+    growth of vLLM's prefix_cache_hits counter during it.
+`planned` marks the path the product picks for the document on that side;
+the targets are judged on planned runs. --sweep compares repetition_penalty:frequency_penalty
+pairs on single-pass summaries (loop guard off, so the penalties alone are measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from bench.common import machine_info, run_until_signalled
+from bench.documents.corpus import (
+    attach,
+    force_path,
+    load_documents,
+    new_session,
+    sections_of_document,
+    write_checksums,
+)
+from bench.documents.legacy_summaries import LOOP_GUARD_OFF, LegacyChatService
+from bench.documents.penalty_sweep import sweep
+from bench.documents.quality_metrics import Coverage, distinct_ngram_ratio, identify_language
+from services.chat.service import ChatService
+from services.chat.session import ChatSession
+from services.config import Settings
+from services.engine.answer_tokens import AnswerTokens
+from services.engine.chat_engine import ChatEngine, SamplingSettings
+from services.engine.errors import RepetitionError
+from services.engine.lifespan import engine_lifespan
+from services.engine.loop_guard import LoopGuardConfig, repeats_in
+
+QUICK_IDS = ("pip-readme", "libffi-basics", "gnupg-help-pt")
+FOLLOW_UP = {
+    "en": "Which command or setting does the document mention first?",
+    "pt": "Qual é o primeiro comando ou opção que o documento menciona?",
+    "de": "Welchen Befehl oder welche Option nennt das Dokument zuerst?",
+    "fr": "Quelle commande ou quel réglage le document mentionne-t-il en premier ?",
+}
+FOLLOW_UP_TOKENS = 48
+TARGETS = {"min_distinct_4": 0.9, "language_match": 0.9, "follow_up_ratio": 0.2}
+
+
+def prefix_cache_hits() -> float:
+    """vLLM's prefix_cache_hits counter (tokens), summed over engines (the in-process engine registers it)."""
+    from prometheus_client import REGISTRY
+
+    return sum(
+        sample.value
+        for metric in REGISTRY.collect()
+        if metric.name.startswith("vllm:prefix_cache_hits")
+        for sample in metric.samples
+        if sample.name.endswith("_total")
+    )
+
+
+async def timed_summary(chat: ChatService, session: ChatSession, request_id: str) -> dict[str, Any]:
+    reports: list[str] = []
+
+    async def progress(update) -> None:
+        reports.append(update.describe())
+
+    started, first, parts, fired = time.monotonic(), None, [], False
+    loops_before = chat.summarizer.loops_stopped
+    try:
+        async for delta in chat.summarize(session, "", request_id, progress):
+            first = first or time.monotonic() - started
+            parts.append(delta)
+    except RepetitionError as error:
+        parts, fired = [error.kept_text], True
+    return {
+        "text": "".join(parts), "ttft_seconds": first, "total_seconds": time.monotonic() - started,
+        "final_loop_stopped": fired, "part_loops_stopped": chat.summarizer.loops_stopped - loops_before,
+        "progress_reports": len(reports), "last_progress": reports[-1] if reports else "",
+    }  # fmt: skip
+
+
+async def timed_follow_up(chat: ChatService, session: ChatSession, question: str, request_id: str) -> dict:
+    session.sampling = SamplingSettings(0.0, 1.0, FOLLOW_UP_TOKENS)
+    prompt = chat.build_prompt(session, question)
+    whole = "<document>" in prompt.messages[0]["content"]
+    hits_before, started, first, looped = prefix_cache_hits(), time.monotonic(), None, False
+    try:
+        async for _ in chat.reply(session, prompt, request_id):
+            first = first or time.monotonic() - started
+    except RepetitionError:
+        looped = True
+    await asyncio.sleep(0.2)  # vLLM's stat logger records the step that served the first token
+    return {
+        "ttft_seconds": first, "document_whole_in_prompt": whole, "loop_guard_fired": looped,
+        "prompt_tokens": len(chat.engine.encode_chat(prompt.messages)),
+        "prefix_cache_hits_tokens": prefix_cache_hits() - hits_before,
+    }  # fmt: skip
+
+
+async def one_run(
+    engine: ChatEngine, chat: ChatService, doc: dict, side: str, path: str, coverage: Coverage
+) -> dict:
+    """One summary and its follow-up, with the prefix cache emptied first."""
+    session = new_session(chat, f"{side}-{path}-{doc['id']}")
+    notes = await attach(chat, session, doc)
+    planned_whole = session.document.plan.whole if session.document.plan else True
+    planned = planned_whole == (path == "single")
+    if side == "before":
+        legacy_plan = chat.summarizer.plan(chat._job(session, ""), session.document.tokens)
+        planned = legacy_plan.whole == (path == "single")
+    if not force_path(chat, session, path):
+        return {"skipped": f"the document does not fit the {path} path"}
+    await engine._llm.reset_prefix_cache()
+    engine.loop_guard = LOOP_GUARD_OFF if side == "before" else LoopGuardConfig.from_settings(chat.settings)
+    # "before" re-encoded the summary for its follow-up; "after" quotes the ids the engine wrote
+    engine.answer_tokens = AnswerTokens(
+        0 if side == "before" else chat.settings.answer_token_cache_tokens, 3600
+    )
+    run = await timed_summary(chat, session, f"q-{side}-{path}-{doc['id']}")
+    text = run.pop("text")
+    share, per_section = coverage.of(doc["sections"], text)
+    would = repeats_in(
+        engine.tokenizer.encode(text, add_special_tokens=False),
+        LoopGuardConfig.from_settings(chat.settings),
+        engine.tokenizer.decode,
+        echoes=True,
+    )
+    language = identify_language(text)
+    if side == "before":
+        session.document.plan = None  # the old follow-up rule
+    follow = await timed_follow_up(chat, session, FOLLOW_UP[doc["language"]], f"f-{side}-{path}-{doc['id']}")
+    ratio = (
+        follow["ttft_seconds"] / run["ttft_seconds"]
+        if run["ttft_seconds"] and follow["ttft_seconds"]
+        else None
+    )
+    return {
+        "planned": planned, "notes": list(notes), **run, "summary_words": len(text.split()),
+        "summary_tokens": engine.count_tokens(text), "distinct_4": distinct_ngram_ratio(text),
+        "loop_guard_fired": run["final_loop_stopped"] or run["part_loops_stopped"] > 0,
+        "loop_guard_would_fire_on_summary": would is not None, "coverage": share,
+        "coverage_per_section": per_section, "language": language,
+        "language_match": language == doc["language"],
+        "follow_up": {**follow, "ttft_ratio": ratio}, "summary": text,
+    }  # fmt: skip
+
+
+def sides(engine: ChatEngine, settings: Settings) -> dict[str, ChatService]:
+    return {"before": LegacyChatService(engine, settings), "after": ChatService(engine, settings)}
+
+
+async def run(
+    ids: set[str] | None, paths: tuple[str, ...], only: tuple[str, ...] = ("before", "after")
+) -> dict:
+    settings = Settings.from_env({})
+    docs, skipped = load_documents(ids)
+    results: dict[str, Any] = {"machine_before": machine_info(), "skipped": skipped, "documents": []}
+    async with engine_lifespan(settings) as engine:
+        for doc in docs:
+            doc["sections"] = sections_of_document(engine, doc)
+        coverage = Coverage([doc["sections"] for doc in docs])
+        services = sides(engine, settings)
+        results["settings"] = {k: v for k, v in services["after"].settings.non_default().items()}
+        results["max_model_len"] = engine.max_model_len
+        for index, doc in enumerate(docs):
+            entry = {k: doc[k] for k in ("id", "path", "language", "size")}
+            entry["tokens"], entry["sections"], entry["runs"] = (
+                engine.count_tokens(doc["text"]),
+                len(doc["sections"]),
+                {},
+            )
+            order = [
+                side
+                for side in (("before", "after") if index % 2 == 0 else ("after", "before"))
+                if side in only
+            ]
+            for path in paths:
+                for side in order:
+                    started = time.monotonic()
+                    outcome = await one_run(engine, services[side], doc, side, path, coverage)
+                    entry["runs"][f"{side}/{path}"] = outcome
+                    seconds = time.monotonic() - started
+                    print(
+                        f"{doc['id']:<30} {side:<6} {path:<10} {summary_line(outcome)} ({seconds:.0f} s)",
+                        flush=True,
+                    )
+            results["documents"].append(entry)
+        results["unfinished_requests_after"] = engine.unfinished_requests()
+    results["machine_after"] = machine_info()
+    results["overall"] = overall(results["documents"])
+    return results
+
+
+def summary_line(outcome: dict) -> str:
+    if "skipped" in outcome:
+        return f"skipped: {outcome['skipped']}"
+    ratio, hits = outcome["follow_up"]["ttft_ratio"], outcome["follow_up"]["prefix_cache_hits_tokens"]
+    looped = outcome["loop_guard_fired"] or outcome["loop_guard_would_fire_on_summary"]
+    return (
+        f"planned={outcome['planned']!s:<5} d4={outcome['distinct_4']:.2f} cov={outcome['coverage']:.2f} "
+        f"lang={outcome['language']} loop={looped} "
+        f"ttft={outcome['ttft_seconds'] or 0:.1f}s total={outcome['total_seconds']:.1f}s "
+        f"follow={'-' if ratio is None else f'{ratio:.2f}x'} hits={hits:.0f}"
+    )
+
+
+def overall(documents: list[dict]) -> dict[str, Any]:
+    """Aggregates per side and path, over all runs and over the planned ones, and the targets."""
+    table: dict[str, Any] = {}
+    for key in sorted({key for doc in documents for key in doc["runs"]}):
+        runs = [
+            (doc, doc["runs"][key])
+            for doc in documents
+            if "skipped" not in doc["runs"].get(key, {"skipped": 1})
+        ]
+        planned = [(doc, r) for doc, r in runs if r["planned"]]
+        table[key] = {"all": aggregate(runs), "planned": aggregate(planned)}
+    table["first_words"] = first_words(documents)
+    after_single = table.get("after/single", {}).get("planned", {})
+    table["targets"] = {
+        "min_distinct_4_after": min(
+            (table[k]["all"].get("min_distinct_4", 1.0) for k in table if k.startswith("after/")),
+            default=None,
+        ),
+        "language_match_after": _mean(
+            [table[k]["all"].get("language_match") for k in table if k.startswith("after/")]
+        ),
+        "max_follow_up_ratio_after_single_planned": after_single.get("max_follow_up_ratio"),
+        "coverage_planned": planned_coverage(documents),
+        "targets": TARGETS,
+    }
+    return table
+
+
+def planned_coverage(documents: list[dict]) -> dict[str, Any]:
+    """Each document's coverage on the path each side picks, paired: the coverage target's comparison."""
+    rows = []
+    for doc in documents:
+        picked = {
+            side: next(
+                (r for key, r in doc["runs"].items() if key.startswith(f"{side}/") and r.get("planned")), None
+            )
+            for side in ("before", "after")
+        }
+        if picked["before"] and picked["after"]:
+            rows.append({"id": doc["id"], **{side: run["coverage"] for side, run in picked.items()}})
+    differences = [row["after"] - row["before"] for row in rows]
+    return {
+        "documents": rows,
+        "mean_before": _mean([row["before"] for row in rows]),
+        "mean_after": _mean([row["after"] for row in rows]),
+        "mean_difference": _mean(differences),
+        "after_higher": sum(d > 0 for d in differences),
+        "after_lower": sum(d < 0 for d in differences),
+    }
+
+
+def first_words(documents: list[dict]) -> dict[str, Any]:
+    """Single pass vs map-reduce time to the summary's first words (after side), and the crossover."""
+    pairs = []
+    for doc in sorted(documents, key=lambda d: d["tokens"]):
+        single, parts = doc["runs"].get("after/single", {}), doc["runs"].get("after/map-reduce", {})
+        if single.get("ttft_seconds") and parts.get("ttft_seconds"):
+            pairs.append(
+                {
+                    "id": doc["id"],
+                    "tokens": doc["tokens"],
+                    "single_ttft_seconds": single["ttft_seconds"],
+                    "map_reduce_ttft_seconds": parts["ttft_seconds"],
+                }
+            )
+    sooner_from = None
+    for index, pair in enumerate(pairs):  # the shortest length from which map-reduce is always sooner
+        if all(p["map_reduce_ttft_seconds"] < p["single_ttft_seconds"] for p in pairs[index:]):
+            sooner_from = pair["tokens"]
+            break
+    return {"pairs": pairs, "map_reduce_sooner_from_tokens": sooner_from}
+
+
+def aggregate(runs: list[tuple[dict, dict]]) -> dict[str, Any]:
+    if not runs:
+        return {"runs": 0}
+    ratios = [r["follow_up"]["ttft_ratio"] for _, r in runs if r["follow_up"]["ttft_ratio"] is not None]
+    return {
+        "runs": len(runs),
+        "mean_distinct_4": _mean([r["distinct_4"] for _, r in runs]),
+        "min_distinct_4": min(r["distinct_4"] for _, r in runs),
+        "loop_guard_fired": sum(r["loop_guard_fired"] for _, r in runs),
+        "loop_guard_would_fire_on_summary": sum(r["loop_guard_would_fire_on_summary"] for _, r in runs),
+        "mean_coverage": _mean([r["coverage"] for _, r in runs]),
+        "language_match": _mean([float(r["language_match"]) for _, r in runs]),
+        "mean_summary_words": _mean([r["summary_words"] for _, r in runs]),
+        "mean_ttft_seconds": _mean([r["ttft_seconds"] or 0.0 for _, r in runs]),
+        "mean_total_seconds": _mean([r["total_seconds"] for _, r in runs]),
+        "max_follow_up_ratio": max(ratios, default=None),
+        "follow_up_hits_at_least_document": sum(
+            r["follow_up"]["prefix_cache_hits_tokens"] >= d["tokens"] for d, r in runs
+        ),
+    }
+
+
+def _mean(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK_IDS)}")
+    parser.add_argument("--ids", help="comma-separated document ids (default: all)")
+    parser.add_argument("--paths", default="single,map-reduce", help="which paths to run")
+    parser.add_argument("--sides", default="before,after", help="which sides to run")
+    parser.add_argument("--sweep", help="repetition_penalty:frequency_penalty pairs, comma-separated")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument(
+        "--write-checksums", action="store_true", help="record the documents' sha256 and exit"
+    )
+    args = parser.parse_args()
+    if args.write_checksums:
+        write_checksums()
+        return
+    ids = set(QUICK_IDS) if args.quick else set(args.ids.split(",")) if args.ids else None
+    if args.sweep:
+        results = run_until_signalled(sweep(ids, args.sweep))
+    else:
+        results = run_until_signalled(run(ids, tuple(args.paths.split(",")), tuple(args.sides.split(","))))
+    print(json.dumps(results["overall"], indent=2))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2, ensure_ascii=False))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The engine: speed, batching, KV block size, CPU thread layout, affinity across servers."""

@@ -1,0 +1,183 @@
+"""ENGINE_URLS routing: follow-up time to first token with prefix affinity against fewest-in-flight.
+
+    .venv/bin/python bench/engine/affinity.py                      # default model, ~5 minutes here
+    .venv/bin/python bench/engine/affinity.py --rounds 1 --turns 3 # a validation run
+
+Starts two vLLM servers (the module form of `vllm serve`) on loopback, each worker on its own core,
+and drives them through the app's own RemoteLLM + ChatEngine, twice: with ENGINE_AFFINITY (a
+conversation stays on the server holding its prefix) and by load only (fewest of our requests in
+flight). Arms alternate round by round, side by side in one run, on the same servers. Each round
+runs --conversations conversations at once, each about a document of its own (~1,500 tokens in
+the system message, as after an upload) with --turns questions; a follow-up's prompt is the
+previous one plus the answer and the new question, so a server that served the previous turn
+has all but the last few dozen tokens in its prefix cache. Writes bench/out/affinity-<time>/summary.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from bench.common import machine_info, percentile
+from harness.documents import long_document
+from harness.server import VllmServer
+from services.config import Settings
+from services.engine.chat_engine import ChatEngine, SamplingSettings
+from services.engine.model_prep import ensure_default_model
+from services.engine.remote import RemoteLLM
+
+MAX_MODEL_LEN = 8192
+ARMS = {"affinity": 4, "by_load": None}  # ENGINE_AFFINITY_SLACK, None = affinity off
+
+
+class TracedRemote(RemoteLLM):
+    """RemoteLLM that remembers which server took each request (for this measurement only)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.served_by: dict[str, str] = {}
+
+    async def _open_stream(self, prompt_ids, params, request_id, priority=0):
+        server, response = await super()._open_stream(prompt_ids, params, request_id, priority)
+        self.served_by[request_id] = server.url
+        return server, response
+
+
+async def conversation(
+    engine: ChatEngine, remote: TracedRemote, document: str, turns: int, tag: str, pauses: list[float]
+) -> list[dict]:
+    """One conversation about `document`; per turn: TTFT and whether it landed where the last one did.
+    `pauses[turn]` seconds pass before each turn (a person reading), so conversations interleave
+    unevenly, as people do: in lockstep, fewest-in-flight ties and keeps every conversation in place."""
+    messages = [{"role": "system", "content": f"You answer questions about this document.\n\n{document}"}]
+    sampling = SamplingSettings(0.0, 1.0, 24)
+    records, previous = [], None
+    for turn in range(turns):
+        await asyncio.sleep(pauses[turn])
+        messages.append(
+            {"role": "user", "content": f"Question {turn + 1}: what does section {turn + 1} say?"}
+        )
+        started, first, parts = time.monotonic(), None, []
+        async for delta in engine.generate(messages, sampling, f"{tag}-t{turn}"):
+            first = first or time.monotonic()
+            parts.append(delta)
+        served_by = remote.served_by[f"{tag}-t{turn}"]
+        records.append(
+            {
+                "turn": turn,
+                "ttft_seconds": (first or time.monotonic()) - started,
+                "same_server": previous == served_by,
+            }
+        )
+        previous = served_by
+        messages.append({"role": "assistant", "content": "".join(parts)})
+    return records
+
+
+async def run_round(
+    engines: dict[str, tuple[ChatEngine, TracedRemote]], options, round_: int
+) -> dict[str, list]:
+    results: dict[str, list] = {}
+    for name, (engine, remote) in engines.items():
+        documents = [
+            long_document(1100, seed=1000 * round_ + 10 * i + len(name)) for i in range(options.conversations)
+        ]
+        timing = random.Random(round_)  # the same pauses for both arms
+        pauses = [[timing.uniform(0, options.pause) for _ in range(options.turns)] for _ in documents]
+        batches = await asyncio.gather(
+            *(
+                conversation(engine, remote, doc, options.turns, f"{name}-r{round_}-c{i}", pauses[i])
+                for i, doc in enumerate(documents)
+            )
+        )
+        results[name] = [record for batch in batches for record in batch]
+        print(name, "round", round_, [round(r["ttft_seconds"], 2) for r in results[name]], flush=True)
+    return results
+
+
+def summary(records: list[dict]) -> dict[str, Any]:
+    follow_ups = [r for r in records if r["turn"] > 0]
+    ttfts = [r["ttft_seconds"] for r in follow_ups]
+    firsts = [r["ttft_seconds"] for r in records if r["turn"] == 0]
+    return {
+        "follow_ups": len(follow_ups),
+        "follow_up_ttft_seconds": {f"p{q}": round(percentile(ttfts, q) or 0, 3) for q in (50, 95)},
+        "first_turn_ttft_seconds": {"p50": round(percentile(firsts, 50) or 0, 3)},
+        "follow_ups_on_the_same_server": round(
+            sum(r["same_server"] for r in follow_ups) / max(1, len(follow_ups)), 3
+        ),
+    }
+
+
+async def measure(urls: list[str], options) -> dict[str, Any]:
+    from vllm.tokenizers import get_tokenizer
+
+    tokenizer = get_tokenizer(str(options.model))
+    engines = {}
+    for name, slack in ARMS.items():
+        remote = TracedRemote(
+            urls, tokenizer, connect_timeout=10, idle_timeout=900, max_connections=64, affinity_slack=slack
+        )
+        await remote.connect()
+        engines[name] = (ChatEngine(remote, remote.max_model_len), remote)
+    collected: dict[str, list] = {name: [] for name in ARMS}
+    try:
+        for round_ in range(options.rounds):
+            for name, records in (await run_round(engines, options, round_)).items():
+                collected[name].extend(records)
+    finally:
+        for _, remote in engines.values():
+            await remote.aclose()
+    report = {name: summary(records) for name, records in collected.items()}
+    a, b = (
+        report["affinity"]["follow_up_ttft_seconds"]["p50"],
+        report["by_load"]["follow_up_ttft_seconds"]["p50"],
+    )
+    report["follow_up_ttft_p50_affinity_vs_by_load"] = round(a / b, 3) if b else None
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--conversations", type=int, default=6)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument(
+        "--pause", type=float, default=3.0, help="Seconds before each turn: uniform in [0, this]."
+    )
+    parser.add_argument("--model", type=Path, default=None, help="Default: the bundled default model.")
+    parser.add_argument("--out", type=Path, default=None)
+    options = parser.parse_args()
+    options.model = options.model or ensure_default_model(Settings.from_env({}))
+    out = options.out or ROOT / "bench" / "out" / f"affinity-{datetime.now():%Y%m%d-%H%M%S}"
+    out.mkdir(parents=True, exist_ok=True)
+    servers = []
+    try:
+        for core in (0, 1):  # one worker per core, as two machines would have their own
+            server = VllmServer(options.model, out / f"vllm-{core}.log", MAX_MODEL_LEN)
+            server.env["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
+            servers.append(server.start(timeout=600))
+        report = {"run": {"command": " ".join(sys.argv), "machine_before": machine_info()}}
+        report.update(asyncio.run(measure([s.url for s in servers], options)))
+        report["run"]["machine_after"] = machine_info()
+    finally:
+        for server in servers:
+            server.stop()
+    (out / "summary.json").write_text(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
