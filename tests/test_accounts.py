@@ -15,7 +15,7 @@ import pytest_asyncio
 
 from harness.server import ROOT
 from services.accounts.keys import KEY_MARK, ApiKeyStore
-from services.accounts.limits import SignInLimiter
+from services.accounts.limits import SignInLimiter, address_key
 from services.accounts.passwords import check_password, hash_password
 from services.accounts.secret import ENV_NAME, ensure_auth_secret, load_or_create_secret
 from services.accounts.sign_in import LOCAL_USER, SignIn, SignInRequest, current_request, resolve_mode
@@ -82,23 +82,35 @@ def test_the_accounts_command_manages_the_apps_database(tmp_path: Path) -> None:
     assert "bob" not in accounts("list").stdout and "removed" in accounts("list", "--all").stdout
 
 
-def test_failed_sign_ins_wait_per_account_and_per_address() -> None:
+def test_sign_in_attempts_wait_per_account_and_address_per_address_and_per_account() -> None:
     now = [0.0]
-    limiter = SignInLimiter(max_per_account=3, max_per_address=5, window_seconds=60, lockout_seconds=30,
-                            clock=lambda: now[0])  # fmt: skip
+    limiter = SignInLimiter(max_per_pair=3, max_per_address=5, max_per_account=8, window_seconds=60,
+                            lockout_seconds=30, clock=lambda: now[0])  # fmt: skip
     for _ in range(3):
-        assert limiter.wait_seconds("alice", "10.0.0.1") == 0
-        limiter.failed("alice", "10.0.0.1")
-    assert limiter.wait_seconds("alice", "10.0.0.9") == 30, "the account waits, from any address"
-    assert limiter.wait_seconds("bob", "10.0.0.2") == 0
+        assert limiter.attempt("alice", "10.0.0.1") == 0, "counted as it starts"
+    assert limiter.attempt("alice", "10.0.0.1") == 30, "the account waits at this address"
+    assert limiter.attempt("alice", "10.0.0.9") == 0, "not elsewhere: one address cannot lock it out"
     for name in ("bob", "carol"):
-        limiter.failed(name, "10.0.0.1")
-    assert limiter.wait_seconds("dave", "10.0.0.1") == 30, "the address waits, whatever the name"
+        assert limiter.attempt(name, "10.0.0.1") == 0
+    assert limiter.attempt("dave", "10.0.0.1") == 30, "the address waits, whatever the name"
+    for number in range(2, 6):  # many addresses, one account (4 tries so far): the account-wide limit
+        assert limiter.attempt("alice", f"10.0.1.{number}") == 0
+    assert limiter.attempt("alice", "10.0.2.1") == 30, "the account waits everywhere"
     now[0] = 31
-    assert limiter.wait_seconds("alice", "10.0.0.9") == 0, "the wait ends"
-    limiter.failed("erin", None)
-    limiter.succeeded("erin")
-    assert limiter.wait_seconds("erin", None) == 0
+    assert limiter.attempt("alice", "10.0.0.9") == 0, "the wait ends"
+    limiter.succeeded("alice", "10.0.0.9")
+    for _ in range(3):  # a success took its own attempt back and cleared its pair
+        assert limiter.attempt("erin", None) == 0
+    limiter.succeeded("erin", None)
+    assert limiter.attempt("erin", None) == 0
+    assert SignInLimiter(5, 20, 3, 60, 30).limits["account"] == 21, "always above the address limit"
+
+
+def test_an_ipv6_host_counts_as_its_64_network() -> None:
+    assert address_key("2001:db8:1:2:aaaa::1") == address_key("2001:db8:1:2:bbbb::2") == "2001:db8:1:2::/64"
+    assert address_key("2001:db8:1:3::1") != address_key("2001:db8:1:2::1")
+    assert address_key("::ffff:10.0.0.1") == address_key("10.0.0.1") == "10.0.0.1"
+    assert address_key(None) is None and address_key("unix-socket") == "unix-socket"
 
 
 def test_the_sign_in_secret_is_made_once_and_kept_private(

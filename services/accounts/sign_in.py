@@ -3,7 +3,7 @@
 Modes (resolved once, at import, from AUTH_MODE, Chainlit's OAuth variables and the bind address):
 - local:     no sign-in configured, bound to loopback: one local user (admin), signed in without a
              login form through Chainlit's header sign-in, refused to anyone not on loopback;
-- password:  accounts in the database (argon2), limited failed attempts;
+- password:  accounts in the database (argon2), limited attempts (services/accounts/limits.py);
 - header:    a user name in AUTH_HEADER, trusted only from AUTH_PROXY_ADDRESSES;
 - oauth:     Chainlit's OAuth providers (their own OAUTH_* variables), with or without password;
 - anonymous: ALLOW_ANONYMOUS=true on a public address: no sign-in, nothing stored.
@@ -126,7 +126,8 @@ class SignIn:
         self.proxies = _networks(settings.auth_proxy_addresses) if mode == "header" else []
         self.limiter = SignInLimiter(
             settings.sign_in_max_failures, settings.sign_in_max_failures_per_address,
-            settings.sign_in_window_seconds, settings.sign_in_lockout_seconds,
+            settings.sign_in_max_failures_per_account, settings.sign_in_window_seconds,
+            settings.sign_in_lockout_seconds,
         )  # fmt: skip
         self._active: TTLCache = TTLCache(maxsize=10_000, ttl=ACTIVE_CACHE_SECONDS)
 
@@ -136,13 +137,16 @@ class SignIn:
         return self.mode != "anonymous"
 
     async def password(self, username: str, password: str) -> User | None:
-        """Chainlit's password_auth_callback: None = wrong name or password (401)."""
+        """Chainlit's password_auth_callback: None = wrong name or password (401).
+
+        The attempt is counted before anything is awaited (so before the hash): guesses sent at once
+        cannot all pass the limit before the first of them is counted."""
         address = client_address()
         try:
             identifier = normalize_username(username)
         except AccountError:
             identifier = username[:64]
-        if wait := self.limiter.wait_seconds(identifier, address):
+        if wait := self.limiter.attempt(identifier, address):
             logger.warning(
                 "sign-in refused for %s from %s: too many failures (%d s left)", identifier, address, wait
             )
@@ -152,6 +156,7 @@ class SignIn:
         try:
             account = await self.accounts.get(identifier)
         except Exception as error:
+            self.limiter.withdraw(identifier, address)  # not a guess: nothing was checked
             logger.warning("sign-in unavailable: %s", error)
             refuse(
                 503, "Sign-in is unavailable right now: the database cannot be reached. Try again shortly."
@@ -160,11 +165,10 @@ class SignIn:
         usable = account is not None and not account.disabled
         matches = await check_password_async(account.password_hash if usable else None, password)  # type: ignore[union-attr]
         if not (usable and matches):
-            self.limiter.failed(identifier, address)
             logger.info("sign-in failed for %s from %s", identifier, address)
             return None
         assert account is not None
-        self.limiter.succeeded(identifier)
+        self.limiter.succeeded(identifier, address)
         try:
             await self.accounts.rehash_if_needed(account, password)
         except Exception:
