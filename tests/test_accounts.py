@@ -12,12 +12,15 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from chainlit.auth.jwt import create_jwt
+from chainlit.user import User
 
 from harness.server import ROOT
 from services.accounts.keys import KEY_MARK, ApiKeyStore
 from services.accounts.limits import SignInLimiter, address_key
 from services.accounts.passwords import check_password, hash_password
 from services.accounts.secret import ENV_NAME, ensure_auth_secret, load_or_create_secret
+from services.accounts.sessions import Sessions
 from services.accounts.sign_in import LOCAL_USER, SignIn, SignInRequest, current_request, resolve_mode
 from services.accounts.store import AccountError, AccountStore
 from services.config import Settings, SettingsError
@@ -207,3 +210,46 @@ async def test_the_local_user_has_an_account_for_its_keys(store: AccountStore) -
     account = await store.get(LOCAL_USER)
     assert account is not None and account.role == "admin" and not account.has_password
     assert (await ApiKeyStore(store.engine, 2).create(LOCAL_USER)).startswith(KEY_MARK)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_sign_in_ends_with_its_lifetime_and_with_each_change_to_its_account(
+    store: AccountStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ENV_NAME, "a-test-secret-" * 4)
+    now = [1_000_000.0]
+    sessions = Sessions("password", store, lifetime_seconds=3600, check_seconds=60, clock=lambda: now[0])
+    await store.add("ivan", "ivans password", "admin")
+    account = await store.add("heidi", "heidis password")
+
+    def token() -> str:
+        return create_jwt(
+            sessions.stamp(User(identifier="heidi", metadata={"role": "user"}), account.generation)
+        )
+
+    first = token()
+    assert await sessions.token_problem(first) is None
+    assert "older version" in (await sessions.token_problem(create_jwt(User(identifier="heidi"))) or "")
+    now[0] += 3601
+    assert "expired" in (await sessions.token_problem(first) or ""), "an absolute lifetime"
+    now[0] -= 3601
+    for change in (
+        lambda: store.reset_password("heidi", "a new password"),
+        lambda: store.set_role("heidi", "admin"),
+        lambda: store.remove("heidi"),
+        lambda: store.add("heidi", "given back!"),
+    ):
+        account = await store.get("heidi")  # type: ignore[assignment]
+        before = token()
+        await change()
+        sessions._seen.clear()  # another process changed it: seen once the cache lets go
+        problem = await sessions.token_problem(before) or ""
+        assert "ended" in problem or "removed" in problem, problem
+    account = await store.get("heidi")  # type: ignore[assignment]
+    mine, other_device = token(), token()
+    assert await sessions.token_problem(other_device) is None  # cached now
+    assert await sessions.end(mine), "sign-out"
+    assert await sessions.token_problem(mine) and await sessions.token_problem(other_device), "at once"
+    assert not await sessions.end(mine), "an ended sign-in ends nothing more"
+    local = Sessions("local", store, lifetime_seconds=3600, check_seconds=60, clock=lambda: now[0])
+    assert await local.token_problem(create_jwt(local.stamp(User(identifier="local"), 0))) is None

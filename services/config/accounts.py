@@ -75,3 +75,19 @@ class AccountSettings:
     sign_in_lockout_seconds: float = setting(
         300.0, "SIGN_IN_LOCKOUT_SECONDS", "How long an account or address waits after too many failures.", 1
     )
+    sign_in_lifetime_seconds: float = setting(
+        43_200.0,
+        "SIGN_IN_LIFETIME_SECONDS",
+        "A sign-in's absolute lifetime (12 h, OWASP ASVS level 2): then its cookie is refused however "
+        "recently it was used, and refreshing it (POST /auth/jwt) does not extend it. Also the cookie's "
+        "Max-Age (it replaces user_session_timeout of .chainlit/config.toml).",
+        60,
+    )
+    sign_in_check_seconds: float = setting(
+        30.0,
+        "SIGN_IN_CHECK_SECONDS",
+        "How long a process trusts what it last read of an account when checking a sign-in: a sign-out, "
+        "new password, new role or removal made elsewhere (the accounts command, another replica) ends "
+        "the account's sign-ins here within this time; in the process that made it, at once.",
+        0,
+    )

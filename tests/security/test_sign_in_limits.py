@@ -64,3 +64,19 @@ async def test_guessing_from_one_address_does_not_lock_the_admin_out_elsewhere(t
         admin = await sign_in_from(http, new_address(), *ADMIN)
         assert admin.status_code == 200, f"the admin was locked out: {admin.status_code} {admin.text}"
         assert admin.cookies.get(COOKIE_NAME)
+
+
+@in_loop
+async def test_the_sign_in_cookie_is_http_only_same_site_and_lives_at_most_the_lifetime(
+    target: AppServer,
+) -> None:
+    async with httpx.AsyncClient(base_url=target.base_url, timeout=60) as http:
+        response = await sign_in_from(http, new_address(), *ADMIN)
+    assert response.status_code == 200
+    cookie = next(v for k, v in response.headers.multi_items() if k == "set-cookie" and COOKIE_NAME in v)
+    attributes = {part.split("=")[0].strip().lower(): part for part in cookie.split(";")[1:]}
+    assert "httponly" in attributes, cookie
+    assert attributes["samesite"].split("=")[1].strip().lower() in ("lax", "strict"), cookie
+    max_age = int(attributes["max-age"].split("=")[1])
+    assert max_age <= 12 * 3600, f"OWASP ASVS level 2: at most 12 hours, not {max_age / 3600:g}"
+    assert max_age == int(DEFAULTS.sign_in_lifetime_seconds), cookie
