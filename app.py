@@ -101,7 +101,7 @@ async def stop_service() -> None:
 
 @cl.on_chat_start
 async def start_chat() -> None:
-    if await account_removed():
+    if await sign_in_ended():
         return
     if session := await open_session():
         await send_chat_settings(session)
@@ -111,7 +111,7 @@ async def start_chat() -> None:
 @cl.on_chat_resume
 async def resume_chat(thread: ThreadDict) -> None:
     """A stored conversation opened from the sidebar (or after a reload): the model gets its turns back."""
-    if await account_removed():
+    if await sign_in_ended():
         return
     session = await open_session()
     if session is None:
@@ -156,8 +156,7 @@ async def open_session() -> ChatSession | None:
 
 @cl.on_message
 async def answer(message: cl.Message) -> None:
-    if cl.user_session.get("account_removed"):
-        await account_removed()
+    if await sign_in_ended():  # an open tab's sign-in ended since it connected
         return
     if is_key_command(message.content):  # the person's own API keys
         await answer_key_command(runtime, message.content)
@@ -276,13 +275,13 @@ async def tell_history_state(session: ChatSession) -> None:
         await notice(text)
 
 
-async def account_removed() -> bool:
-    """True (and the user told) when the signed-in account was removed since its cookie was issued."""
-    user = cl.context.session.user
-    if user is None or await sign_in.is_active(user.identifier):
+async def sign_in_ended() -> bool:
+    """True (and the user told) when this tab's sign-in ended since it connected: signed out, a new
+    password or role, the account removed, or past SIGN_IN_LIFETIME_SECONDS."""
+    problem = await sign_in.sessions.token_problem(getattr(cl.context.session, "token", None))
+    if problem is None:
         return False
-    cl.user_session.set("account_removed", True)
-    await cl.ErrorMessage("This account was removed. Ask an administrator, or sign in again.").send()
+    await cl.ErrorMessage(f"{problem} (Reload the page.)").send()
     return True
 
 

@@ -12,12 +12,15 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from chainlit.auth.jwt import create_jwt
+from chainlit.user import User
 
 from harness.server import ROOT
 from services.accounts.keys import KEY_MARK, ApiKeyStore
-from services.accounts.limits import SignInLimiter
+from services.accounts.limits import SignInLimiter, address_key
 from services.accounts.passwords import check_password, hash_password
 from services.accounts.secret import ENV_NAME, ensure_auth_secret, load_or_create_secret
+from services.accounts.sessions import Sessions
 from services.accounts.sign_in import LOCAL_USER, SignIn, SignInRequest, current_request, resolve_mode
 from services.accounts.store import AccountError, AccountStore
 from services.config import Settings, SettingsError
@@ -82,23 +85,35 @@ def test_the_accounts_command_manages_the_apps_database(tmp_path: Path) -> None:
     assert "bob" not in accounts("list").stdout and "removed" in accounts("list", "--all").stdout
 
 
-def test_failed_sign_ins_wait_per_account_and_per_address() -> None:
+def test_sign_in_attempts_wait_per_account_and_address_per_address_and_per_account() -> None:
     now = [0.0]
-    limiter = SignInLimiter(max_per_account=3, max_per_address=5, window_seconds=60, lockout_seconds=30,
-                            clock=lambda: now[0])  # fmt: skip
+    limiter = SignInLimiter(max_per_pair=3, max_per_address=5, max_per_account=8, window_seconds=60,
+                            lockout_seconds=30, clock=lambda: now[0])  # fmt: skip
     for _ in range(3):
-        assert limiter.wait_seconds("alice", "10.0.0.1") == 0
-        limiter.failed("alice", "10.0.0.1")
-    assert limiter.wait_seconds("alice", "10.0.0.9") == 30, "the account waits, from any address"
-    assert limiter.wait_seconds("bob", "10.0.0.2") == 0
+        assert limiter.attempt("alice", "10.0.0.1") == 0, "counted as it starts"
+    assert limiter.attempt("alice", "10.0.0.1") == 30, "the account waits at this address"
+    assert limiter.attempt("alice", "10.0.0.9") == 0, "not elsewhere: one address cannot lock it out"
     for name in ("bob", "carol"):
-        limiter.failed(name, "10.0.0.1")
-    assert limiter.wait_seconds("dave", "10.0.0.1") == 30, "the address waits, whatever the name"
+        assert limiter.attempt(name, "10.0.0.1") == 0
+    assert limiter.attempt("dave", "10.0.0.1") == 30, "the address waits, whatever the name"
+    for number in range(2, 6):  # many addresses, one account (4 tries so far): the account-wide limit
+        assert limiter.attempt("alice", f"10.0.1.{number}") == 0
+    assert limiter.attempt("alice", "10.0.2.1") == 30, "the account waits everywhere"
     now[0] = 31
-    assert limiter.wait_seconds("alice", "10.0.0.9") == 0, "the wait ends"
-    limiter.failed("erin", None)
-    limiter.succeeded("erin")
-    assert limiter.wait_seconds("erin", None) == 0
+    assert limiter.attempt("alice", "10.0.0.9") == 0, "the wait ends"
+    limiter.succeeded("alice", "10.0.0.9")
+    for _ in range(3):  # a success took its own attempt back and cleared its pair
+        assert limiter.attempt("erin", None) == 0
+    limiter.succeeded("erin", None)
+    assert limiter.attempt("erin", None) == 0
+    assert SignInLimiter(5, 20, 3, 60, 30).limits["account"] == 21, "always above the address limit"
+
+
+def test_an_ipv6_host_counts_as_its_64_network() -> None:
+    assert address_key("2001:db8:1:2:aaaa::1") == address_key("2001:db8:1:2:bbbb::2") == "2001:db8:1:2::/64"
+    assert address_key("2001:db8:1:3::1") != address_key("2001:db8:1:2::1")
+    assert address_key("::ffff:10.0.0.1") == address_key("10.0.0.1") == "10.0.0.1"
+    assert address_key(None) is None and address_key("unix-socket") == "unix-socket"
 
 
 def test_the_sign_in_secret_is_made_once_and_kept_private(
@@ -195,3 +210,46 @@ async def test_the_local_user_has_an_account_for_its_keys(store: AccountStore) -
     account = await store.get(LOCAL_USER)
     assert account is not None and account.role == "admin" and not account.has_password
     assert (await ApiKeyStore(store.engine, 2).create(LOCAL_USER)).startswith(KEY_MARK)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_sign_in_ends_with_its_lifetime_and_with_each_change_to_its_account(
+    store: AccountStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ENV_NAME, "a-test-secret-" * 4)
+    now = [1_000_000.0]
+    sessions = Sessions("password", store, lifetime_seconds=3600, check_seconds=60, clock=lambda: now[0])
+    await store.add("ivan", "ivans password", "admin")
+    account = await store.add("heidi", "heidis password")
+
+    def token() -> str:
+        return create_jwt(
+            sessions.stamp(User(identifier="heidi", metadata={"role": "user"}), account.generation)
+        )
+
+    first = token()
+    assert await sessions.token_problem(first) is None
+    assert "older version" in (await sessions.token_problem(create_jwt(User(identifier="heidi"))) or "")
+    now[0] += 3601
+    assert "expired" in (await sessions.token_problem(first) or ""), "an absolute lifetime"
+    now[0] -= 3601
+    for change in (
+        lambda: store.reset_password("heidi", "a new password"),
+        lambda: store.set_role("heidi", "admin"),
+        lambda: store.remove("heidi"),
+        lambda: store.add("heidi", "given back!"),
+    ):
+        account = await store.get("heidi")  # type: ignore[assignment]
+        before = token()
+        await change()
+        sessions._seen.clear()  # another process changed it: seen once the cache lets go
+        problem = await sessions.token_problem(before) or ""
+        assert "ended" in problem or "removed" in problem, problem
+    account = await store.get("heidi")  # type: ignore[assignment]
+    mine, other_device = token(), token()
+    assert await sessions.token_problem(other_device) is None  # cached now
+    assert await sessions.end(mine), "sign-out"
+    assert await sessions.token_problem(mine) and await sessions.token_problem(other_device), "at once"
+    assert not await sessions.end(mine), "an ended sign-in ends nothing more"
+    local = Sessions("local", store, lifetime_seconds=3600, check_seconds=60, clock=lambda: now[0])
+    assert await local.token_problem(create_jwt(local.stamp(User(identifier="local"), 0))) is None

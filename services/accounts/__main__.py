@@ -10,7 +10,8 @@
     python -m services.accounts key revoke sk-vc-AbCdEf [--user alice]
 
 Passwords are asked for on a terminal, read from the first line of stdin otherwise, or generated
-(`--generate`, printed once). Safe to run while the app runs.
+(`--generate`, printed once). Safe to run while the app runs. A new password, a new role and removal
+sign the account out everywhere (within SIGN_IN_CHECK_SECONDS in running apps).
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ async def _command(arguments: argparse.Namespace, store: AccountStore) -> str:
         )
     if command == "set-role":
         await store.set_role(arguments.username, arguments.role)
-        return f"{arguments.username} is now {arguments.role}"
+        return f"{arguments.username} is now {arguments.role}; its sign-ins end"
     generate = arguments.generate
     if command == "add" and arguments.no_password:
         account = await store.add(arguments.username, None, "admin" if arguments.admin else "user")
@@ -113,7 +114,7 @@ async def _command(arguments: argparse.Namespace, store: AccountStore) -> str:
         account = await store.add(arguments.username, password, "admin" if arguments.admin else "user")
         return f"added {account.identifier} ({account.role}){shown}"
     await store.reset_password(arguments.username, password)
-    return f"new password set for {arguments.username}{shown}"
+    return f"new password set for {arguments.username}; its sign-ins end{shown}"
 
 
 async def _key_command(arguments: argparse.Namespace, keys: ApiKeyStore) -> str:

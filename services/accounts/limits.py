@@ -1,13 +1,25 @@
-"""Failed sign-ins, limited per account and per client address (bounded memory, no database).
+"""Sign-in attempts, limited per account-and-address, per address and per account (bounded memory).
 
-Each key keeps the times of its recent failures (a sliding window). Past the limit, the key must
-wait SIGN_IN_LOCKOUT_SECONDS from its latest failure; a success clears the account's failures.
+An attempt is counted when it starts, before its password is hashed: guesses sent all at once are
+counted one by one as they arrive, so no more than the limit are ever checked (a limit checked
+before the hash but counted after it let 24 wrong and 1 right guess sent together all be checked).
+A success takes its own attempt back and clears its account-and-address failures; a failure stays.
+
+Three keys, each a sliding window of attempt times; past its limit a key must wait
+SIGN_IN_LOCKOUT_SECONDS from its latest attempt:
+- account and address (SIGN_IN_MAX_FAILURES): someone guessing one account from one place;
+- address (SIGN_IN_MAX_FAILURES_PER_ADDRESS): one place guessing many accounts;
+- account (SIGN_IN_MAX_FAILURES_PER_ACCOUNT): many places guessing one account. It is kept above
+  the address limit, so one address alone can never lock an account (the admin) out for others.
+An IPv6 address counts by its /64 network (one host usually owns a whole /64).
 The tables are bounded LRU caches: an attacker cycling names or addresses pushes out the oldest
 entries, not the memory limit. Per process: with several replicas each counts its own.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import math
 import time
 from collections import deque
@@ -16,50 +28,77 @@ from collections.abc import Callable
 from cachetools import LRUCache
 
 MAX_TRACKED_KEYS = 10_000
+IPV6_PREFIX = 64
+
+
+def address_key(address: str | None) -> str | None:
+    """The key an address counts under: itself, or its /64 network for IPv6; None when unknown."""
+    if not address:
+        return None
+    try:
+        ip = ipaddress.ip_address(address.strip("[]"))
+    except ValueError:
+        return address[:64]
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/{IPV6_PREFIX}", strict=False))
+    return str(ip)
 
 
 class SignInLimiter:
-    """Answers "may this account/address try now?" and records failures."""
+    """Answers "may this account, from this address, try now?" and counts the attempts."""
 
     def __init__(
         self,
-        max_per_account: int,
+        max_per_pair: int,
         max_per_address: int,
+        max_per_account: int,
         window_seconds: float,
         lockout_seconds: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.limits = {"account": max_per_account, "address": max_per_address}
+        self.limits = {"pair": max_per_pair, "address": max_per_address,
+                       "account": max(max_per_account, max_per_address + 1)}  # fmt: skip
         self.window_seconds = window_seconds
         self.lockout_seconds = lockout_seconds
         self._clock = clock
-        self._failures: dict[str, LRUCache] = {kind: LRUCache(MAX_TRACKED_KEYS) for kind in self.limits}
+        self._times: dict[str, LRUCache] = {kind: LRUCache(MAX_TRACKED_KEYS) for kind in self.limits}
 
-    def wait_seconds(self, account: str, address: str | None) -> int:
-        """Seconds until this account (and address) may try again; 0 = now."""
+    def attempt(self, account: str, address: str | None) -> int:
+        """Start an attempt: 0 = go (it is counted now), else the seconds to wait (nothing counted)."""
         now = self._clock()
-        wait = 0.0
-        for kind, key in (("account", account), ("address", address)):
-            if key is None:
-                continue
-            times = self._recent(kind, key, now)
-            if len(times) >= self.limits[kind]:
-                wait = max(wait, times[-1] + self.lockout_seconds - now)
-        return math.ceil(wait) if wait > 0 else 0
+        windows = [(kind, key, self._recent(kind, key, now)) for kind, key in self._keys(account, address)]
+        wait = max(
+            (times[-1] + self.lockout_seconds - now for kind, _, times in windows
+             if len(times) >= self.limits[kind]),
+            default=0.0,
+        )  # fmt: skip
+        if wait > 0:
+            return math.ceil(wait)
+        for kind, key, times in windows:  # no await since the check: nothing can slip in between
+            times.append(now)
+            self._times[kind][key] = times
+        return 0
 
-    def failed(self, account: str, address: str | None) -> None:
-        now = self._clock()
-        for kind, key in (("account", account), ("address", address)):
-            if key is not None:
-                times = self._recent(kind, key, now)
-                times.append(now)
-                self._failures[kind][key] = times
+    def succeeded(self, account: str, address: str | None) -> None:
+        """The attempt was right: it does not count, and this account-and-address starts afresh."""
+        self.withdraw(account, address)
+        self._times["pair"].pop(self._keys(account, address)[0][1], None)
 
-    def succeeded(self, account: str) -> None:
-        self._failures["account"].pop(account, None)
+    def withdraw(self, account: str, address: str | None) -> None:
+        """Take one started attempt back (it was right, or it could not be checked at all)."""
+        for kind, key in self._keys(account, address):
+            with contextlib.suppress(IndexError):
+                (self._times[kind].get(key) or deque()).pop()
+
+    def _keys(self, account: str, address: str | None) -> list[tuple[str, str]]:
+        network = address_key(address)
+        keys = [("pair", f"{account}\n{network or ''}"), ("account", account)]
+        return keys + ([("address", network)] if network else [])
 
     def _recent(self, kind: str, key: str, now: float) -> deque[float]:
-        times: deque[float] = self._failures[kind].get(key) or deque(maxlen=self.limits[kind])
+        times: deque[float] = self._times[kind].get(key) or deque(maxlen=self.limits[kind])
         horizon = now - max(self.window_seconds, self.lockout_seconds)
         while times and times[0] < horizon:
             times.popleft()

@@ -1,9 +1,11 @@
 """Who may use the service and how they prove it: the sign-in mode, and Chainlit's auth callbacks.
 
-Modes (resolved once, at import, from AUTH_MODE, Chainlit's OAuth variables and the bind address):
+Every user a callback returns carries the session claim (services/accounts/sessions.py) that lets
+the app end the sign-in. Modes (resolved once, at import, from AUTH_MODE, Chainlit's OAuth variables
+and the bind address):
 - local:     no sign-in configured, bound to loopback: one local user (admin), signed in without a
              login form through Chainlit's header sign-in, refused to anyone not on loopback;
-- password:  accounts in the database (argon2), limited failed attempts;
+- password:  accounts in the database (argon2), limited attempts (services/accounts/limits.py);
 - header:    a user name in AUTH_HEADER, trusted only from AUTH_PROXY_ADDRESSES;
 - oauth:     Chainlit's OAuth providers (their own OAUTH_* variables), with or without password;
 - anonymous: ALLOW_ANONYMOUS=true on a public address: no sign-in, nothing stored.
@@ -20,11 +22,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cachetools import TTLCache
 from chainlit.user import User
 
 from services.accounts.limits import SignInLimiter
 from services.accounts.passwords import check_password_async, generated_password
+from services.accounts.sessions import Sessions
 from services.accounts.store import AccountError, AccountStore, normalize_username
 from services.config import Settings, SettingsError
 
@@ -32,7 +34,6 @@ logger = logging.getLogger(__name__)
 
 LOCAL_USER = "local"
 FORWARDING_HEADERS = ("x-forwarded-for", "forwarded", "x-real-ip")
-ACTIVE_CACHE_SECONDS = 30.0
 
 
 @dataclass
@@ -126,9 +127,12 @@ class SignIn:
         self.proxies = _networks(settings.auth_proxy_addresses) if mode == "header" else []
         self.limiter = SignInLimiter(
             settings.sign_in_max_failures, settings.sign_in_max_failures_per_address,
-            settings.sign_in_window_seconds, settings.sign_in_lockout_seconds,
+            settings.sign_in_max_failures_per_account, settings.sign_in_window_seconds,
+            settings.sign_in_lockout_seconds,
         )  # fmt: skip
-        self._active: TTLCache = TTLCache(maxsize=10_000, ttl=ACTIVE_CACHE_SECONDS)
+        self.sessions = Sessions(
+            mode, accounts, settings.sign_in_lifetime_seconds, settings.sign_in_check_seconds
+        )
 
     @property
     def required(self) -> bool:
@@ -136,13 +140,16 @@ class SignIn:
         return self.mode != "anonymous"
 
     async def password(self, username: str, password: str) -> User | None:
-        """Chainlit's password_auth_callback: None = wrong name or password (401)."""
+        """Chainlit's password_auth_callback: None = wrong name or password (401).
+
+        The attempt is counted before anything is awaited (so before the hash): guesses sent at once
+        cannot all pass the limit before the first of them is counted."""
         address = client_address()
         try:
             identifier = normalize_username(username)
         except AccountError:
             identifier = username[:64]
-        if wait := self.limiter.wait_seconds(identifier, address):
+        if wait := self.limiter.attempt(identifier, address):
             logger.warning(
                 "sign-in refused for %s from %s: too many failures (%d s left)", identifier, address, wait
             )
@@ -152,6 +159,7 @@ class SignIn:
         try:
             account = await self.accounts.get(identifier)
         except Exception as error:
+            self.limiter.withdraw(identifier, address)  # not a guess: nothing was checked
             logger.warning("sign-in unavailable: %s", error)
             refuse(
                 503, "Sign-in is unavailable right now: the database cannot be reached. Try again shortly."
@@ -160,16 +168,16 @@ class SignIn:
         usable = account is not None and not account.disabled
         matches = await check_password_async(account.password_hash if usable else None, password)  # type: ignore[union-attr]
         if not (usable and matches):
-            self.limiter.failed(identifier, address)
             logger.info("sign-in failed for %s from %s", identifier, address)
             return None
         assert account is not None
-        self.limiter.succeeded(identifier)
+        self.limiter.succeeded(identifier, address)
         try:
             await self.accounts.rehash_if_needed(account, password)
         except Exception:
             logger.exception("could not upgrade the password hash of %s", identifier)
-        return User(identifier=identifier, metadata={"role": account.role, "provider": "password"})
+        user = User(identifier=identifier, metadata={"role": account.role, "provider": "password"})
+        return self.sessions.stamp(user, account.generation)
 
     async def header(self, headers: Mapping[str, str]) -> User | None:
         """Chainlit's header_auth_callback: the local user (local mode) or the proxy's user (header mode)."""
@@ -181,7 +189,9 @@ class SignIn:
                     "local sign-in refused for %s (forwarded: %s): configure AUTH_MODE", address, forwarded
                 )
                 return None
-            return User(identifier=LOCAL_USER, metadata={"role": "admin", "provider": "local"})
+            return self.sessions.stamp(
+                User(identifier=LOCAL_USER, metadata={"role": "admin", "provider": "local"}), 0
+            )
         if not _in_networks(address, self.proxies):
             logger.warning("header sign-in refused: %s is not in AUTH_PROXY_ADDRESSES", address)
             return None
@@ -212,23 +222,8 @@ class SignIn:
             logger.info("sign-in refused for removed account %s", identifier)
             return None
         role = account.role if account is not None else "user"
-        return User(identifier=identifier, metadata={**(extra or {}), "role": role, "provider": provider})
-
-    async def is_active(self, identifier: str) -> bool:
-        """False for an account removed since its cookie was issued (cached briefly; True when unsure)."""
-        if self.mode == "local" or self.accounts is None:
-            return True
-        if identifier in self._active:
-            return self._active[identifier]
-        try:
-            account = await self.accounts.get(identifier)
-        except Exception:
-            return True  # database trouble: do not lock people out of chat
-        active = (account is None and self.mode != "password") or (
-            account is not None and not account.disabled
-        )
-        self._active[identifier] = active
-        return active
+        user = User(identifier=identifier, metadata={**(extra or {}), "role": role, "provider": provider})
+        return self.sessions.stamp(user, account.generation if account is not None else 0)
 
     async def role_of(self, user: Any) -> str:
         """The user's role now (the database's word; the cookie's when the database cannot answer)."""

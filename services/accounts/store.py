@@ -1,8 +1,11 @@
-"""Accounts in the database: rows of Chainlit's `users` table with a password hash, a role, a disabled flag.
+"""Accounts in the database: rows of Chainlit's `users` table with a password hash, a role, a disabled
+flag and a session generation.
 
 Removing an account deletes its conversations and disables the row instead of deleting it:
 Chainlit re-creates a missing user row whenever a still-valid sign-in cookie is presented, and a
-disabled row is what lets the app refuse that cookie (see SignIn.is_active).
+disabled row is what lets the app refuse that cookie. Every change that should sign the account
+out everywhere (a new password, a new role, removal, being given back, signing out) moves its
+session generation, which every sign-in cookie carries (services/accounts/sessions.py).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class Account:
     disabled: bool
     password_hash: str | None
     created_at: str | None
+    generation: int = 0  # of its sign-ins: a cookie made under another one is refused
 
     @property
     def has_password(self) -> bool:
@@ -60,6 +64,9 @@ def _now() -> str:
     return conversations.timestamp(datetime.now(UTC))
 
 
+NEXT_GENERATION = "session_generation = COALESCE(session_generation, 0) + 1"  # ends every sign-in
+
+
 class AccountStore:
     """Reads and changes accounts; every method is one short transaction."""
 
@@ -71,15 +78,15 @@ class AccountStore:
             row = (
                 await connection.execute(
                     text(
-                        'SELECT identifier, role, disabled, password_hash, "createdAt" FROM users '
-                        "WHERE identifier = :who"
+                        'SELECT identifier, role, disabled, password_hash, "createdAt", '
+                        "COALESCE(session_generation, 0) FROM users WHERE identifier = :who"
                     ),
                     {"who": identifier},
                 )
             ).first()
         if row is None:
             return None
-        return Account(row[0], row[1] or "user", bool(row[2]), row[3], row[4])
+        return Account(row[0], row[1] or "user", bool(row[2]), row[3], row[4], int(row[5]))
 
     async def add(self, username: str, password: str | None, role: str = "user") -> Account:
         """Create an account (or give a removed one back); no password = header or OAuth sign-in only."""
@@ -100,9 +107,9 @@ class AccountStore:
                     "disabled, updated_at) VALUES (:id, :who, :meta, :now, :hash, :role, FALSE, :now)"
                 )
             else:
-                statement = (
+                statement = (  # given back: the old owner's cookies stay refused
                     "UPDATE users SET password_hash = :hash, role = :role, metadata = :meta, "
-                    "disabled = FALSE, updated_at = :now WHERE identifier = :who"
+                    f"disabled = FALSE, {NEXT_GENERATION}, updated_at = :now WHERE identifier = :who"
                 )
             try:
                 await connection.execute(text(statement), values)
@@ -135,8 +142,8 @@ class AccountStore:
         async with self.engine.begin() as connection:
             await connection.execute(
                 text(
-                    "UPDATE users SET disabled = TRUE, password_hash = NULL, updated_at = :now "
-                    "WHERE identifier = :who"
+                    f"UPDATE users SET disabled = TRUE, password_hash = NULL, {NEXT_GENERATION}, "
+                    "updated_at = :now WHERE identifier = :who"
                 ),
                 {"who": identifier, "now": _now()},
             )
@@ -154,7 +161,7 @@ class AccountStore:
         identifier = await self._existing(username)
         if problem := password_problem(password):
             raise AccountError(problem)
-        await self._set_password_hash(identifier, await hash_password_async(password))
+        await self._set_password_hash(identifier, await hash_password_async(password), end_sessions=True)
 
     async def set_role(self, username: str, role: str) -> None:
         identifier = await self._existing(username)
@@ -164,11 +171,26 @@ class AccountStore:
         async with self.engine.begin() as connection:
             await connection.execute(
                 text(
-                    "UPDATE users SET role = :role, metadata = :meta, updated_at = :now "
-                    "WHERE identifier = :who"
+                    f"UPDATE users SET role = :role, metadata = :meta, {NEXT_GENERATION}, "
+                    "updated_at = :now WHERE identifier = :who"
                 ),
                 {"who": identifier, "role": role, "meta": json.dumps({"role": role}), "now": _now()},
             )
+
+    async def end_sessions(self, identifier: str) -> int | None:
+        """Sign the account out everywhere; its new session generation (None: no such row)."""
+        async with self.engine.begin() as connection:
+            await connection.execute(
+                text(f"UPDATE users SET {NEXT_GENERATION}, updated_at = :now WHERE identifier = :who"),
+                {"who": identifier, "now": _now()},
+            )
+            row = (
+                await connection.execute(
+                    text("SELECT COALESCE(session_generation, 0) FROM users WHERE identifier = :who"),
+                    {"who": identifier},
+                )
+            ).first()
+        return int(row[0]) if row is not None else None
 
     async def rehash_if_needed(self, account: Account, password: str) -> None:
         """After a good sign-in: upgrade a hash made with older parameters."""
@@ -195,9 +217,16 @@ class AccountStore:
             raise AccountError(f"no account named {identifier}")
         return identifier
 
-    async def _set_password_hash(self, identifier: str, password_hash: str) -> None:
+    async def _set_password_hash(
+        self, identifier: str, password_hash: str, end_sessions: bool = False
+    ) -> None:
+        """A new hash; `end_sessions` for a new password (an upgraded hash of the same one keeps them)."""
+        ending = f", {NEXT_GENERATION}" if end_sessions else ""
         async with self.engine.begin() as connection:
             await connection.execute(
-                text("UPDATE users SET password_hash = :hash, updated_at = :now WHERE identifier = :who"),
+                text(
+                    f"UPDATE users SET password_hash = :hash{ending}, updated_at = :now "
+                    "WHERE identifier = :who"
+                ),
                 {"who": identifier, "hash": password_hash, "now": _now()},
             )

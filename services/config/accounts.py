@@ -54,13 +54,25 @@ class AccountSettings:
     sign_in_max_failures: int = setting(
         5,
         "SIGN_IN_MAX_FAILURES",
-        "Failed sign-ins per account within SIGN_IN_WINDOW_SECONDS before it must wait.",
+        "Failed sign-ins for one account from one client address within SIGN_IN_WINDOW_SECONDS before "
+        "that account must wait there (until 2026-12 it counted an account's failures from everywhere; "
+        "that is SIGN_IN_MAX_FAILURES_PER_ACCOUNT now).",
         1,
     )
     sign_in_max_failures_per_address: int = setting(
         20,
         "SIGN_IN_MAX_FAILURES_PER_ADDRESS",
-        "Failed sign-ins per client address within SIGN_IN_WINDOW_SECONDS before it must wait.",
+        "Failed sign-ins per client address (an IPv6 address: per /64) within SIGN_IN_WINDOW_SECONDS, "
+        "whatever the account, before it must wait.",
+        1,
+    )
+    sign_in_max_failures_per_account: int = setting(
+        50,
+        "SIGN_IN_MAX_FAILURES_PER_ACCOUNT",
+        "Failed sign-ins for one account from all addresses together within SIGN_IN_WINDOW_SECONDS before "
+        "it must wait everywhere (guessing from many addresses). Always above "
+        "SIGN_IN_MAX_FAILURES_PER_ADDRESS (a smaller value counts as that + 1): one address alone can "
+        "never lock an account out.",
         1,
     )
     sign_in_window_seconds: float = setting(
@@ -68,4 +80,20 @@ class AccountSettings:
     )
     sign_in_lockout_seconds: float = setting(
         300.0, "SIGN_IN_LOCKOUT_SECONDS", "How long an account or address waits after too many failures.", 1
+    )
+    sign_in_lifetime_seconds: float = setting(
+        43_200.0,
+        "SIGN_IN_LIFETIME_SECONDS",
+        "A sign-in's absolute lifetime (12 h, OWASP ASVS level 2): then its cookie is refused however "
+        "recently it was used, and refreshing it (POST /auth/jwt) does not extend it. Also the cookie's "
+        "Max-Age (it replaces user_session_timeout of .chainlit/config.toml).",
+        60,
+    )
+    sign_in_check_seconds: float = setting(
+        30.0,
+        "SIGN_IN_CHECK_SECONDS",
+        "How long a process trusts what it last read of an account when checking a sign-in: a sign-out, "
+        "new password, new role or removal made elsewhere (the accounts command, another replica) ends "
+        "the account's sign-ins here within this time; in the process that made it, at once.",
+        0,
     )

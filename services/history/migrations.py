@@ -3,7 +3,8 @@
 Tables are Chainlit 2.12's (users, threads, steps, elements, feedbacks: every column its
 SQLAlchemy data layer writes, since it swallows the error of a missing one) plus ours: the
 accounts' columns on `users`, `thread_documents` (a conversation's document), `service_health`
-(the write probe) and `api_keys` (hashes of the API keys). Ids and JSON are TEXT on both
+(the write probe), `api_keys` (hashes of the API keys) and `users.session_generation` (what ends
+an account's sign-ins). Ids and JSON are TEXT on both
 databases, so one set of statements serves both. Each step runs once, recorded in
 `schema_migrations`; every statement is safe to run again (IF NOT EXISTS, columns added only when
 missing), so an existing Chainlit database is upgraded in place. Replicas starting together take a
@@ -46,6 +47,8 @@ CHAINLIT_COLUMNS: dict[str, dict[str, str]] = {
     "feedbacks": {"id": "id", "forId": "id", "threadId": "id", "value": "int", "comment": "text"},
 }  # fmt: skip
 ACCOUNT_COLUMNS = {"password_hash": "text", "role": "text", "disabled": "bool", "updated_at": "text"}
+# Moved by every change that ends an account's sign-ins (services/accounts/sessions.py); NULL = 0.
+SESSION_COLUMNS = {"session_generation": "int"}
 _TYPES = {"id": "TEXT", "text": "TEXT", "json": "TEXT", "int": "INTEGER", "bool": "BOOLEAN"}
 _NOT_NULL = {("users", "identifier"), ("steps", "name"), ("steps", "type"), ("steps", "threadId"),
              ("elements", "name"), ("feedbacks", "forId"), ("feedbacks", "value")}  # fmt: skip
@@ -121,6 +124,10 @@ async def _api_keys(connection: AsyncConnection) -> None:
     await connection.execute(text("CREATE INDEX IF NOT EXISTS api_keys_user ON api_keys (user_identifier)"))
 
 
+async def _sessions(connection: AsyncConnection) -> None:
+    await _ensure_columns(connection, "users", SESSION_COLUMNS)
+
+
 @dataclass(frozen=True)
 class Migration:
     version: int
@@ -134,6 +141,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(3, "indexes for listing, resuming and deleting conversations", _indexes),
     Migration(4, "conversation documents and the health probe row", _documents_and_health),
     Migration(5, "API keys: sha256 of each key, its shown prefix, owner, revocation", _api_keys),
+    Migration(6, "sessions: a generation per account, moved to end its sign-ins", _sessions),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

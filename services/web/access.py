@@ -3,8 +3,8 @@
 - `SignInRequestMiddleware` hands each request's address to the sign-in callbacks (Chainlit passes
   them only the form or the headers), and sends their refusal (429 with Retry-After, 503) in place
   of the plain 401 Chainlit makes of any failed sign-in;
-- Chainlit's `get_current_user` dependency is wrapped so that a removed account's cookie is
-  refused on every HTTP route (the socket is checked in the chat handlers);
+- ended sign-ins (signed out, a new password or role, a removed account, past their lifetime) are
+  refused on every HTTP route and at the socket's connect (services/web/sign_in_sessions.py);
 - Chainlit 2.12's feedback routes do not check whose message the feedback is about: the routes
   put in front of them do, then hand over to Chainlit's own.
 """
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Annotated, Any
+from typing import Any
 
 from chainlit import server as chainlit_server
-from chainlit.auth import get_current_user, reuseable_oauth
+from chainlit.auth import get_current_user
 from chainlit.types import DeleteFeedbackRequest, UpdateFeedbackRequest
 from fastapi import Depends, FastAPI, HTTPException, Request
 
@@ -24,6 +24,7 @@ from services.accounts.sign_in import SignInRequest, current_request
 from services.history import conversations
 from services.runtime import Runtime
 from services.web.routes import move_to_front
+from services.web.sign_in_sessions import install_session_guards
 
 ASGIApp = Callable[[MutableMapping[str, Any], Callable, Callable], Awaitable[None]]
 
@@ -66,21 +67,10 @@ async def _send_refusal(send: Callable, status: int, detail: str, retry_after_se
 
 
 def install_access_guards(app: FastAPI, runtime: Runtime) -> None:
-    """Client addresses, removed accounts refused, feedback only on one's own messages."""
+    """Client addresses, ended sign-ins refused, feedback only on one's own messages."""
     app.add_middleware(SignInRequestMiddleware)
-    _refuse_removed_accounts(app, runtime)
+    install_session_guards(app, runtime)
     _guard_feedback(app, runtime)
-
-
-def _refuse_removed_accounts(app: FastAPI, runtime: Runtime) -> None:
-    async def current_user_if_active(token: Annotated[str | None, Depends(reuseable_oauth)]) -> Any:
-        user = await get_current_user(token)  # type: ignore[arg-type]
-        sign_in = runtime.sign_in
-        if user is not None and sign_in is not None and not await sign_in.is_active(user.identifier):
-            raise HTTPException(401, "This account was removed.")
-        return user
-
-    app.dependency_overrides[get_current_user] = current_user_if_active
 
 
 def _guard_feedback(app: FastAPI, runtime: Runtime) -> None:

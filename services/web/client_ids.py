@@ -14,6 +14,7 @@ the session's end then `rmtree` it (SECURITY.md, known upstream issues). So:
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -79,8 +80,9 @@ def guard_socket_connect() -> None:
         return await chainlit_connect(sid, environ, auth)
 
     connect.checks_client_ids = True  # type: ignore[attr-defined]
+    connect.__wrapped__ = chainlit_connect  # type: ignore[attr-defined]
     handlers["connect"] = connect
-    assert chainlit.socket.connect is chainlit_connect, "Chainlit's connect handler moved"
+    assert inspect.unwrap(chainlit_connect) is chainlit.socket.connect, "Chainlit's connect handler moved"
 
 
 def session_folder(session: BaseSession) -> Path:

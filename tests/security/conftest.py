@@ -13,7 +13,11 @@ from harness.server import AppServer
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
 from tests.test_people import ADMIN, ALICE, BOB, accounts
 
-__all__ = ["ALICE", "BOB"]
+__all__ = ["ADMIN", "ALICE", "BOB", "accounts"]
+
+# A change made by the accounts command (another process) reaches the server's checks this late at
+# most; the default is 30 s, shortened here so the attacks on ended sign-ins run quickly.
+SIGN_IN_CHECK_SECONDS = 1
 
 
 @pytest.fixture(scope="package")
@@ -22,7 +26,7 @@ def target(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     env = server_env(
         MODEL=tiny_model_dir, MAX_MODEL_LEN=TINY_MAX_MODEL_LEN, MAX_NUM_BATCHED_TOKENS=4096,
         MAX_NEW_TOKENS=8, AUTH_MODE="password", ADMIN_USERNAME=ADMIN[0], ADMIN_PASSWORD=ADMIN[1],
-        DATA_DIR=data_dir,
+        DATA_DIR=data_dir, SIGN_IN_CHECK_SECONDS=SIGN_IN_CHECK_SECONDS,
     )  # fmt: skip
     server = AppServer(env, ARTIFACTS / "logs" / "security-server.log").start()
     for name, password in (ALICE, BOB):
