@@ -38,6 +38,7 @@ from services.web.chat_feedback import StatusMessage, notice, summary_progress, 
 from services.web.client_ids import install_client_id_guards
 from services.web.key_chat import answer_key_command
 from services.web.page_assets import install_page_assets
+from services.web.peers import install_client_addresses
 from services.web.routes import install_api, install_routes
 from services.web.upload_guard import install_upload_guard
 
@@ -59,7 +60,9 @@ install_upload_guard(
     session_wait_seconds=runtime.settings.upload_session_wait_seconds,
     on_reject=tell_uploader,
 )
-install_client_id_guards(http_app)  # last: the outermost check, before anything reads a request
+install_client_id_guards(http_app)  # before anything reads a request
+# Last, so outermost: the TCP peer kept, the client decided (never by a header a client wrote).
+install_client_addresses(http_app, runtime.settings, sign_in.mode)
 
 
 @cl.data_layer

@@ -4,7 +4,7 @@ Modes (resolved once, at import, from AUTH_MODE, Chainlit's OAuth variables and 
 - local:     no sign-in configured, bound to loopback: one local user (admin), signed in without a
              login form through Chainlit's header sign-in, refused to anyone not on loopback;
 - password:  accounts in the database (argon2), limited failed attempts;
-- header:    a user name in AUTH_HEADER, trusted only from AUTH_PROXY_ADDRESSES;
+- header:    a user name in AUTH_HEADER, trusted only from a TCP peer in AUTH_PROXY_ADDRESSES;
 - oauth:     Chainlit's OAuth providers (their own OAUTH_* variables), with or without password;
 - anonymous: ALLOW_ANONYMOUS=true on a public address: no sign-in, nothing stored.
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import ipaddress
 import logging
 import sys
 from collections.abc import Mapping
@@ -23,6 +22,7 @@ from typing import Any
 from cachetools import TTLCache
 from chainlit.user import User
 
+from services.accounts.addresses import in_networks, is_loopback, networks
 from services.accounts.limits import SignInLimiter
 from services.accounts.passwords import check_password_async, generated_password
 from services.accounts.store import AccountError, AccountStore, normalize_username
@@ -37,14 +37,17 @@ ACTIVE_CACHE_SECONDS = 30.0
 
 @dataclass
 class SignInRequest:
-    """The HTTP request a callback serves: its address, and a refusal that replaces Chainlit's 401.
+    """The HTTP request a callback serves: who asks, and a refusal that replaces Chainlit's 401.
 
+    `peer` is the TCP peer (what trust is decided on); `address` is the client for per-address
+    limits: the peer, or the client a trusted proxy names (services/web/peers.py).
     Chainlit passes the callbacks only the form or the headers, and turns any exception they raise
     into a logged error and a plain 401; services/web's middleware sets this per request and sends
     `refusal` (status, detail, Retry-After seconds) instead of the 401 when a callback sets it.
     """
 
     address: str | None
+    peer: str | None = None
     refusal: tuple[int, str, int | None] | None = None
 
 
@@ -58,19 +61,15 @@ def client_address() -> str | None:
     return request.address if request is not None else None
 
 
+def client_peer() -> str | None:
+    request = current_request.get()
+    return request.peer if request is not None else None
+
+
 def refuse(status: int, detail: str, retry_after_seconds: int | None = None) -> None:
     """Answer this sign-in with `status` and `detail` instead of Chainlit's 401."""
     if (request := current_request.get()) is not None:
         request.refusal = (status, detail, retry_after_seconds)
-
-
-def is_loopback(host: str | None) -> bool:
-    if host in ("localhost", "ip6-localhost"):
-        return True
-    try:
-        return ipaddress.ip_address((host or "").strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def refusal(host: str) -> str:
@@ -101,21 +100,6 @@ def resolve_mode(settings: Settings, bind_host: str, oauth_providers: list[str])
     raise SettingsError(refusal(bind_host))
 
 
-def _networks(spec: str) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
-    try:
-        return [ipaddress.ip_network(part.strip(), strict=False) for part in spec.split(",") if part.strip()]
-    except ValueError as error:
-        raise SettingsError(f"AUTH_PROXY_ADDRESSES: {error}") from None
-
-
-def _in_networks(address: str | None, networks: list) -> bool:
-    try:
-        ip = ipaddress.ip_address(address or "")
-    except ValueError:
-        return False
-    return any(ip in network for network in networks)
-
-
 class SignIn:
     """Chainlit's auth callbacks for the resolved mode, over the account store."""
 
@@ -123,7 +107,8 @@ class SignIn:
         self.settings = settings
         self.mode = mode
         self.accounts = accounts
-        self.proxies = _networks(settings.auth_proxy_addresses) if mode == "header" else []
+        proxies = settings.auth_proxy_addresses if mode == "header" else ""
+        self.proxies = networks(proxies, "AUTH_PROXY_ADDRESSES")
         self.limiter = SignInLimiter(
             settings.sign_in_max_failures, settings.sign_in_max_failures_per_address,
             settings.sign_in_window_seconds, settings.sign_in_lockout_seconds,
@@ -172,18 +157,20 @@ class SignIn:
         return User(identifier=identifier, metadata={"role": account.role, "provider": "password"})
 
     async def header(self, headers: Mapping[str, str]) -> User | None:
-        """Chainlit's header_auth_callback: the local user (local mode) or the proxy's user (header mode)."""
-        address = client_address()
+        """Chainlit's header_auth_callback: the local user (local mode) or the proxy's user (header mode).
+
+        Trust is decided on the TCP peer, never on X-Forwarded-For (any client can write that)."""
+        peer = client_peer()
         if self.mode == "local":
             forwarded = any(name in headers for name in FORWARDING_HEADERS)
-            if not is_loopback(address) or forwarded:
+            if not is_loopback(peer) or forwarded:
                 logger.warning(
-                    "local sign-in refused for %s (forwarded: %s): configure AUTH_MODE", address, forwarded
+                    "local sign-in refused for %s (forwarded: %s): configure AUTH_MODE", peer, forwarded
                 )
                 return None
             return User(identifier=LOCAL_USER, metadata={"role": "admin", "provider": "local"})
-        if not _in_networks(address, self.proxies):
-            logger.warning("header sign-in refused: %s is not in AUTH_PROXY_ADDRESSES", address)
+        if not in_networks(peer, self.proxies):
+            logger.warning("header sign-in refused: %s is not in AUTH_PROXY_ADDRESSES", peer)
             return None
         try:
             identifier = normalize_username(headers.get(self.settings.auth_header.lower(), ""))

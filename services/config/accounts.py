@@ -40,6 +40,13 @@ class AccountSettings:
         "Header mode: comma-separated addresses or networks (10.0.0.5, 10.1.0.0/16) of the proxies "
         "whose AUTH_HEADER is trusted; requests from anywhere else are refused.",
     )
+    trusted_proxy_addresses: str = setting(
+        "127.0.0.1,::1",
+        "TRUSTED_PROXY_ADDRESSES",
+        "Reverse proxies (addresses or networks) whose X-Forwarded-For names the client, for per-address "
+        "limits; AUTH_PROXY_ADDRESSES count too. Decided by the TCP peer: uvicorn's FORWARDED_ALLOW_IPS "
+        "does not make anyone a proxy here. Empty = the peer is always the client.",
+    )
     allow_anonymous: bool = setting(
         False,
         "ALLOW_ANONYMOUS",

@@ -1,6 +1,11 @@
-"""One real `chainlit run` (tiny model, SQLite, password sign-in) with two people on it, shared by
-the attack suite: every attack runs as a signed-in person, or as nobody, against the real routes
-and the real socket."""
+"""Real `chainlit run` servers (tiny model, SQLite) shared by the attack suite, one per distinct
+settings: every attack runs against the real routes and the real socket.
+
+- `target`: password sign-in with people ALICE and BOB and the administrator ADMIN, uvicorn trusting
+  every X-Forwarded-For (FORWARDED_ALLOW_IPS=*, as containers are often run);
+- `proxied_target`: header sign-in behind an auth proxy at PROXY_ADDRESS, uvicorn trusting every
+  X-Forwarded-For.
+"""
 
 from __future__ import annotations
 
@@ -15,17 +20,38 @@ from tests.test_people import ADMIN, ALICE, BOB, accounts
 
 __all__ = ["ALICE", "BOB"]
 
+PROXY_ADDRESS = "127.0.0.2"  # the auth proxy of `proxied_target` (a loopback address of its own)
+PROXY_USER_HEADER = "X-Auth-User"
+
+
+def tiny_env(model_dir: Path, data_dir: Path, **values: object) -> dict[str, str]:
+    return server_env(
+        MODEL=model_dir, MAX_MODEL_LEN=TINY_MAX_MODEL_LEN, MAX_NUM_BATCHED_TOKENS=4096, MAX_NEW_TOKENS=8,
+        DATA_DIR=data_dir, **values,
+    )  # fmt: skip
+
 
 @pytest.fixture(scope="package")
 def target(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppServer]:
     data_dir = tmp_path_factory.mktemp("attacked-data")
-    env = server_env(
-        MODEL=tiny_model_dir, MAX_MODEL_LEN=TINY_MAX_MODEL_LEN, MAX_NUM_BATCHED_TOKENS=4096,
-        MAX_NEW_TOKENS=8, AUTH_MODE="password", ADMIN_USERNAME=ADMIN[0], ADMIN_PASSWORD=ADMIN[1],
-        DATA_DIR=data_dir,
+    env = tiny_env(
+        tiny_model_dir, data_dir, AUTH_MODE="password", ADMIN_USERNAME=ADMIN[0],
+        ADMIN_PASSWORD=ADMIN[1], FORWARDED_ALLOW_IPS="*",
     )  # fmt: skip
     server = AppServer(env, ARTIFACTS / "logs" / "security-server.log").start()
     for name, password in (ALICE, BOB):
         accounts(data_dir, "add", name, stdin=password + "\n")
+    yield server
+    assert not server.stop(), "engine processes outlived the server"
+
+
+@pytest.fixture(scope="package")
+def proxied_target(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppServer]:
+    """Header sign-in: only PROXY_ADDRESS may name the user; uvicorn trusts every X-Forwarded-For."""
+    env = tiny_env(
+        tiny_model_dir, tmp_path_factory.mktemp("proxied-data"), AUTH_MODE="header",
+        AUTH_HEADER=PROXY_USER_HEADER, AUTH_PROXY_ADDRESSES=PROXY_ADDRESS, FORWARDED_ALLOW_IPS="*",
+    )  # fmt: skip
+    server = AppServer(env, ARTIFACTS / "logs" / "security-proxied-server.log").start()
     yield server
     assert not server.stop(), "engine processes outlived the server"
