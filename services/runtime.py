@@ -21,6 +21,7 @@ import psutil
 from prometheus_client import CollectorRegistry
 
 from services.accounts.keys import ApiKeyStore
+from services.accounts.local import load_or_create_token, token_banner
 from services.accounts.secret import ensure_auth_secret
 from services.accounts.sign_in import SignIn, resolve_mode
 from services.accounts.store import AccountStore
@@ -76,22 +77,27 @@ class Runtime:
             server = RemoteApiServer(self.settings) if remote else OpenAiServer(self.settings)
             self.api = ApiGate(self.settings, server, ApiMetrics(self.registry))
 
-    def set_up_people(self, bind_host: str, oauth_providers: list[str]) -> SignIn:
+    def set_up_people(self, bind_host: str, oauth_providers: list[str], bind_port: int = 8000) -> SignIn:
         """Sign-in and history for this bind address (at import, before Chainlit reads its callbacks).
 
-        Raises SettingsError when a public address has no sign-in. Creates the sign-in secret once.
+        Raises SettingsError when a public address has no sign-in. Creates the sign-in secret once,
+        and in local mode the install's token (printed, with where to open the app).
         """
         mode = resolve_mode(self.settings, bind_host, oauth_providers)
         keep = self.settings.chat_history and mode != "anonymous"
         self.history = History(self.settings, keep_conversations=keep, use_database=mode != "anonymous")
         accounts = AccountStore(self.history.engine) if self.history.engine is not None else None
-        self.sign_in = SignIn(self.settings, mode, accounts)
+        token = load_or_create_token(ensure_data_dir(self.settings)) if mode == "local" else None
+        self.sign_in = SignIn(self.settings, mode, accounts, local_token=token)
         self.history.on_ready(self.sign_in.ensure_first_accounts)
         if self.api is not None and self.history.engine is not None:
             self.api.keys = ApiKeyStore(self.history.engine, self.settings.api_keys_per_user)
         if mode != "anonymous":
             source = ensure_auth_secret(ensure_data_dir(self.settings))
             logger.info("sign-in: %s mode; cookies signed with the secret from %s", mode, source)
+        if token is not None:
+            required = self.settings.local_token_required
+            print(token_banner(bind_host, bind_port, token, required), file=sys.stderr, flush=True)
         self.registry.register(HistoryCollector(self.history))
         return self.sign_in
 

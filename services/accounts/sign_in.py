@@ -2,7 +2,8 @@
 
 Modes (resolved once, at import, from AUTH_MODE, Chainlit's OAuth variables and the bind address):
 - local:     no sign-in configured, bound to loopback: one local user (admin), signed in without a
-             login form through Chainlit's header sign-in, refused to anyone not on loopback;
+             login form through Chainlit's header sign-in, only for a browser on this machine under
+             a loopback name (services/accounts/local.py), or with the install's token;
 - password:  accounts in the database (argon2), limited failed attempts;
 - header:    a user name in AUTH_HEADER, trusted only from a TCP peer in AUTH_PROXY_ADDRESSES;
 - oauth:     Chainlit's OAuth providers (their own OAUTH_* variables), with or without password;
@@ -22,16 +23,16 @@ from typing import Any
 from cachetools import TTLCache
 from chainlit.user import User
 
+from services.accounts import local
 from services.accounts.addresses import in_networks, is_loopback, networks
 from services.accounts.limits import SignInLimiter
+from services.accounts.local import LOCAL_USER
 from services.accounts.passwords import check_password_async, generated_password
 from services.accounts.store import AccountError, AccountStore, normalize_username
 from services.config import Settings, SettingsError
 
 logger = logging.getLogger(__name__)
 
-LOCAL_USER = "local"
-FORWARDING_HEADERS = ("x-forwarded-for", "forwarded", "x-real-ip")
 ACTIVE_CACHE_SECONDS = 30.0
 
 
@@ -103,10 +104,14 @@ def resolve_mode(settings: Settings, bind_host: str, oauth_providers: list[str])
 class SignIn:
     """Chainlit's auth callbacks for the resolved mode, over the account store."""
 
-    def __init__(self, settings: Settings, mode: str, accounts: AccountStore | None) -> None:
+    def __init__(
+        self, settings: Settings, mode: str, accounts: AccountStore | None, local_token: str | None = None
+    ) -> None:
+        """`local_token`: the install's token (local mode)."""
         self.settings = settings
         self.mode = mode
         self.accounts = accounts
+        self.local_token = local_token
         proxies = settings.auth_proxy_addresses if mode == "header" else ""
         self.proxies = networks(proxies, "AUTH_PROXY_ADDRESSES")
         self.limiter = SignInLimiter(
@@ -162,13 +167,12 @@ class SignIn:
         Trust is decided on the TCP peer, never on X-Forwarded-For (any client can write that)."""
         peer = client_peer()
         if self.mode == "local":
-            forwarded = any(name in headers for name in FORWARDING_HEADERS)
-            if not is_loopback(peer) or forwarded:
-                logger.warning(
-                    "local sign-in refused for %s (forwarded: %s): configure AUTH_MODE", peer, forwarded
-                )
+            problem = "LOCAL_TOKEN_REQUIRED=true" if self.settings.local_token_required else None
+            if problem := problem or local.sign_in_problem(peer, headers):
+                logger.warning("local sign-in refused: %s. Use the install's token (printed at start), "
+                               "or configure AUTH_MODE", problem)  # fmt: skip
                 return None
-            return User(identifier=LOCAL_USER, metadata={"role": "admin", "provider": "local"})
+            return self.local_user()
         if not in_networks(peer, self.proxies):
             logger.warning("header sign-in refused: %s is not in AUTH_PROXY_ADDRESSES", peer)
             return None
@@ -177,6 +181,15 @@ class SignIn:
         except AccountError:
             return None
         return await self._known_user(identifier, "header")
+
+    def local_user(self) -> User:
+        return User(identifier=LOCAL_USER, metadata={"role": "admin", "provider": "local"})
+
+    def local_user_for_token(self, offered: str) -> User | None:
+        """The local user, for the install's token (local mode only); None for anything else."""
+        if self.mode != "local" or not self.local_token or not local.token_matches(self.local_token, offered):
+            return None
+        return self.local_user()
 
     async def oauth(self, provider_id: str, token: str, raw_user_data: dict, default_user: User,
                     id_token: str | None = None) -> User | None:  # fmt: skip

@@ -47,6 +47,13 @@ class AccountSettings:
         "limits; AUTH_PROXY_ADDRESSES count too. Decided by the TCP peer: uvicorn's FORWARDED_ALLOW_IPS "
         "does not make anyone a proxy here. Empty = the peer is always the client.",
     )
+    local_token_required: bool = setting(
+        False,
+        "LOCAL_TOKEN_REQUIRED",
+        "Local mode: every sign-in needs the install's token (the /auth/local?token= address printed at "
+        "start, kept in DATA_DIR/local-token), also from a browser on this machine. Turn on where other "
+        "people have accounts on the machine.",
+    )
     allow_anonymous: bool = setting(
         False,
         "ALLOW_ANONYMOUS",

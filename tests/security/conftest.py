@@ -3,6 +3,7 @@ settings: every attack runs against the real routes and the real socket.
 
 - `target`: password sign-in with people ALICE and BOB and the administrator ADMIN, uvicorn trusting
   every X-Forwarded-For (FORWARDED_ALLOW_IPS=*, as containers are often run);
+- `local_target`: nothing configured, on loopback: the one local user (the default install);
 - `proxied_target`: header sign-in behind an auth proxy at PROXY_ADDRESS, uvicorn trusting every
   X-Forwarded-For.
 """
@@ -41,6 +42,15 @@ def target(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     server = AppServer(env, ARTIFACTS / "logs" / "security-server.log").start()
     for name, password in (ALICE, BOB):
         accounts(data_dir, "add", name, stdin=password + "\n")
+    yield server
+    assert not server.stop(), "engine processes outlived the server"
+
+
+@pytest.fixture(scope="package")
+def local_target(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppServer]:
+    """The default install: no sign-in configured, bound to 127.0.0.1 (the local user)."""
+    env = tiny_env(tiny_model_dir, tmp_path_factory.mktemp("local-data"))
+    server = AppServer(env, ARTIFACTS / "logs" / "security-local-server.log").start()
     yield server
     assert not server.stop(), "engine processes outlived the server"
 
