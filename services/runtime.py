@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 
 from services.accounts.keys import ApiKeyStore
 from services.accounts.local import load_or_create_token, token_banner
+from services.accounts.oauth import ask_github_for_org_memberships
 from services.accounts.secret import ensure_auth_secret
 from services.accounts.sign_in import SignIn, resolve_mode
 from services.accounts.store import AccountStore
@@ -98,8 +99,18 @@ class Runtime:
         if token is not None:
             required = self.settings.local_token_required
             print(token_banner(bind_host, bind_port, token, required), file=sys.stderr, flush=True)
+        if oauth_providers and mode in ("password", "oauth"):
+            self._set_up_oauth(oauth_providers)
         self.registry.register(HistoryCollector(self.history))
         return self.sign_in
+
+    def _set_up_oauth(self, oauth_providers: list[str]) -> None:
+        assert self.sign_in is not None
+        if self.sign_in.oauth_gate.allowlist.empty:
+            logger.warning("OAuth (%s) without OAUTH_ALLOWED_USERS, _DOMAINS or _ORGS: only identities an "
+                           "administrator linked may sign in", ", ".join(oauth_providers))  # fmt: skip
+        if "github" in oauth_providers and self.settings.oauth_allowed_orgs:
+            ask_github_for_org_memberships()
 
     @property
     def ready(self) -> bool:

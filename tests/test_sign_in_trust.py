@@ -1,12 +1,16 @@
 """Whom sign-in trusts, without a model: the TCP peer against X-Forwarded-For (uvicorn's own
-middleware, then ours) and local mode's rules."""
+middleware, then ours), local mode's rules, and OAuth's decision with realistic provider answers
+(GitHub's organisation lookup replaced by a fake: the tests cannot reach GitHub; the security suite
+asks a fake GitHub over HTTP) and administrators' links in a real SQLite database."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
 import uvicorn
 from chainlit.auth.jwt import create_jwt
 from chainlit.user import User
@@ -19,12 +23,28 @@ from services.accounts.local import (
     sign_in_problem,
     token_banner,
 )
+from services.accounts.oauth import OAuthAllowlist, verified_emails
 from services.accounts.sign_in import SignIn, SignInRequest, current_request
-from services.config import Settings
+from services.accounts.store import AccountError, AccountStore
+from services.config import Settings, SettingsError
+from services.history.database import create_engine
+from services.history.migrations import migrate
 from services.web.local_access import refusal
 from services.web.peers import PEER_KEY, ClientAddresses, PeerRecordingProxyHeaders, record_peers
 
 LOOPBACK = networks("127.0.0.1,::1", "TRUSTED_PROXY_ADDRESSES")
+
+# What Chainlit 2.12's providers hand the callback (chainlit/oauth_providers.py): GitHub's GET /user
+# plus `emails` from GET /user/emails; Google's userinfo v2.
+GITHUB_ADMIN = {
+    "login": "Admin", "id": 4242, "avatar_url": "https://avatars.example/u/4242", "email": None,
+    "emails": [{"email": "admin@home.example", "primary": True, "verified": True, "visibility": None},
+               {"email": "admin@example.com", "primary": False, "verified": False, "visibility": None}],
+}  # fmt: skip
+GOOGLE_ANN = {
+    "id": "1098", "email": "Ann@Example.com", "verified_email": True, "name": "Ann", "picture": "",
+    "hd": "example.com",
+}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -123,6 +143,97 @@ async def test_local_mode_signs_in_through_the_token_only_when_told_to(tmp_path:
         SignIn(Settings.from_env({}), "password", None, local_token=token).local_user_for_token(token) is None
     )
     assert f"/auth/local?token={token}" in token_banner("127.0.0.1", 8000, token, required=False)
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def store(tmp_path: Path) -> AsyncIterator[AccountStore]:
+    engine = create_engine(Settings.from_env({"DATA_DIR": str(tmp_path)}))
+    await migrate(engine)
+    yield AccountStore(engine)
+    await engine.dispose()
+
+
+class FakeOrgs:
+    """GitHub's answer about organisations, as a table: (org, token) -> active member."""
+
+    def __init__(self, members: set[tuple[str, str]]) -> None:
+        self.members = members
+        self.asked: list[tuple[str, str]] = []
+
+    async def __call__(self, org: str, token: str) -> bool:
+        self.asked.append((org, token))
+        return (org, token) in self.members
+
+
+def oauth_sign_in(store: AccountStore | None, orgs: FakeOrgs | None = None, **env: str) -> SignIn:
+    return SignIn(Settings.from_env(env), "oauth", store, org_member=orgs or FakeOrgs(set()))
+
+
+async def github(sign_in: SignIn, raw: dict, token: str = "gho_admin") -> User | None:
+    default = User(identifier=raw["login"], metadata={"image": raw["avatar_url"], "provider": "github"})
+    return await sign_in.oauth("github", token, raw, default)
+
+
+async def google(sign_in: SignIn, raw: dict) -> User | None:
+    default = User(identifier=raw["email"], metadata={"image": raw["picture"], "provider": "google"})
+    return await sign_in.oauth("google", "ya29.token", raw, default)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_provider_user_never_becomes_the_local_account_of_the_same_name(store: AccountStore) -> None:
+    await store.add("admin", "the admins password", "admin")
+    nobody_allowed = oauth_sign_in(store)
+    assert await github(nobody_allowed, GITHUB_ADMIN) is None, "no allowlist: refused"
+    everyone = oauth_sign_in(store, OAUTH_ALLOWED_USERS="*")
+    user = await github(everyone, GITHUB_ADMIN)
+    assert user is not None and user.identifier == "github:admin" and user.metadata["role"] == "user"
+    assert (await google(everyone, GOOGLE_ANN)).identifier == "google:ann@example.com"  # type: ignore[union-attr]
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_the_allowlist_decides_on_verified_addresses_named_users_and_organisations(
+    store: AccountStore,
+) -> None:
+    by_domain = oauth_sign_in(store, OAUTH_ALLOWED_DOMAINS="example.com")
+    assert await github(by_domain, GITHUB_ADMIN) is None, "admin@example.com is not verified on GitHub"
+    assert (await google(by_domain, GOOGLE_ANN)) is not None
+    assert await google(by_domain, {**GOOGLE_ANN, "verified_email": False}) is None
+    assert await google(by_domain, {**GOOGLE_ANN, "email": "ann@example.com.evil.example"}) is None
+    named = oauth_sign_in(store, OAUTH_ALLOWED_USERS="github:ADMIN, google:someone@else.example")
+    assert (await github(named, GITHUB_ADMIN)) is not None and await google(named, GOOGLE_ANN) is None
+    orgs = FakeOrgs({("acme", "gho_admin")})
+    by_org = oauth_sign_in(store, orgs, OAUTH_ALLOWED_ORGS="Acme, other")
+    assert (await github(by_org, GITHUB_ADMIN)) is not None and orgs.asked == [("acme", "gho_admin")]
+    assert await github(by_org, GITHUB_ADMIN, token="gho_not_a_member") is None
+    assert await google(by_org, GOOGLE_ANN) is None, "GitHub organisations admit GitHub users only"
+    assert verified_emails(GITHUB_ADMIN) == ["admin@home.example"]
+    with pytest.raises(SettingsError):
+        OAuthAllowlist.from_settings(Settings.from_env({"OAUTH_ALLOWED_USERS": "octocat"}))
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_an_administrators_link_is_the_only_way_into_a_local_account(store: AccountStore) -> None:
+    await store.add("bob", "bobs long password")
+    sign_in = oauth_sign_in(store)  # no allowlist: the link alone lets him in
+    raw = {**GITHUB_ADMIN, "login": "Bob-GH"}
+    assert await github(sign_in, raw) is None
+    assert await store.link("Bob", "GitHub:Bob-GH") == "github:bob-gh"
+    user = await github(sign_in, raw)
+    assert user is not None and user.identifier == "bob" and user.metadata["role"] == "user"
+    assert await store.links() == [("github:bob-gh", "bob", (await store.links())[0][2])]
+    with pytest.raises(AccountError):
+        await store.link("admin", "github:bob-gh")  # one identity, one account
+    with pytest.raises(AccountError):
+        await store.link("nobody", "github:x")
+    with pytest.raises(AccountError):
+        await store.link("bob", "bob-gh")  # not a provider identity
+    with pytest.raises(AccountError):
+        await store.add("github:mallory", "a password for it")  # provider names sign in at their provider
+    await store.remove("bob")
+    assert await github(sign_in, raw) is None, "a removed account's link lets no one in"
+    await store.unlink("github:bob-gh")
+    with pytest.raises(AccountError):
+        await store.unlink("github:bob-gh")
 
 
 def test_local_mode_answers_a_foreign_name_only_when_signed_in(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,7 +6,8 @@ Modes (resolved once, at import, from AUTH_MODE, Chainlit's OAuth variables and 
              a loopback name (services/accounts/local.py), or with the install's token;
 - password:  accounts in the database (argon2), limited failed attempts;
 - header:    a user name in AUTH_HEADER, trusted only from a TCP peer in AUTH_PROXY_ADDRESSES;
-- oauth:     Chainlit's OAuth providers (their own OAUTH_* variables), with or without password;
+- oauth:     Chainlit's OAuth providers (their own OAUTH_* variables), with or without password; a
+             provider's user is `<provider>:<name>` and needs the allowlist or a link (oauth.py);
 - anonymous: ALLOW_ANONYMOUS=true on a public address: no sign-in, nothing stored.
 """
 
@@ -27,6 +28,7 @@ from services.accounts import local
 from services.accounts.addresses import in_networks, is_loopback, networks
 from services.accounts.limits import SignInLimiter
 from services.accounts.local import LOCAL_USER
+from services.accounts.oauth import GitHubOrgs, OAuthAllowlist, OAuthGate, OrgMember, github_api_url
 from services.accounts.passwords import check_password_async, generated_password
 from services.accounts.store import AccountError, AccountStore, normalize_username
 from services.config import Settings, SettingsError
@@ -105,15 +107,19 @@ class SignIn:
     """Chainlit's auth callbacks for the resolved mode, over the account store."""
 
     def __init__(
-        self, settings: Settings, mode: str, accounts: AccountStore | None, local_token: str | None = None
-    ) -> None:
-        """`local_token`: the install's token (local mode)."""
+        self, settings: Settings, mode: str, accounts: AccountStore | None, local_token: str | None = None,
+        org_member: OrgMember | None = None,
+    ) -> None:  # fmt: skip
+        """`local_token`: the install's token (local mode); `org_member`: who answers "is this person
+        in that GitHub organisation?" (GitHub itself unless given)."""
         self.settings = settings
         self.mode = mode
         self.accounts = accounts
         self.local_token = local_token
         proxies = settings.auth_proxy_addresses if mode == "header" else ""
         self.proxies = networks(proxies, "AUTH_PROXY_ADDRESSES")
+        org_member = org_member or GitHubOrgs(github_api_url(), settings.oauth_provider_timeout_seconds)
+        self.oauth_gate = OAuthGate(OAuthAllowlist.from_settings(settings), accounts, org_member)
         self.limiter = SignInLimiter(
             settings.sign_in_max_failures, settings.sign_in_max_failures_per_address,
             settings.sign_in_window_seconds, settings.sign_in_lockout_seconds,
@@ -193,10 +199,12 @@ class SignIn:
 
     async def oauth(self, provider_id: str, token: str, raw_user_data: dict, default_user: User,
                     id_token: str | None = None) -> User | None:  # fmt: skip
-        """Chainlit's oauth_callback: whoever the provider vouches for, with the role of their account."""
-        try:
-            identifier = normalize_username(default_user.identifier)
-        except AccountError:
+        """Chainlit's oauth_callback: `<provider>:<name>`, or the account an administrator linked it to;
+        anyone else only when the allowlist lets them in (services/accounts/oauth.py)."""
+        identifier = await self.oauth_gate.identifier_for(
+            provider_id, default_user.identifier, raw_user_data, token
+        )
+        if identifier is None:
             return None
         return await self._known_user(identifier, provider_id, default_user.metadata)
 

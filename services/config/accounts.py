@@ -54,6 +54,31 @@ class AccountSettings:
         "start, kept in DATA_DIR/local-token), also from a browser on this machine. Turn on where other "
         "people have accounts on the machine.",
     )
+    oauth_allowed_users: str = setting(
+        "",
+        "OAUTH_ALLOWED_USERS",
+        "OAuth: comma-separated provider identities allowed to sign in (github:octocat, "
+        "google:ann@example.com); `*` = anyone the provider vouches for. With OAUTH_ALLOWED_DOMAINS and "
+        "OAUTH_ALLOWED_ORGS all empty, OAuth sign-in is refused to all but linked identities.",
+    )
+    oauth_allowed_domains: str = setting(
+        "",
+        "OAUTH_ALLOWED_DOMAINS",
+        "OAuth: e-mail domains (example.com, exactly) whose verified addresses may sign in.",
+    )
+    oauth_allowed_orgs: str = setting(
+        "",
+        "OAUTH_ALLOWED_ORGS",
+        "OAuth: GitHub organisations whose active members may sign in (asked of GitHub at sign-in, with "
+        "the read:org scope).",
+    )
+    oauth_provider_timeout_seconds: float = setting(
+        10.0,
+        "OAUTH_PROVIDER_TIMEOUT_SECONDS",
+        "How long a sign-in waits for the provider's answer about organisation membership (no answer = "
+        "refused).",
+        0.1,
+    )
     allow_anonymous: bool = setting(
         False,
         "ALLOW_ANONYMOUS",

@@ -3,7 +3,8 @@
 Tables are Chainlit 2.12's (users, threads, steps, elements, feedbacks: every column its
 SQLAlchemy data layer writes, since it swallows the error of a missing one) plus ours: the
 accounts' columns on `users`, `thread_documents` (a conversation's document), `service_health`
-(the write probe) and `api_keys` (hashes of the API keys). Ids and JSON are TEXT on both
+(the write probe), `api_keys` (hashes of the API keys) and `identity_links` (provider identities
+an administrator linked to an account). Ids and JSON are TEXT on both
 databases, so one set of statements serves both. Each step runs once, recorded in
 `schema_migrations`; every statement is safe to run again (IF NOT EXISTS, columns added only when
 missing), so an existing Chainlit database is upgraded in place. Replicas starting together take a
@@ -121,6 +122,18 @@ async def _api_keys(connection: AsyncConnection) -> None:
     await connection.execute(text("CREATE INDEX IF NOT EXISTS api_keys_user ON api_keys (user_identifier)"))
 
 
+async def _identity_links(connection: AsyncConnection) -> None:
+    await connection.execute(
+        text(
+            "CREATE TABLE IF NOT EXISTS identity_links (identity TEXT PRIMARY KEY, account TEXT NOT NULL, "
+            "created_at TEXT NOT NULL)"
+        )
+    )
+    await connection.execute(
+        text("CREATE INDEX IF NOT EXISTS identity_links_account ON identity_links (account)")
+    )
+
+
 @dataclass(frozen=True)
 class Migration:
     version: int
@@ -134,6 +147,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(3, "indexes for listing, resuming and deleting conversations", _indexes),
     Migration(4, "conversation documents and the health probe row", _documents_and_health),
     Migration(5, "API keys: sha256 of each key, its shown prefix, owner, revocation", _api_keys),
+    Migration(6, "provider identities (github:login) an administrator linked to an account", _identity_links),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

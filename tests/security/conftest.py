@@ -1,8 +1,9 @@
 """Real `chainlit run` servers (tiny model, SQLite) shared by the attack suite, one per distinct
 settings: every attack runs against the real routes and the real socket.
 
-- `target`: password sign-in with people ALICE and BOB and the administrator ADMIN, uvicorn trusting
-  every X-Forwarded-For (FORWARDED_ALLOW_IPS=*, as containers are often run);
+- `target`: password sign-in with people ALICE and BOB and the administrator ADMIN, GitHub sign-in
+  too (against `fake_github`, with an allowlist), uvicorn trusting every X-Forwarded-For
+  (FORWARDED_ALLOW_IPS=*, as containers are often run);
 - `local_target`: nothing configured, on loopback: the one local user (the default install);
 - `proxied_target`: header sign-in behind an auth proxy at PROXY_ADDRESS, uvicorn trusting every
   X-Forwarded-For.
@@ -15,12 +16,16 @@ from pathlib import Path
 
 import pytest
 
+from harness.fake_github import FakeGitHub
 from harness.server import AppServer
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
 from tests.test_people import ADMIN, ALICE, BOB, accounts
 
 __all__ = ["ALICE", "BOB"]
 
+GITHUB_ORG = "acme"  # members of this GitHub organisation may sign in
+ALLOWED_DOMAIN = "example.com"  # and people with a verified e-mail address here
+ALLOWED_GITHUB_USER = "github:carol-gh"  # and this one GitHub user
 PROXY_ADDRESS = "127.0.0.2"  # the auth proxy of `proxied_target` (a loopback address of its own)
 PROXY_USER_HEADER = "X-Auth-User"
 
@@ -33,11 +38,21 @@ def tiny_env(model_dir: Path, data_dir: Path, **values: object) -> dict[str, str
 
 
 @pytest.fixture(scope="package")
-def target(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppServer]:
+def fake_github() -> Iterator[FakeGitHub]:
+    github = FakeGitHub().start()
+    yield github
+    github.stop()
+
+
+@pytest.fixture(scope="package")
+def target(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, fake_github: FakeGitHub
+) -> Iterator[AppServer]:
     data_dir = tmp_path_factory.mktemp("attacked-data")
     env = tiny_env(
         tiny_model_dir, data_dir, AUTH_MODE="password", ADMIN_USERNAME=ADMIN[0],
-        ADMIN_PASSWORD=ADMIN[1], FORWARDED_ALLOW_IPS="*",
+        ADMIN_PASSWORD=ADMIN[1], FORWARDED_ALLOW_IPS="*", OAUTH_ALLOWED_ORGS=GITHUB_ORG,
+        OAUTH_ALLOWED_DOMAINS=ALLOWED_DOMAIN, OAUTH_ALLOWED_USERS=ALLOWED_GITHUB_USER, **fake_github.env(),
     )  # fmt: skip
     server = AppServer(env, ARTIFACTS / "logs" / "security-server.log").start()
     for name, password in (ALICE, BOB):
