@@ -37,14 +37,16 @@ from services.web.chainlit_state import (
 from services.web.chat_feedback import StatusMessage, notice, summary_progress, user_key
 from services.web.client_ids import install_client_id_guards
 from services.web.key_chat import answer_key_command
+from services.web.local_access import install_local_access
 from services.web.page_assets import install_page_assets
+from services.web.peers import install_client_addresses
 from services.web.routes import install_api, install_routes
 from services.web.upload_guard import install_upload_guard
 
 runtime = Runtime()
 oauth_providers = get_configured_oauth_providers()
 try:  # a public address without sign-in stops here, with what to configure
-    sign_in = runtime.set_up_people(chainlit_config.run.host, oauth_providers)
+    sign_in = runtime.set_up_people(chainlit_config.run.host, oauth_providers, chainlit_config.run.port)
 except SettingsError as error:
     raise SystemExit(str(error)) from None
 install_routes(http_app, runtime)
@@ -59,7 +61,10 @@ install_upload_guard(
     session_wait_seconds=runtime.settings.upload_session_wait_seconds,
     on_reject=tell_uploader,
 )
-install_client_id_guards(http_app)  # last: the outermost check, before anything reads a request
+install_client_id_guards(http_app)  # before anything reads a request
+install_local_access(http_app, sign_in)  # local mode: this machine's browser only, on every route
+# Last, so outermost: the TCP peer kept, the client decided (never by a header a client wrote).
+install_client_addresses(http_app, runtime.settings, sign_in.mode)
 
 
 @cl.data_layer

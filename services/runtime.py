@@ -21,6 +21,8 @@ import psutil
 from prometheus_client import CollectorRegistry
 
 from services.accounts.keys import ApiKeyStore
+from services.accounts.local import load_or_create_token, token_banner
+from services.accounts.oauth import ask_github_for_org_memberships
 from services.accounts.secret import ensure_auth_secret
 from services.accounts.sign_in import SignIn, resolve_mode
 from services.accounts.store import AccountStore
@@ -76,24 +78,39 @@ class Runtime:
             server = RemoteApiServer(self.settings) if remote else OpenAiServer(self.settings)
             self.api = ApiGate(self.settings, server, ApiMetrics(self.registry))
 
-    def set_up_people(self, bind_host: str, oauth_providers: list[str]) -> SignIn:
+    def set_up_people(self, bind_host: str, oauth_providers: list[str], bind_port: int = 8000) -> SignIn:
         """Sign-in and history for this bind address (at import, before Chainlit reads its callbacks).
 
-        Raises SettingsError when a public address has no sign-in. Creates the sign-in secret once.
+        Raises SettingsError when a public address has no sign-in. Creates the sign-in secret once,
+        and in local mode the install's token (printed, with where to open the app).
         """
         mode = resolve_mode(self.settings, bind_host, oauth_providers)
         keep = self.settings.chat_history and mode != "anonymous"
         self.history = History(self.settings, keep_conversations=keep, use_database=mode != "anonymous")
         accounts = AccountStore(self.history.engine) if self.history.engine is not None else None
-        self.sign_in = SignIn(self.settings, mode, accounts)
+        token = load_or_create_token(ensure_data_dir(self.settings)) if mode == "local" else None
+        self.sign_in = SignIn(self.settings, mode, accounts, local_token=token)
         self.history.on_ready(self.sign_in.ensure_first_accounts)
         if self.api is not None and self.history.engine is not None:
             self.api.keys = ApiKeyStore(self.history.engine, self.settings.api_keys_per_user)
         if mode != "anonymous":
             source = ensure_auth_secret(ensure_data_dir(self.settings))
             logger.info("sign-in: %s mode; cookies signed with the secret from %s", mode, source)
+        if token is not None:
+            required = self.settings.local_token_required
+            print(token_banner(bind_host, bind_port, token, required), file=sys.stderr, flush=True)
+        if oauth_providers and mode in ("password", "oauth"):
+            self._set_up_oauth(oauth_providers)
         self.registry.register(HistoryCollector(self.history))
         return self.sign_in
+
+    def _set_up_oauth(self, oauth_providers: list[str]) -> None:
+        assert self.sign_in is not None
+        if self.sign_in.oauth_gate.allowlist.empty:
+            logger.warning("OAuth (%s) without OAUTH_ALLOWED_USERS, _DOMAINS or _ORGS: only identities an "
+                           "administrator linked may sign in", ", ".join(oauth_providers))  # fmt: skip
+        if "github" in oauth_providers and self.settings.oauth_allowed_orgs:
+            ask_github_for_org_memberships()
 
     @property
     def ready(self) -> bool:

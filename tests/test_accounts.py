@@ -166,20 +166,22 @@ async def test_header_sign_in_trusts_only_the_proxy_and_local_only_loopback(stor
     settings = Settings.from_env({"AUTH_MODE": "header", "AUTH_HEADER": "X-Forwarded-User",
                                   "AUTH_PROXY_ADDRESSES": "10.0.0.0/8"})  # fmt: skip
     proxied = SignIn(settings, "header", store)
-    current_request.set(SignInRequest(address="10.0.0.5"))
+    current_request.set(SignInRequest(address="203.0.113.7", peer="10.0.0.5"))
     user = await proxied.header({"x-forwarded-user": "Grace"})
     assert user is not None and user.identifier == "grace"
-    current_request.set(SignInRequest(address="192.168.1.9"))
+    current_request.set(SignInRequest(address="192.168.1.9", peer="192.168.1.9"))
     assert await proxied.header({"x-forwarded-user": "grace"}) is None, "not from the proxy"
+    current_request.set(SignInRequest(address="10.0.0.5", peer="192.168.1.9"))
+    assert await proxied.header({"x-forwarded-user": "grace"}) is None, "a client naming the proxy is not it"
     local = SignIn(Settings.from_env({}), "local", None)
-    current_request.set(SignInRequest(address="127.0.0.1"))
-    me = await local.header({})
+    current_request.set(SignInRequest(address="127.0.0.1", peer="127.0.0.1"))
+    me = await local.header({"host": "127.0.0.1:8000"})
     assert me is not None and me.metadata["role"] == "admin"
-    assert await local.header({"x-forwarded-for": "203.0.113.7"}) is None, (
+    assert await local.header({"host": "127.0.0.1:8000", "x-forwarded-for": "203.0.113.7"}) is None, (
         "a proxy in front: configure sign-in"
     )
-    current_request.set(SignInRequest(address="192.168.1.9"))
-    assert await local.header({}) is None
+    current_request.set(SignInRequest(address="192.168.1.9", peer="192.168.1.9"))
+    assert await local.header({"host": "127.0.0.1:8000"}) is None
 
 
 @pytest.mark.asyncio(loop_scope="module")

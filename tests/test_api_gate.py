@@ -11,6 +11,7 @@ import httpx
 import pytest
 import pytest_asyncio
 from prometheus_client import CollectorRegistry
+from starlette.routing import Route, Router
 
 from services.accounts.key_commands import is_key_command, run_key_command
 from services.accounts.keys import KEY_MARK, ApiKeyStore, key_hash
@@ -172,6 +173,13 @@ def test_the_api_route_takes_every_v1_path_and_nothing_else() -> None:
     assert route.matches({"type": "http", "path": "/v10/x"})[0].name == "NONE"
     assert route.matches({"type": "http", "path": "/"})[0].name == "NONE"
     assert route.matches({"type": "websocket", "path": "/v1/x"})[0].name == "NONE"
+
+
+def test_the_api_route_leaves_chainlits_named_routes_reachable() -> None:
+    """In front of Chainlit's routes, it must not break `request.url_for("login")`, which Chainlit's
+    OAuth callback uses to send a refused sign-in back to the login page."""
+    router = Router([ApiRoute(gate=None), Route("/login", lambda request: None, name="login")])  # type: ignore[arg-type]
+    assert router.url_path_for("login") == "/login"
 
 
 def test_vllm_errors_are_put_in_openai_terms() -> None:

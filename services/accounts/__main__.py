@@ -5,6 +5,9 @@
     python -m services.accounts remove alice          # deletes her conversations too
     python -m services.accounts reset-password alice [--generate]
     python -m services.accounts set-role alice admin|user
+    python -m services.accounts link alice github:alice-gh   # that GitHub user signs in as alice
+    python -m services.accounts unlink github:alice-gh
+    python -m services.accounts links
     python -m services.accounts key create alice      # prints the new API key once
     python -m services.accounts key list [alice] [--all]
     python -m services.accounts key revoke sk-vc-AbCdEf [--user alice]
@@ -47,6 +50,12 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     role = commands.add_parser("set-role", help="make an account admin or user")
     role.add_argument("username")
     role.add_argument("role", choices=ROLES)
+    link = commands.add_parser("link", help="let a provider identity (github:<login>) sign in as an account")
+    link.add_argument("username")
+    link.add_argument("identity", help="<provider>:<name> as the provider names them, e.g. github:octocat")
+    unlink = commands.add_parser("unlink", help="stop a provider identity signing in as its linked account")
+    unlink.add_argument("identity")
+    commands.add_parser("links", help="list provider identities linked to accounts")
     _key_commands(commands.add_parser("key", help="API keys: create, list, revoke"))
     return parser.parse_args(argv)
 
@@ -101,6 +110,8 @@ async def _command(arguments: argparse.Namespace, store: AccountStore) -> str:
         return (
             f"removed {arguments.username} and deleted {deleted} conversation(s); its sign-ins stop working"
         )
+    if command in ("link", "unlink", "links"):
+        return await _link_command(arguments, store)
     if command == "set-role":
         await store.set_role(arguments.username, arguments.role)
         return f"{arguments.username} is now {arguments.role}; its sign-ins end"
@@ -115,6 +126,17 @@ async def _command(arguments: argparse.Namespace, store: AccountStore) -> str:
         return f"added {account.identifier} ({account.role}){shown}"
     await store.reset_password(arguments.username, password)
     return f"new password set for {arguments.username}; its sign-ins end{shown}"
+
+
+async def _link_command(arguments: argparse.Namespace, store: AccountStore) -> str:
+    if arguments.command == "link":
+        identity = await store.link(arguments.username, arguments.identity)
+        return f"{identity} now signs in as {arguments.username}"
+    if arguments.command == "unlink":
+        return f"{await store.unlink(arguments.identity)} is no longer linked"
+    lines = [f"{'identity':<40} {'account':<32} linked"]
+    lines += [f"{identity:<40} {account:<32} {at[:19]}" for identity, account, at in await store.links()]
+    return "\n".join(lines)
 
 
 async def _key_command(arguments: argparse.Namespace, keys: ApiKeyStore) -> str:

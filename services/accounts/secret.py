@@ -15,14 +15,14 @@ SECRET_FILE_NAME = "auth-secret"
 ENV_NAME = "CHAINLIT_AUTH_SECRET"
 
 
-def load_or_create_secret(data_dir: Path) -> str:
-    """The secret kept in `data_dir`, created (atomically, mode 0600) on first use."""
-    path = data_dir / SECRET_FILE_NAME
+def load_or_create_secret(data_dir: Path, name: str = SECRET_FILE_NAME, size_bytes: int = 48) -> str:
+    """The secret kept in `data_dir/name`, created (atomically, mode 0600) on first use."""
+    path = data_dir / name
     if not path.exists():
-        temporary = data_dir / f".{SECRET_FILE_NAME}.{os.getpid()}"
+        temporary = data_dir / f".{name}.{os.getpid()}"
         descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(descriptor, "w") as file:
-            file.write(secrets.token_urlsafe(48))
+            file.write(secrets.token_urlsafe(size_bytes))
         try:
             os.link(temporary, path)  # fails if another process made one first: theirs wins
         except FileExistsError:
@@ -33,7 +33,7 @@ def load_or_create_secret(data_dir: Path) -> str:
     os.chmod(path, 0o600)
     secret = path.read_text().strip()
     if len(secret) < 32:
-        raise RuntimeError(f"{path} holds no usable secret; delete it to make a new one (signs everyone out)")
+        raise RuntimeError(f"{path} holds no usable secret; delete it to make a new one")
     return secret
 
 

@@ -4,10 +4,12 @@ Every user a callback returns carries the session claim (services/accounts/sessi
 the app end the sign-in. Modes (resolved once, at import, from AUTH_MODE, Chainlit's OAuth variables
 and the bind address):
 - local:     no sign-in configured, bound to loopback: one local user (admin), signed in without a
-             login form through Chainlit's header sign-in, refused to anyone not on loopback;
-- password:  accounts in the database (argon2), limited attempts (services/accounts/limits.py);
-- header:    a user name in AUTH_HEADER, trusted only from AUTH_PROXY_ADDRESSES;
-- oauth:     Chainlit's OAuth providers (their own OAUTH_* variables), with or without password;
+             login form through Chainlit's header sign-in, only for a browser on this machine under
+             a loopback name (services/accounts/local.py), or with the install's token;
+- password:  accounts in the database (argon2), limited failed attempts;
+- header:    a user name in AUTH_HEADER, trusted only from a TCP peer in AUTH_PROXY_ADDRESSES;
+- oauth:     Chainlit's OAuth providers (their own OAUTH_* variables), with or without password; a
+             provider's user is `<provider>:<name>` and needs the allowlist or a link (oauth.py);
 - anonymous: ALLOW_ANONYMOUS=true on a public address: no sign-in, nothing stored.
 """
 
@@ -15,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import ipaddress
 import logging
 import sys
 from collections.abc import Mapping
@@ -24,7 +25,11 @@ from typing import Any
 
 from chainlit.user import User
 
+from services.accounts import local
+from services.accounts.addresses import in_networks, is_loopback, networks
 from services.accounts.limits import SignInLimiter
+from services.accounts.local import LOCAL_USER
+from services.accounts.oauth import GitHubOrgs, OAuthAllowlist, OAuthGate, OrgMember, github_api_url
 from services.accounts.passwords import check_password_async, generated_password
 from services.accounts.sessions import Sessions
 from services.accounts.store import AccountError, AccountStore, normalize_username
@@ -32,20 +37,20 @@ from services.config import Settings, SettingsError
 
 logger = logging.getLogger(__name__)
 
-LOCAL_USER = "local"
-FORWARDING_HEADERS = ("x-forwarded-for", "forwarded", "x-real-ip")
-
 
 @dataclass
 class SignInRequest:
-    """The HTTP request a callback serves: its address, and a refusal that replaces Chainlit's 401.
+    """The HTTP request a callback serves: who asks, and a refusal that replaces Chainlit's 401.
 
+    `peer` is the TCP peer (what trust is decided on); `address` is the client for per-address
+    limits: the peer, or the client a trusted proxy names (services/web/peers.py).
     Chainlit passes the callbacks only the form or the headers, and turns any exception they raise
     into a logged error and a plain 401; services/web's middleware sets this per request and sends
     `refusal` (status, detail, Retry-After seconds) instead of the 401 when a callback sets it.
     """
 
     address: str | None
+    peer: str | None = None
     refusal: tuple[int, str, int | None] | None = None
 
 
@@ -59,19 +64,15 @@ def client_address() -> str | None:
     return request.address if request is not None else None
 
 
+def client_peer() -> str | None:
+    request = current_request.get()
+    return request.peer if request is not None else None
+
+
 def refuse(status: int, detail: str, retry_after_seconds: int | None = None) -> None:
     """Answer this sign-in with `status` and `detail` instead of Chainlit's 401."""
     if (request := current_request.get()) is not None:
         request.refusal = (status, detail, retry_after_seconds)
-
-
-def is_loopback(host: str | None) -> bool:
-    if host in ("localhost", "ip6-localhost"):
-        return True
-    try:
-        return ipaddress.ip_address((host or "").strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def refusal(host: str) -> str:
@@ -102,29 +103,23 @@ def resolve_mode(settings: Settings, bind_host: str, oauth_providers: list[str])
     raise SettingsError(refusal(bind_host))
 
 
-def _networks(spec: str) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
-    try:
-        return [ipaddress.ip_network(part.strip(), strict=False) for part in spec.split(",") if part.strip()]
-    except ValueError as error:
-        raise SettingsError(f"AUTH_PROXY_ADDRESSES: {error}") from None
-
-
-def _in_networks(address: str | None, networks: list) -> bool:
-    try:
-        ip = ipaddress.ip_address(address or "")
-    except ValueError:
-        return False
-    return any(ip in network for network in networks)
-
-
 class SignIn:
     """Chainlit's auth callbacks for the resolved mode, over the account store."""
 
-    def __init__(self, settings: Settings, mode: str, accounts: AccountStore | None) -> None:
+    def __init__(
+        self, settings: Settings, mode: str, accounts: AccountStore | None, local_token: str | None = None,
+        org_member: OrgMember | None = None,
+    ) -> None:  # fmt: skip
+        """`local_token`: the install's token (local mode); `org_member`: who answers "is this person
+        in that GitHub organisation?" (GitHub itself unless given)."""
         self.settings = settings
         self.mode = mode
         self.accounts = accounts
-        self.proxies = _networks(settings.auth_proxy_addresses) if mode == "header" else []
+        self.local_token = local_token
+        proxies = settings.auth_proxy_addresses if mode == "header" else ""
+        self.proxies = networks(proxies, "AUTH_PROXY_ADDRESSES")
+        org_member = org_member or GitHubOrgs(github_api_url(), settings.oauth_provider_timeout_seconds)
+        self.oauth_gate = OAuthGate(OAuthAllowlist.from_settings(settings), accounts, org_member)
         self.limiter = SignInLimiter(
             settings.sign_in_max_failures, settings.sign_in_max_failures_per_address,
             settings.sign_in_max_failures_per_account, settings.sign_in_window_seconds,
@@ -180,20 +175,19 @@ class SignIn:
         return self.sessions.stamp(user, account.generation)
 
     async def header(self, headers: Mapping[str, str]) -> User | None:
-        """Chainlit's header_auth_callback: the local user (local mode) or the proxy's user (header mode)."""
-        address = client_address()
+        """Chainlit's header_auth_callback: the local user (local mode) or the proxy's user (header mode).
+
+        Trust is decided on the TCP peer, never on X-Forwarded-For (any client can write that)."""
+        peer = client_peer()
         if self.mode == "local":
-            forwarded = any(name in headers for name in FORWARDING_HEADERS)
-            if not is_loopback(address) or forwarded:
-                logger.warning(
-                    "local sign-in refused for %s (forwarded: %s): configure AUTH_MODE", address, forwarded
-                )
+            problem = "LOCAL_TOKEN_REQUIRED=true" if self.settings.local_token_required else None
+            if problem := problem or local.sign_in_problem(peer, headers):
+                logger.warning("local sign-in refused: %s. Use the install's token (printed at start), "
+                               "or configure AUTH_MODE", problem)  # fmt: skip
                 return None
-            return self.sessions.stamp(
-                User(identifier=LOCAL_USER, metadata={"role": "admin", "provider": "local"}), 0
-            )
-        if not _in_networks(address, self.proxies):
-            logger.warning("header sign-in refused: %s is not in AUTH_PROXY_ADDRESSES", address)
+            return self.local_user()
+        if not in_networks(peer, self.proxies):
+            logger.warning("header sign-in refused: %s is not in AUTH_PROXY_ADDRESSES", peer)
             return None
         try:
             identifier = normalize_username(headers.get(self.settings.auth_header.lower(), ""))
@@ -201,12 +195,25 @@ class SignIn:
             return None
         return await self._known_user(identifier, "header")
 
+    def local_user(self) -> User:
+        """The one local user (local mode), with the session claim its cookie carries."""
+        user = User(identifier=LOCAL_USER, metadata={"role": "admin", "provider": "local"})
+        return self.sessions.stamp(user, 0)
+
+    def local_user_for_token(self, offered: str) -> User | None:
+        """The local user, for the install's token (local mode only); None for anything else."""
+        if self.mode != "local" or not self.local_token or not local.token_matches(self.local_token, offered):
+            return None
+        return self.local_user()
+
     async def oauth(self, provider_id: str, token: str, raw_user_data: dict, default_user: User,
                     id_token: str | None = None) -> User | None:  # fmt: skip
-        """Chainlit's oauth_callback: whoever the provider vouches for, with the role of their account."""
-        try:
-            identifier = normalize_username(default_user.identifier)
-        except AccountError:
+        """Chainlit's oauth_callback: `<provider>:<name>`, or the account an administrator linked it to;
+        anyone else only when the allowlist lets them in (services/accounts/oauth.py)."""
+        identifier = await self.oauth_gate.identifier_for(
+            provider_id, default_user.identifier, raw_user_data, token
+        )
+        if identifier is None:
             return None
         return await self._known_user(identifier, provider_id, default_user.metadata)
 

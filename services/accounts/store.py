@@ -17,17 +17,13 @@ from datetime import UTC, datetime
 
 from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from services.accounts.names import AccountError, normalize_username, parse_identity
 from services.accounts.passwords import hash_password_async, needs_rehash, password_problem
 from services.history import conversations
 
 ROLES = ("admin", "user")
-MAX_USERNAME_CHARS = 128
-
-
-class AccountError(ValueError):
-    """A request about accounts that cannot be done (message for the operator)."""
 
 
 @dataclass(frozen=True)
@@ -42,16 +38,6 @@ class Account:
     @property
     def has_password(self) -> bool:
         return bool(self.password_hash)
-
-
-def normalize_username(username: str) -> str:
-    """Usernames are case-insensitive (people type e-mail addresses in any case)."""
-    name = username.strip().lower()
-    if not name or len(name) > MAX_USERNAME_CHARS or any(c.isspace() or not c.isprintable() for c in name):
-        raise AccountError(
-            f"{username!r} is not a valid username (1-{MAX_USERNAME_CHARS} characters, no spaces)"
-        )
-    return name
 
 
 def _check_role(role: str) -> str:
@@ -92,6 +78,11 @@ class AccountStore:
         """Create an account (or give a removed one back); no password = header or OAuth sign-in only."""
         identifier = normalize_username(username)
         _check_role(role)
+        if password is not None and ":" in identifier:
+            raise AccountError(
+                f"{identifier} is a provider identity (provider:name): it signs in through its provider. "
+                "Add it with --no-password, or link it to an account"
+            )
         if password is not None and (problem := password_problem(password)):
             raise AccountError(problem)
         existing = await self.get(identifier)
@@ -196,6 +187,53 @@ class AccountStore:
         """After a good sign-in: upgrade a hash made with older parameters."""
         if account.password_hash and needs_rehash(account.password_hash):
             await self._set_password_hash(account.identifier, await hash_password_async(password))
+
+    async def link(self, username: str, identity: str) -> str:
+        """Let a provider identity sign in as this account (an administrator's decision); return the
+        identity as stored."""
+        account = await self._existing(username)
+        identity = parse_identity(identity)
+        async with self.engine.begin() as connection:
+            if (linked := await self._linked(connection, identity)) is not None:
+                raise AccountError(f"{identity} is already linked to {linked} (unlink it first)")
+            await connection.execute(
+                text("INSERT INTO identity_links (identity, account, created_at) VALUES (:id, :who, :now)"),
+                {"id": identity, "who": account, "now": _now()},
+            )
+        return identity
+
+    async def unlink(self, identity: str) -> str:
+        """Stop a provider identity signing in as its linked account; return the identity."""
+        identity = parse_identity(identity)
+        async with self.engine.begin() as connection:
+            result = await connection.execute(
+                text("DELETE FROM identity_links WHERE identity = :id"), {"id": identity}
+            )
+        if not result.rowcount:
+            raise AccountError(f"{identity} is not linked to any account")
+        return identity
+
+    async def links(self) -> list[tuple[str, str, str]]:
+        """(identity, account, linked at) of every link, by account."""
+        async with self.engine.connect() as connection:
+            rows = await connection.execute(
+                text("SELECT identity, account, created_at FROM identity_links ORDER BY account, identity")
+            )
+            return [(row[0], row[1], row[2]) for row in rows]
+
+    async def linked_account(self, identity: str) -> str | None:
+        """The account an administrator linked this provider identity to, if any."""
+        async with self.engine.connect() as connection:
+            return await self._linked(connection, identity)
+
+    @staticmethod
+    async def _linked(connection: AsyncConnection, identity: str) -> str | None:
+        row = (
+            await connection.execute(
+                text("SELECT account FROM identity_links WHERE identity = :id"), {"id": identity}
+            )
+        ).first()
+        return row[0] if row is not None else None
 
     async def admins(self) -> list[str]:
         async with self.engine.connect() as connection:

@@ -15,7 +15,8 @@ import time
 from collections.abc import AsyncIterator, Callable, MutableMapping
 from typing import Any, Protocol
 
-from starlette.routing import BaseRoute, Match
+from starlette.datastructures import URLPath
+from starlette.routing import BaseRoute, Match, NoMatchFound
 
 from services.accounts.keys import ApiKeyStore, KeyHolder
 from services.api.checks import check_request, parse_body
@@ -214,3 +215,8 @@ class ApiRoute(BaseRoute):
 
     async def handle(self, scope: Scope, receive: Callable, send: Callable) -> None:
         await self.gate(scope, receive, send)
+
+    def url_path_for(self, name: str, /, **path_params: Any) -> URLPath:
+        """No named routes here. (Starlette's default raises NotImplementedError, which turned every
+        `request.url_for(...)` of Chainlit's, e.g. its OAuth error redirect, into a 500.)"""
+        raise NoMatchFound(name, path_params)

@@ -45,6 +45,45 @@ class AccountSettings:
         "Header mode: comma-separated addresses or networks (10.0.0.5, 10.1.0.0/16) of the proxies "
         "whose AUTH_HEADER is trusted; requests from anywhere else are refused.",
     )
+    trusted_proxy_addresses: str = setting(
+        "127.0.0.1,::1",
+        "TRUSTED_PROXY_ADDRESSES",
+        "Reverse proxies (addresses or networks) whose X-Forwarded-For names the client, for per-address "
+        "limits; AUTH_PROXY_ADDRESSES count too. Decided by the TCP peer: uvicorn's FORWARDED_ALLOW_IPS "
+        "does not make anyone a proxy here. Empty = the peer is always the client.",
+    )
+    local_token_required: bool = setting(
+        False,
+        "LOCAL_TOKEN_REQUIRED",
+        "Local mode: every sign-in needs the install's token (the /auth/local?token= address printed at "
+        "start, kept in DATA_DIR/local-token), also from a browser on this machine. Turn on where other "
+        "people have accounts on the machine.",
+    )
+    oauth_allowed_users: str = setting(
+        "",
+        "OAUTH_ALLOWED_USERS",
+        "OAuth: comma-separated provider identities allowed to sign in (github:octocat, "
+        "google:ann@example.com); `*` = anyone the provider vouches for. With OAUTH_ALLOWED_DOMAINS and "
+        "OAUTH_ALLOWED_ORGS all empty, OAuth sign-in is refused to all but linked identities.",
+    )
+    oauth_allowed_domains: str = setting(
+        "",
+        "OAUTH_ALLOWED_DOMAINS",
+        "OAuth: e-mail domains (example.com, exactly) whose verified addresses may sign in.",
+    )
+    oauth_allowed_orgs: str = setting(
+        "",
+        "OAUTH_ALLOWED_ORGS",
+        "OAuth: GitHub organisations whose active members may sign in (asked of GitHub at sign-in, with "
+        "the read:org scope).",
+    )
+    oauth_provider_timeout_seconds: float = setting(
+        10.0,
+        "OAUTH_PROVIDER_TIMEOUT_SECONDS",
+        "How long a sign-in waits for the provider's answer about organisation membership (no answer = "
+        "refused).",
+        0.1,
+    )
     allow_anonymous: bool = setting(
         False,
         "ALLOW_ANONYMOUS",

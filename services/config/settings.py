@@ -16,6 +16,7 @@ a message that names the variable, the value and what was expected.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -115,6 +116,15 @@ class Settings(
             raise SettingsError(f"AUTH_MODE={self.auth_mode!r} is not one of {', '.join(AUTH_MODES)}")
         if self.auth_mode == "header" and not (self.auth_header and self.auth_proxy_addresses):
             raise SettingsError("AUTH_MODE=header needs AUTH_HEADER and AUTH_PROXY_ADDRESSES")
+        for name, spec in (
+            ("AUTH_PROXY_ADDRESSES", self.auth_proxy_addresses),
+            ("TRUSTED_PROXY_ADDRESSES", self.trusted_proxy_addresses),
+        ):
+            for part in filter(None, (part.strip() for part in spec.split(","))):
+                try:
+                    ipaddress.ip_network(part, strict=False)
+                except ValueError as error:
+                    raise SettingsError(f"{name}: {error}") from None
         if bool(self.admin_username) != bool(self.admin_password):
             raise SettingsError("ADMIN_USERNAME and ADMIN_PASSWORD are set together (or neither)")
         if self.database_url and not self.database_url.startswith(("postgresql", "postgres", "sqlite")):

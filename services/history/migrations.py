@@ -3,8 +3,9 @@
 Tables are Chainlit 2.12's (users, threads, steps, elements, feedbacks: every column its
 SQLAlchemy data layer writes, since it swallows the error of a missing one) plus ours: the
 accounts' columns on `users`, `thread_documents` (a conversation's document), `service_health`
-(the write probe), `api_keys` (hashes of the API keys) and `users.session_generation` (what ends
-an account's sign-ins). Ids and JSON are TEXT on both
+(the write probe), `api_keys` (hashes of the API keys), `users.session_generation` (what ends
+an account's sign-ins) and `identity_links` (provider identities an administrator linked to an
+account). Ids and JSON are TEXT on both
 databases, so one set of statements serves both. Each step runs once, recorded in
 `schema_migrations`; every statement is safe to run again (IF NOT EXISTS, columns added only when
 missing), so an existing Chainlit database is upgraded in place. Replicas starting together take a
@@ -128,6 +129,18 @@ async def _sessions(connection: AsyncConnection) -> None:
     await _ensure_columns(connection, "users", SESSION_COLUMNS)
 
 
+async def _identity_links(connection: AsyncConnection) -> None:
+    await connection.execute(
+        text(
+            "CREATE TABLE IF NOT EXISTS identity_links (identity TEXT PRIMARY KEY, account TEXT NOT NULL, "
+            "created_at TEXT NOT NULL)"
+        )
+    )
+    await connection.execute(
+        text("CREATE INDEX IF NOT EXISTS identity_links_account ON identity_links (account)")
+    )
+
+
 @dataclass(frozen=True)
 class Migration:
     version: int
@@ -142,6 +155,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "conversation documents and the health probe row", _documents_and_health),
     Migration(5, "API keys: sha256 of each key, its shown prefix, owner, revocation", _api_keys),
     Migration(6, "sessions: a generation per account, moved to end its sign-ins", _sessions),
+    Migration(7, "provider identities (github:login) an administrator linked to an account", _identity_links),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

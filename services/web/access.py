@@ -1,8 +1,8 @@
 """Who is asking, on the HTTP side: the client address for sign-in, removed accounts, feedback ownership.
 
-- `SignInRequestMiddleware` hands each request's address to the sign-in callbacks (Chainlit passes
-  them only the form or the headers), and sends their refusal (429 with Retry-After, 503) in place
-  of the plain 401 Chainlit makes of any failed sign-in;
+- `SignInRequestMiddleware` hands each request's TCP peer and client address (services/web/peers.py)
+  to the sign-in callbacks (Chainlit passes them only the form or the headers), and sends their
+  refusal (429 with Retry-After, 503) in place of the plain 401 Chainlit makes of any failed sign-in;
 - ended sign-ins (signed out, a new password or role, a removed account, past their lifetime) are
   refused on every HTTP route and at the socket's connect (services/web/sign_in_sessions.py);
 - Chainlit 2.12's feedback routes do not check whose message the feedback is about: the routes
@@ -23,6 +23,7 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from services.accounts.sign_in import SignInRequest, current_request
 from services.history import conversations
 from services.runtime import Runtime
+from services.web.peers import peer_of
 from services.web.routes import move_to_front
 from services.web.sign_in_sessions import install_session_guards
 
@@ -39,7 +40,7 @@ class SignInRequestMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request = SignInRequest(address=(scope.get("client") or (None,))[0])
+        request = SignInRequest(address=(scope.get("client") or (None,))[0], peer=peer_of(scope))
         token = current_request.set(request)
         replaced = False
 

@@ -40,10 +40,9 @@ def user_key(people_sign_in: bool = True) -> str:
     """Whose share a turn counts against: the signed-in user, else the client's address.
 
     `people_sign_in` False (the one local user of a loopback install, or anonymous): everyone is
-    the same user, so the address tells people apart. The address is the socket's peer as
-    uvicorn saw it; behind a reverse proxy that uvicorn trusts (FORWARDED_ALLOW_IPS, loopback by
-    default) it is the client named in X-Forwarded-For. (engine.io's own REMOTE_ADDR is always
-    127.0.0.1.)
+    the same user, so the address tells people apart. The address is the socket's TCP peer; behind a
+    reverse proxy the app trusts (TRUSTED_PROXY_ADDRESSES, loopback by default; services/web/peers.py)
+    it is the client named in X-Forwarded-For. (engine.io's own REMOTE_ADDR is always 127.0.0.1.)
     """
     user = cl.context.session.user
     if people_sign_in and user is not None:
