@@ -28,6 +28,7 @@ from services.engine.errors import RepetitionError, report_failure
 from services.history.resume import ANSWER_METADATA, is_command
 from services.runtime import Runtime
 from services.web.access import install_access_guards
+from services.web.body_limit import install_body_limit, limits_by_route
 from services.web.chainlit_state import (
     current_user_identifier,
     forget_chat_context,
@@ -39,7 +40,8 @@ from services.web.client_ids import install_client_id_guards
 from services.web.key_chat import answer_key_command
 from services.web.page_assets import install_page_assets
 from services.web.routes import install_api, install_routes
-from services.web.upload_guard import install_upload_guard
+from services.web.stored_text import install_name_cap
+from services.web.upload_guard import DEFAULT_UPLOAD_PATH, install_upload_guard
 
 runtime = Runtime()
 oauth_providers = get_configured_oauth_providers()
@@ -59,7 +61,18 @@ install_upload_guard(
     session_wait_seconds=runtime.settings.upload_session_wait_seconds,
     on_reject=tell_uploader,
 )
-install_client_id_guards(http_app)  # last: the outermost check, before anything reads a request
+install_name_cap(http_app, runtime.settings)
+install_client_id_guards(http_app)  # outside every check but the body limit: before anything reads a request
+install_body_limit(  # last: the outermost middleware, so no body over its limit reaches any other
+    http_app,
+    limits_by_route(
+        runtime.settings.max_request_body_bytes,
+        runtime.settings.socket_max_event_bytes,
+        DEFAULT_UPLOAD_PATH,
+        api_served=runtime.api is not None,
+    ),
+    linger_seconds=runtime.settings.upload_linger_seconds,
+)
 
 
 @cl.data_layer

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from services.config.fields import setting
 
+SOCKET_EVENT_ENVELOPE_BYTES = 64 * 1024  # a message's id, metadata, file references, JSON framing
+
 
 @dataclass(frozen=True)
 class ChatSettings:
@@ -84,3 +86,8 @@ class ChatSettings:
     session_ttl_seconds: float = setting(
         3600.0, "SESSION_TTL_SECONDS", "Idle time after which a session is dropped.", 1
     )
+
+    @property
+    def socket_max_event_bytes(self) -> int:
+        """The largest socket.io event (one message with its envelope) the socket reads, in bytes."""
+        return 4 * self.max_message_chars + SOCKET_EVENT_ENVELOPE_BYTES

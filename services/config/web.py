@@ -11,11 +11,25 @@ from services.config.fields import setting
 class WebSettings:
     """Sizes a client's requests may have, and the text it may store through Chainlit's routes."""
 
+    max_request_body_bytes: int = setting(
+        1_048_576,
+        "MAX_REQUEST_BODY_BYTES",
+        "Largest HTTP request body on every route but the upload (MAX_UPLOAD_BYTES) and the API "
+        "(API_MAX_BODY_BYTES); a larger one gets 413 before it is read into memory. The page's own "
+        "requests (sign-in, rename, feedback, the sidebar) are a few KB.",
+        1024,
+    )
     max_thread_name_chars: int = setting(
         200,
         "MAX_THREAD_NAME_CHARS",
-        "Longest conversation name: the name Chainlit makes from a conversation's first message is "
-        "cut to it, and the sidebar lists no longer one.",
+        "Longest conversation name: a rename to a longer one is refused (400); the name Chainlit "
+        "makes from a conversation's first message is cut to it, and the sidebar lists no longer one.",
+        1,
+    )
+    max_feedback_comment_chars: int = setting(
+        4000,
+        "MAX_FEEDBACK_COMMENT_CHARS",
+        "Longest comment with a thumbs up or down; a longer one is refused (400).",
         1,
     )
     thread_list_page_max: int = setting(

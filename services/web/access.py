@@ -6,7 +6,7 @@
 - Chainlit's `get_current_user` dependency is wrapped so that a removed account's cookie is
   refused on every HTTP route (the socket is checked in the chat handlers);
 - Chainlit 2.12's feedback routes do not check whose message the feedback is about: the routes
-  put in front of them do, then hand over to Chainlit's own.
+  put in front of them do (and bound the comment, stored_text.py), then hand over to Chainlit's own.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from services.accounts.sign_in import SignInRequest, current_request
 from services.history import conversations
 from services.runtime import Runtime
 from services.web.routes import move_to_front
+from services.web.stored_text import check_feedback_comment
 
 ASGIApp = Callable[[MutableMapping[str, Any], Callable, Callable], Awaitable[None]]
 
@@ -109,6 +110,7 @@ def _guard_feedback(app: FastAPI, runtime: Runtime) -> None:
             ) from None
 
     async def update_feedback(request: Request, update: UpdateFeedbackRequest, user: Any = signed_in) -> Any:
+        check_feedback_comment(update.feedback.comment, runtime.settings)
         await owner_check(user, update.feedback.forId, update.feedback.id)
         return await chainlit_server.update_feedback(request, update, user)
 
