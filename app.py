@@ -40,8 +40,12 @@ from services.web.client_ids import install_client_id_guards
 from services.web.key_chat import answer_key_command
 from services.web.page_assets import install_page_assets
 from services.web.routes import install_api, install_routes
+from services.web.socket_guard import install_socket_guard, socket_guard_for
 from services.web.stored_text import install_name_cap
 from services.web.upload_guard import DEFAULT_UPLOAD_PATH, install_upload_guard
+
+# The chat settings the page offers (send_chat_settings), by kind: the socket keeps no others.
+CHAT_SETTINGS = {"temperature": float, "top_p": float, "max_new_tokens": float, "system_prompt": str}
 
 runtime = Runtime()
 oauth_providers = get_configured_oauth_providers()
@@ -62,6 +66,10 @@ install_upload_guard(
     on_reject=tell_uploader,
 )
 install_name_cap(http_app, runtime.settings)
+install_socket_guard(
+    socket_guard_for(runtime, people_sign_in=sign_in.mode != "local", chat_settings=CHAT_SETTINGS),
+    runtime.settings.socket_max_event_bytes,
+)
 install_client_id_guards(http_app)  # outside every check but the body limit: before anything reads a request
 install_body_limit(  # last: the outermost middleware, so no body over its limit reaches any other
     http_app,
@@ -181,12 +189,8 @@ async def answer(message: cl.Message) -> None:
     session = await open_session()
     if session is None:
         return
-    if len(message.content) > runtime.settings.max_message_chars:
-        await cl.ErrorMessage(
-            f"Your message has {len(message.content):,} characters; the limit is "
-            f"{runtime.settings.max_message_chars:,}. Please shorten it."
-        ).send()
-        return
+    # Messages over MAX_MESSAGE_CHARS, and over the sender's message rate, never get here:
+    # services/web/socket_guard.py refuses them before Chainlit stores them.
     await tell_history_state(session)
     reply = cl.Message(content="", metadata=dict(ANSWER_METADATA))  # marks it as part of the model's history
     try:

@@ -195,6 +195,11 @@ class ChatDataLayer(SQLAlchemyDataLayer):
         size = thread_list.page_size(pagination, settings.thread_list_page_max)
         return thread_list.page_response(rows if isinstance(rows, list) else [], size)
 
+    async def step_exists(self, step_id: str) -> bool:
+        """True when a message with this id is stored (False too when the database cannot say)."""
+        rows = await self.execute_sql('SELECT 1 AS found FROM steps WHERE "id" = :id', {"id": step_id})
+        return bool(rows) and isinstance(rows, list)
+
     async def get_all_user_threads(self, user_id: str | None = None, thread_id: str | None = None) -> Any:
         threads = await super().get_all_user_threads(user_id=user_id, thread_id=thread_id)
         for thread in threads or []:
