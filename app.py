@@ -28,6 +28,7 @@ from services.engine.errors import RepetitionError, report_failure
 from services.history.resume import ANSWER_METADATA, is_command
 from services.runtime import Runtime
 from services.web.access import install_access_guards
+from services.web.body_limit import install_body_limit, limits_by_route
 from services.web.chainlit_state import (
     current_user_identifier,
     forget_chat_context,
@@ -41,7 +42,12 @@ from services.web.local_access import install_local_access
 from services.web.page_assets import install_page_assets
 from services.web.peers import install_client_addresses
 from services.web.routes import install_api, install_routes
-from services.web.upload_guard import install_upload_guard
+from services.web.socket_guard import install_socket_guard, socket_guard_for
+from services.web.stored_text import install_name_cap
+from services.web.upload_guard import DEFAULT_UPLOAD_PATH, install_upload_guard
+
+# The chat settings the page offers (send_chat_settings), by kind: the socket keeps no others.
+CHAT_SETTINGS = {"temperature": float, "top_p": float, "max_new_tokens": float, "system_prompt": str}
 
 runtime = Runtime()
 oauth_providers = get_configured_oauth_providers()
@@ -61,10 +67,25 @@ install_upload_guard(
     session_wait_seconds=runtime.settings.upload_session_wait_seconds,
     on_reject=tell_uploader,
 )
+install_name_cap(http_app, runtime.settings)
+install_socket_guard(
+    socket_guard_for(runtime, people_sign_in=sign_in.mode != "local", chat_settings=CHAT_SETTINGS),
+    runtime.settings.socket_max_event_bytes,
+)
 install_client_id_guards(http_app)  # before anything reads a request
 install_local_access(http_app, sign_in)  # local mode: this machine's browser only, on every route
-# Last, so outermost: the TCP peer kept, the client decided (never by a header a client wrote).
+# The TCP peer kept, the client decided (never by a header a client wrote).
 install_client_addresses(http_app, runtime.settings, sign_in.mode)
+install_body_limit(  # last: the outermost middleware, so no body over its limit reaches any other
+    http_app,
+    limits_by_route(
+        runtime.settings.max_request_body_bytes,
+        runtime.settings.socket_max_event_bytes,
+        DEFAULT_UPLOAD_PATH,
+        api_served=runtime.api is not None,
+    ),
+    linger_seconds=runtime.settings.upload_linger_seconds,
+)
 
 
 @cl.data_layer
@@ -172,12 +193,8 @@ async def answer(message: cl.Message) -> None:
     session = await open_session()
     if session is None:
         return
-    if len(message.content) > runtime.settings.max_message_chars:
-        await cl.ErrorMessage(
-            f"Your message has {len(message.content):,} characters; the limit is "
-            f"{runtime.settings.max_message_chars:,}. Please shorten it."
-        ).send()
-        return
+    # Messages over MAX_MESSAGE_CHARS, and over the sender's message rate, never get here:
+    # services/web/socket_guard.py refuses them before Chainlit stores them.
     await tell_history_state(session)
     reply = cl.Message(content="", metadata=dict(ANSWER_METADATA))  # marks it as part of the model's history
     try:

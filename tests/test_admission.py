@@ -446,6 +446,27 @@ def test_documents_per_hour_refuse_with_the_time_to_retry() -> None:
         limits.check(limits.usage("v"), documents=3)
 
 
+def test_messages_per_minute_refuse_with_the_time_to_retry_and_stay_bounded() -> None:
+    clock = Clock()
+    limits = UserLimits(settings(user_messages_per_minute=3), clock)
+    usage = limits.usage("u")
+    for _ in range(3):
+        limits.count_message(usage)
+        clock.now += 10
+    for _ in range(100):  # refused messages are not counted: the wait does not grow
+        with pytest.raises(Refused, match="limit is 3 per minute") as refused:
+            limits.count_message(usage)
+    assert refused.value.reason == "user_messages_per_minute" and len(usage.messages) == 3
+    assert refused.value.retry_after_seconds == pytest.approx(30), "when the first one ages out"
+    limits.count_message(limits.usage("v")), "another person is not affected"
+    clock.now += 31
+    limits.count_message(usage)
+    unlimited = UserLimits(settings(user_messages_per_minute=0), clock)
+    for _ in range(1000):
+        unlimited.count_message(unlimited.usage("u"))
+    assert len(unlimited.usage("u").messages) == 0
+
+
 def test_no_limits_when_set_to_zero_and_records_stay_bounded() -> None:
     limits = UserLimits(
         settings(user_max_concurrent_turns=0, user_tokens_per_minute=0, user_documents_per_hour=0)

@@ -21,7 +21,7 @@ from chainlit.element import ElementDict
 from chainlit.step import StepDict
 from chainlit.types import Feedback, Pagination, ThreadFilter
 from chainlit.user import User
-from sqlalchemy import inspect, text
+from sqlalchemy import event, inspect, text
 
 from harness.postgres import PostgresCluster
 from services.chat.session import SessionDocument
@@ -170,6 +170,76 @@ async def test_resume_rebuilds_history_settings_and_document(history: History, t
     assert [m["content"] for m in session.history] == [f"message {i}" for i in range(6)]
     assert session.sampling.temperature == 0.7 and session.system_prompt == "Be brief."
     assert session.document is not None and session.document.name == "report.txt"
+
+
+def statements_of(history: History) -> list[str]:
+    """The statements the history's engine runs from now on (SQLAlchemy's own event)."""
+    assert history.engine is not None
+    seen: list[str] = []
+    event.listen(history.engine.sync_engine, "before_cursor_execute", lambda *args: seen.append(args[2]))
+    return seen
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_the_thread_list_pages_in_one_statement_without_messages(history: History) -> None:
+    layer = history.layer
+    assert layer is not None
+    user_id, other = await new_user(history, "lister"), await new_user(history, "someone-else")
+    threads = [await new_thread(history, user_id) for _ in range(7)]  # oldest first
+    await new_thread(history, other)
+    await layer.update_thread(threads[0], metadata={"is_shared": True})
+    statements = statements_of(history)
+    first = await layer.list_threads(Pagination(first=3), ThreadFilter(userId=user_id))
+    assert len(statements) == 1 and "output" not in statements[0], "one statement, no message text read"
+    assert [t["id"] for t in first.data] == threads[:-4:-1] and first.pageInfo.hasNextPage
+    assert all(t["steps"] == [] and t["name"] == "first words" for t in first.data)
+    listed, page = [t["id"] for t in first.data], first
+    while page.pageInfo.hasNextPage:
+        page = await layer.list_threads(
+            Pagination(first=3, cursor=page.pageInfo.endCursor), ThreadFilter(userId=user_id)
+        )
+        listed += [t["id"] for t in page.data]
+    assert listed == threads[::-1]
+    assert page.data[-1]["metadata"] == {"is_shared": True} and first.data[0]["metadata"] == {}
+    unknown = await layer.list_threads(
+        Pagination(first=2, cursor=str(uuid.uuid4())), ThreadFilter(userId=user_id)
+    )
+    assert [t["id"] for t in unknown.data] == threads[:-3:-1], "an unknown cursor starts from the top"
+    layer.settings = layer.settings.replace(thread_list_page_max=4)
+    capped = await layer.list_threads(Pagination(first=10**6), ThreadFilter(userId=user_id))
+    assert len(capped.data) == 4 and capped.pageInfo.hasNextPage
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_the_thread_list_filters_and_bounds_names_as_chainlit_does(history: History) -> None:
+    layer = history.layer
+    assert layer is not None
+    user_id = await new_user(history, "searcher")
+    plain, special, rated = [await new_thread(history, user_id) for _ in range(3)]
+    for thread_id, said in ((special, "Sale: 50%_OFF today"), (plain, "50xxoff")):
+        now = conversations.timestamp(datetime.now(UTC))
+        step = {"id": str(uuid.uuid4()), "threadId": thread_id, "type": "user_message", "name": "User",
+                "output": said, "createdAt": now}  # fmt: skip
+        await layer.create_step(step)
+    thread = await layer.get_thread(rated)
+    assert thread is not None
+    await layer.upsert_feedback(Feedback(forId=thread["steps"][1]["id"], value=0, comment="meh"))
+
+    async def ids(**filters: object) -> set[str]:
+        page = await layer.list_threads(Pagination(first=20), ThreadFilter(userId=user_id, **filters))
+        return {t["id"] for t in page.data}
+
+    assert await ids(search="50%_off") == {special}, "LIKE's wildcards are literal, case is ignored"
+    assert await ids(search="MESSAGE 1") == {plain, special, rated}
+    assert await ids(feedback=0) == {rated} and await ids(feedback=1) == set()
+    await layer.update_thread(plain, name="n" * 10_000)  # a name Chainlit made from a long first message
+    assert await count(history, "threads", 'length("name") = 200 AND "id" = :id', id=plain) == 1
+    async with history.engine.begin() as connection:  # type: ignore[union-attr]  # stored before the cap
+        await connection.execute(
+            text('UPDATE threads SET "name" = :n WHERE "id" = :id'), {"n": "m" * MB, "id": rated}
+        )
+    page = await layer.list_threads(Pagination(first=20), ThreadFilter(userId=user_id))
+    assert max(len(t["name"]) for t in page.data) == 200
 
 
 SLOW_QUERY = (  # a read that holds its connection for a while on either database

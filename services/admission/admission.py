@@ -107,6 +107,15 @@ class Admission:
         """A request was refused for lack of capacity (already counted by the gate)."""
         self.last_overload_at = time.monotonic()
 
+    def message(self, user_key: str) -> None:
+        """Count a chat message of `user_key` (any message, a command too); raise Refused over the
+        per-user message rate."""
+        try:
+            self.limits.count_message(self.limits.usage(user_key))
+        except Refused as refusal:
+            self.gate.refusals[refusal.reason] += 1
+            raise
+
     @contextlib.asynccontextmanager
     async def turn(self, user_key: str, documents: int = 0) -> AsyncIterator[TurnContext]:
         """One turn of `user_key` with `documents` new uploads; raise Refused over a per-user limit."""

@@ -1,9 +1,11 @@
-"""Fair share between people: concurrent turns, answer tokens per minute, documents per hour, per user.
+"""Fair share between people: concurrent turns, answer tokens per minute, documents per hour and
+messages per minute, per user.
 
 A user is a key the handler passes in: the signed-in user's identifier when
 there is one, else the client's address. Usage lives in a TTL table bounded by
 USER_TABLE_ENTRIES; each record holds at most a minute of token counts (one
-entry per second) and at most USER_DOCUMENTS_PER_HOUR upload times.
+entry per second), at most USER_DOCUMENTS_PER_HOUR upload times and at most
+USER_MESSAGES_PER_MINUTE message times.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from cachetools import TTLCache
 from services.admission.errors import (
     USER_CONCURRENT_TURNS,
     USER_DOCUMENTS_PER_HOUR,
+    USER_MESSAGES_PER_MINUTE,
     USER_TOKENS_PER_MINUTE,
     Refused,
     rounded_seconds,
@@ -25,6 +28,7 @@ from services.admission.errors import (
 from services.config import Settings
 
 TOKEN_WINDOW_SECONDS = 60.0
+MESSAGE_WINDOW_SECONDS = 60.0
 DOCUMENT_WINDOW_SECONDS = 3600.0
 
 
@@ -35,6 +39,7 @@ class UserUsage:
     turns: int = 0  # running or waiting, across all their tabs
     tokens: deque[tuple[int, int]] = field(default_factory=deque)  # (second, tokens), last minute only
     documents: deque[float] = field(default_factory=deque)  # upload times, last hour only
+    messages: deque[float] = field(default_factory=deque)  # message times, last minute only
 
     def tokens_since(self, moment: float) -> int:
         return sum(count for second, count in self.tokens if second >= moment)
@@ -139,3 +144,21 @@ class UserLimits:
     def record_tokens(self, usage: UserUsage, count: int) -> None:
         if count > 0:
             usage.add_tokens(self.clock(), count)
+
+    def count_message(self, usage: UserUsage) -> None:
+        """Count one chat message; raise Refused (not counted) when the minute already holds the limit."""
+        limit = self.settings.user_messages_per_minute
+        if not limit:
+            return
+        now = self.clock()
+        while usage.messages and usage.messages[0] <= now - MESSAGE_WINDOW_SECONDS:
+            usage.messages.popleft()
+        if len(usage.messages) >= limit:
+            retry = usage.messages[0] + MESSAGE_WINDOW_SECONDS - now
+            raise Refused(
+                USER_MESSAGES_PER_MINUTE,
+                f"You have sent {len(usage.messages)} messages in the last minute; the limit is {limit} "
+                f"per minute. Please try again in ~{rounded_seconds(retry)}.",
+                retry,
+            )
+        usage.messages.append(now)

@@ -95,6 +95,14 @@ class AdmissionSettings:
         "Documents one person may upload per sliding hour. 0 = no limit.",
         0,
     )
+    user_messages_per_minute: int = setting(
+        30,
+        "USER_MESSAGES_PER_MINUTE",
+        "Chat messages one person may send per sliding minute (commands such as /key and /stats, and "
+        "messages refused for their size, count too); more are refused before they are stored, with "
+        "the time to retry. 0 = no limit.",
+        0,
+    )
     user_table_entries: int = setting(
         100_000,
         "USER_TABLE_ENTRIES",

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from services.config.fields import setting
 
+SOCKET_EVENT_ENVELOPE_BYTES = 64 * 1024  # a message's id, metadata, file references, JSON framing
+
 
 @dataclass(frozen=True)
 class ChatSettings:
@@ -73,7 +75,12 @@ class ChatSettings:
         4096, "MAX_NEW_TOKENS_LIMIT", "Largest answer budget a user may pick in chat settings.", 1
     )
     max_message_chars: int = setting(
-        100_000, "MAX_MESSAGE_CHARS", "Longest chat message accepted, in characters.", 1
+        100_000,
+        "MAX_MESSAGE_CHARS",
+        "Longest chat message (and system prompt) accepted, in characters; a longer one is refused "
+        "before it is stored. The socket takes events of up to 4 bytes a character plus 64 KiB "
+        "(UTF-8 at worst, and the event around the text); a larger one ends the connection.",
+        1,
     )
     max_history_messages: int = setting(
         200, "MAX_HISTORY_MESSAGES", "Messages kept per session before the oldest are dropped.", 2
@@ -84,3 +91,8 @@ class ChatSettings:
     session_ttl_seconds: float = setting(
         3600.0, "SESSION_TTL_SECONDS", "Idle time after which a session is dropped.", 1
     )
+
+    @property
+    def socket_max_event_bytes(self) -> int:
+        """The largest socket.io event (one message with its envelope) the socket reads, in bytes."""
+        return 4 * self.max_message_chars + SOCKET_EVENT_ENVELOPE_BYTES

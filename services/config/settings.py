@@ -1,7 +1,7 @@
 """The one settings object: every limit and engine option, read from env vars.
 
 Each concern declares its settings in its own section (engine, chat,
-documents, admission, api, accounts, history, observability, diagnostics);
+documents, admission, api, accounts, history, observability, web, diagnostics);
 `Settings` joins them into one frozen object. Each setting has a tier:
 essential (what a deployer must know: the README lists them), tuning, or
 diagnostic.
@@ -33,6 +33,7 @@ from services.config.fields import SettingsError, parse
 from services.config.history import HistorySettings
 from services.config.observability import ObservabilitySettings
 from services.config.reference import Section, write_generated
+from services.config.web import WebSettings
 
 SENSITIVE_SUFFIXES = ("_TOKEN", "_SECRET", "PASSWORD", "_KEY")
 SENSITIVE_NAMES = ("DATABASE_URL",)  # may carry a password
@@ -48,6 +49,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("Sign-in", AccountSettings),
     Section("Stored conversations", HistorySettings),
     Section("Operations", ObservabilitySettings),
+    Section("Requests and sizes", WebSettings),
     Section("Diagnostics", DiagnosticSettings),
 )
 
@@ -57,6 +59,7 @@ SECTIONS: tuple[Section, ...] = (
 @dataclass(frozen=True)
 class Settings(
     DiagnosticSettings,
+    WebSettings,
     ApiSettings,
     AdmissionSettings,
     AccountSettings,

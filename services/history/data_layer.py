@@ -13,7 +13,10 @@ What this subclass changes, and why:
   thread tags are read back as lists;
 - thread ids must be UUIDs: Chainlit takes the id a browser sends for a new conversation and
   later pastes stored ids into an `IN ('...')` list, so an id with a quote would be SQL;
-- deleting a conversation also deletes its stored document; new feedback is counted for /metrics.
+- deleting a conversation also deletes its stored document; new feedback is counted for /metrics;
+- a conversation's name is cut to MAX_THREAD_NAME_CHARS (Chainlit names a conversation after its
+  first message), and the sidebar's list is one bounded statement per page that loads no messages
+  (thread_list.py).
 """
 
 from __future__ import annotations
@@ -30,12 +33,14 @@ from typing import Any
 
 from chainlit.data.sql_alchemy import SQLAlchemyDataLayer
 from chainlit.data.utils import queue_until_user_message
-from chainlit.types import Feedback
+from chainlit.types import Feedback, PaginatedResponse, Pagination, ThreadFilter
 from prometheus_client import Counter
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import sessionmaker
 
+from services.config import Settings
+from services.history import thread_list
 from services.history.database import POOL_SIZE
 from services.history.health import HistoryHealth, _first_line
 
@@ -85,7 +90,9 @@ def _bindable(value: Any) -> Any:
 class ChatDataLayer(SQLAlchemyDataLayer):
     """The data layer registered with `@cl.data_layer` (one per process, over the history's engine)."""
 
-    def __init__(self, engine: AsyncEngine, health: HistoryHealth, feedback: Counter) -> None:
+    def __init__(
+        self, engine: AsyncEngine, health: HistoryHealth, feedback: Counter, settings: Settings
+    ) -> None:
         # Not super().__init__: it would build a second engine without our timeouts and pool.
         self._conninfo = engine.url.render_as_string(hide_password=True)
         self.user_thread_limit = USER_THREAD_LIMIT
@@ -95,6 +102,7 @@ class ChatDataLayer(SQLAlchemyDataLayer):
         self.async_session = sessionmaker(bind=engine, expire_on_commit=False, class_=AsyncSession)  # type: ignore[call-overload]
         self.health = health
         self.feedback = feedback
+        self.settings = settings
         self._slots = asyncio.Semaphore(STATEMENT_SLOTS)
 
     async def execute_sql(self, query: str, parameters: dict) -> list[dict[str, Any]] | int | None:
@@ -130,6 +138,8 @@ class ChatDataLayer(SQLAlchemyDataLayer):
         if not is_uuid(thread_id):
             logger.warning("refused to store a conversation whose id is not a UUID: %r", thread_id[:80])
             return
+        if isinstance(kwargs.get("name"), str):  # Chainlit names a conversation after its first message
+            kwargs["name"] = kwargs["name"][: self.settings.max_thread_name_chars]
         with _unit_of_work() as unit:
             try:
                 await super().update_thread(thread_id, *args, **kwargs)
@@ -170,6 +180,25 @@ class ChatDataLayer(SQLAlchemyDataLayer):
         if not isinstance(rows, list):
             raise RuntimeError("Chat history is unavailable right now.")
         return (rows[0].get("userIdentifier") or "") if rows else ""
+
+    async def list_threads(self, pagination: Pagination, filters: ThreadFilter) -> PaginatedResponse:
+        """One page of the sidebar, in one bounded statement (thread_list.py); empty while the
+        database is unavailable, as Chainlit's own."""
+        if not filters.userId:
+            raise ValueError("userId is required")
+        settings = self.settings
+        parameters = thread_list.page_parameters(
+            pagination, filters, settings.thread_list_page_max, settings.max_thread_name_chars,
+            settings.thread_search_max_chars,
+        )  # fmt: skip
+        rows = await self.execute_sql(thread_list.page_statement(pagination, filters), parameters)
+        size = thread_list.page_size(pagination, settings.thread_list_page_max)
+        return thread_list.page_response(rows if isinstance(rows, list) else [], size)
+
+    async def step_exists(self, step_id: str) -> bool:
+        """True when a message with this id is stored (False too when the database cannot say)."""
+        rows = await self.execute_sql('SELECT 1 AS found FROM steps WHERE "id" = :id', {"id": step_id})
+        return bool(rows) and isinstance(rows, list)
 
     async def get_all_user_threads(self, user_id: str | None = None, thread_id: str | None = None) -> Any:
         threads = await super().get_all_user_threads(user_id=user_id, thread_id=thread_id)

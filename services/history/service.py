@@ -44,7 +44,9 @@ class History:
         )
         self.engine = create_engine(settings) if use_database or keep_conversations else None
         self.layer = (
-            ChatDataLayer(self.engine, self.health, self.feedback) if self.enabled and self.engine else None
+            ChatDataLayer(self.engine, self.health, self.feedback, settings)
+            if self.enabled and self.engine
+            else None
         )
         self.migrated = False
         self.retention_deleted_total = 0

@@ -6,7 +6,7 @@
 - ended sign-ins (signed out, a new password or role, a removed account, past their lifetime) are
   refused on every HTTP route and at the socket's connect (services/web/sign_in_sessions.py);
 - Chainlit 2.12's feedback routes do not check whose message the feedback is about: the routes
-  put in front of them do, then hand over to Chainlit's own.
+  put in front of them do (and bound the comment, stored_text.py), then hand over to Chainlit's own.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from services.runtime import Runtime
 from services.web.peers import peer_of
 from services.web.routes import move_to_front
 from services.web.sign_in_sessions import install_session_guards
+from services.web.stored_text import check_feedback_comment
 
 ASGIApp = Callable[[MutableMapping[str, Any], Callable, Callable], Awaitable[None]]
 
@@ -100,6 +101,7 @@ def _guard_feedback(app: FastAPI, runtime: Runtime) -> None:
             ) from None
 
     async def update_feedback(request: Request, update: UpdateFeedbackRequest, user: Any = signed_in) -> Any:
+        check_feedback_comment(update.feedback.comment, runtime.settings)
         await owner_check(user, update.feedback.forId, update.feedback.id)
         return await chainlit_server.update_feedback(request, update, user)
 

@@ -20,6 +20,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qs
 
+from services.web.body_limit import declared_length
+
 logger = logging.getLogger(__name__)
 
 Scope = MutableMapping[str, Any]
@@ -81,7 +83,7 @@ class UploadSizeGuard:
         if not _is_post_on(scope, self.path):
             await self.app(scope, receive, send)
             return
-        declared = _content_length(scope)
+        declared = declared_length(scope)
         if declared is not None and declared > self.max_upload_bytes:
             logger.info("upload refused: Content-Length %d > %d bytes", declared, self.max_upload_bytes)
             await self._refuse_too_large(receive, send)
@@ -207,15 +209,6 @@ def _is_post_on(scope: Scope, path: str) -> bool:
     if scope["type"] != "http" or scope.get("method") != "POST":
         return False
     return scope.get("path", "") in (path, scope.get("root_path", "") + path)
-
-
-def _content_length(scope: Scope) -> int | None:
-    """The declared body size; None when absent or unparsable (the counter still applies)."""
-    values = [value for name, value in scope.get("headers", ()) if name.lower() == b"content-length"]
-    try:
-        return max(int(value) for value in values) if values else None
-    except ValueError:
-        return None
 
 
 def install_upload_guard(

@@ -1,0 +1,170 @@
+"""Chat messages checked before Chainlit handles, and stores, them.
+
+Chainlit 2.12's `client_message` handler stores a message (emitter.process_message -> Message._create
+-> the data layer's create_step) before the app's on_message sees it, so a check in on_message comes
+too late: 20 messages of 900 KB sent in 0.3 s were all stored. Its handlers are wrapped here, through
+`sio.handlers["/"]` as client_ids.py wraps `connect`:
+- every `client_message` and `edit_message` counts against its sender's USER_MESSAGES_PER_MINUTE
+  (commands too: they are messages); one over it, one over MAX_MESSAGE_CHARS, and one that is not
+  what the page sends are refused with an error in the sender's chat, sent only to them: nothing is
+  stored and Chainlit never sees it;
+- a message is rebuilt as the page builds it (client_messages.py): a client cannot store an assistant
+  message, our answer marker or another person's name in its history; an id already stored is refused
+  (Chainlit's step upsert would overwrite that message, in whichever conversation holds it);
+- `edit_message` is refused unless the edit feature is on (Chainlit's handler does not check), and
+  then only edits one's own user messages;
+- `chat_settings_change` keeps only the settings the app offers, with values of their kind;
+- the socket reads at most `Settings.socket_max_event_bytes` per event: engine.io's
+  `max_http_buffer_size` (1,000,000 by default) and uvicorn's websocket frame limit (16 MiB by default,
+  which Chainlit does not set) are set to it, so a larger event ends the connection unread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import chainlit.socket  # registers Chainlit's socket handlers, which are wrapped here
+import uvicorn
+from chainlit.chat_context import chat_context
+from chainlit.config import config as chainlit_config
+from chainlit.context import context, init_ws_context
+from chainlit.message import ErrorMessage
+from chainlit.server import sio
+from chainlit.session import WebsocketSession
+
+from services.admission.errors import Refused
+from services.runtime import Runtime
+from services.web.chat_feedback import user_key
+from services.web.client_messages import (
+    MALFORMED,
+    MessageRefused,
+    SocketRules,
+    edited_message,
+    kept_settings,
+    page_message,
+)
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[..., Awaitable[Any]]
+
+
+class SocketGuard:
+    """The checks in front of Chainlit's message handlers (one per process, installed once)."""
+
+    def __init__(
+        self,
+        rules: SocketRules,
+        count_message: Callable[[], None],
+        step_exists: Callable[[str], Awaitable[bool]],
+    ) -> None:
+        self.rules = rules
+        self.count_message = count_message  # raises Refused over the sender's message rate
+        self.step_exists = step_exists
+
+    async def client_message(self, handler: Handler, sid: str, payload: Any) -> Any:
+        session = WebsocketSession.get(sid)
+        if session is None:
+            return await handler(sid, payload)  # Chainlit refuses an unknown socket itself
+        init_ws_context(session)
+        author = session.user.identifier if session.user else "User"
+        try:
+            self.count_message()
+            cleaned = page_message(payload, self.rules, author)
+            if await self.step_exists(cleaned["message"]["id"]):
+                raise MessageRefused(MALFORMED, "This message cannot be sent again (its id is taken).")
+        except (Refused, MessageRefused) as refusal:
+            await tell_refusal(refusal)
+            return None
+        return await handler(sid, cleaned)
+
+    async def edit_message(self, handler: Handler, sid: str, payload: Any) -> Any:
+        session = WebsocketSession.get(sid)
+        if session is None:
+            return await handler(sid, payload)
+        init_ws_context(session)
+        try:
+            if not chainlit_config.features.edit_message:
+                raise MessageRefused(MALFORMED, "Editing messages is not enabled here.")
+            self.count_message()
+            edit = edited_message(payload, self.rules)
+            target = next((m for m in chat_context.get() if m.id == edit["message"]["id"]), None)
+            if target is None or target.type != "user_message":
+                raise MessageRefused(MALFORMED, "Only your own messages of this chat can be edited.")
+        except (Refused, MessageRefused) as refusal:
+            await tell_refusal(refusal)
+            return None
+        return await handler(sid, edit)
+
+    async def chat_settings_change(self, handler: Handler, sid: str, values: Any) -> Any:
+        kept = kept_settings(values, self.rules)
+        if isinstance(values, dict) and len(kept) < len(values):
+            logger.info("chat settings: dropped %d unknown or invalid value(s)", len(values) - len(kept))
+        return await handler(sid, kept)
+
+
+async def tell_refusal(refusal: Refused | MessageRefused) -> None:
+    """An error in the sender's chat (the current socket context), neither stored nor part of its history."""
+    reason = refusal.reason
+    logger.info("socket message refused (%s): %s", reason, refusal)
+    told = ErrorMessage(content=str(refusal))
+    told.metadata = {"refused": reason}
+    await context.emitter.send_step(told.to_dict())
+
+
+def bound_socket_events(max_bytes: int) -> None:
+    """Read at most `max_bytes` per socket.io event, on the polling and the websocket transports."""
+    sio.eio.max_http_buffer_size = max_bytes
+    unbounded = getattr(uvicorn.Config, "unbounded", uvicorn.Config)
+
+    class BoundedConfig(unbounded):  # type: ignore[misc,valid-type]
+        """uvicorn's Config with a websocket frame limit of `max_bytes` (Chainlit passes none)."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("ws_max_size", max_bytes)
+            super().__init__(*args, **kwargs)
+
+    BoundedConfig.unbounded = unbounded  # type: ignore[attr-defined]
+    uvicorn.Config = BoundedConfig  # type: ignore[misc]  # chainlit.cli builds its server after the app loads
+
+
+def install_socket_guard(guard: SocketGuard, max_event_bytes: int) -> None:
+    """Wrap Chainlit's message handlers with `guard` (once) and bound the socket's events."""
+    bound_socket_events(max_event_bytes)
+    handlers = sio.handlers["/"]
+    for event, check in (
+        ("client_message", guard.client_message),
+        ("edit_message", guard.edit_message),
+        ("chat_settings_change", guard.chat_settings_change),
+    ):
+        chainlit_handler = handlers[event]
+        if getattr(chainlit_handler, "guarded", False):
+            continue
+
+        async def wrapped(sid: str, payload: Any = None, _check=check, _handler=chainlit_handler) -> Any:
+            return await _check(_handler, sid, payload)
+
+        wrapped.guarded = True  # type: ignore[attr-defined]
+        handlers[event] = wrapped
+    assert chainlit.socket.message is not None, "Chainlit's client_message handler moved"
+
+
+def socket_guard_for(
+    runtime: Runtime, people_sign_in: bool, chat_settings: Mapping[str, type]
+) -> SocketGuard:
+    """The guard of this app: its settings, its per-person message rate (the person as admission
+    keys them: `user_key`), its stored messages; `chat_settings` are the settings the app offers."""
+    settings = runtime.settings
+    rules = SocketRules(settings.max_message_chars, settings.max_files_per_message, dict(chat_settings))
+
+    def count_message() -> None:
+        if runtime.admission is not None:  # created at start; no socket is served before
+            runtime.admission.message(user_key(people_sign_in))
+
+    async def step_exists(step_id: str) -> bool:
+        layer = runtime.history.layer if runtime.history is not None else None
+        return layer is not None and await layer.step_exists(step_id)
+
+    return SocketGuard(rules, count_message, step_exists)
