@@ -6,7 +6,10 @@
 - Chainlit's `get_current_user` dependency is wrapped so that a removed account's cookie is
   refused on every HTTP route (the socket is checked in the chat handlers);
 - Chainlit 2.12's feedback routes do not check whose message the feedback is about: the routes
-  put in front of them do, then hand over to Chainlit's own.
+  put in front of them do, then hand over to Chainlit's own;
+- Chainlit 2.12 serves its share routes (`PUT /project/thread/share` marks a conversation shared,
+  `GET /project/share/{id}` shows a shared one to anyone) whatever `allow_thread_sharing` says:
+  while it is false, routes in front of them answer 404.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Annotated, Any
 
 from chainlit import server as chainlit_server
 from chainlit.auth import get_current_user, reuseable_oauth
+from chainlit.config import config as chainlit_config
 from chainlit.types import DeleteFeedbackRequest, UpdateFeedbackRequest
 from fastapi import Depends, FastAPI, HTTPException, Request
 
@@ -66,10 +70,13 @@ async def _send_refusal(send: Callable, status: int, detail: str, retry_after_se
 
 
 def install_access_guards(app: FastAPI, runtime: Runtime) -> None:
-    """Client addresses, removed accounts refused, feedback only on one's own messages."""
+    """Client addresses, removed accounts refused, feedback only on one's own messages, no sharing
+    unless `allow_thread_sharing`."""
     app.add_middleware(SignInRequestMiddleware)
     _refuse_removed_accounts(app, runtime)
     _guard_feedback(app, runtime)
+    if not chainlit_config.features.allow_thread_sharing:
+        _refuse_sharing(app)
 
 
 def _refuse_removed_accounts(app: FastAPI, runtime: Runtime) -> None:
@@ -119,4 +126,14 @@ def _guard_feedback(app: FastAPI, runtime: Runtime) -> None:
     before = len(app.router.routes)
     app.add_api_route("/feedback", update_feedback, methods=["PUT"], include_in_schema=False)
     app.add_api_route("/feedback", delete_feedback, methods=["DELETE"], include_in_schema=False)
+    move_to_front(app, app.router.routes[before:])
+
+
+def _refuse_sharing(app: FastAPI) -> None:
+    async def not_found() -> None:
+        raise HTTPException(404, "Not Found")
+
+    before = len(app.router.routes)
+    app.add_api_route("/project/thread/share", not_found, methods=["PUT"], include_in_schema=False)
+    app.add_api_route("/project/share/{thread_id}", not_found, methods=["GET"], include_in_schema=False)
     move_to_front(app, app.router.routes[before:])
