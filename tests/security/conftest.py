@@ -16,6 +16,8 @@ from tests.test_people import ADMIN, ALICE, BOB, accounts
 
 __all__ = ["ALICE", "BOB"]
 
+OPS_TOKEN = "security-ops-token"  # the operators' routes are guarded, as they must be in production
+
 
 def loosen(data_dir: Path) -> None:
     """DATA_DIR and its files readable by everyone, as an older version or a careless copy left them."""
@@ -34,7 +36,7 @@ def target(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     env = server_env(
         MODEL=tiny_model_dir, MAX_MODEL_LEN=TINY_MAX_MODEL_LEN, MAX_NUM_BATCHED_TOKENS=4096,
         MAX_NEW_TOKENS=8, AUTH_MODE="password", ADMIN_USERNAME=ADMIN[0], ADMIN_PASSWORD=ADMIN[1],
-        DATA_DIR=data_dir,
+        DATA_DIR=data_dir, OPS_TOKEN=OPS_TOKEN,
     )  # fmt: skip
     server = AppServer(env, ARTIFACTS / "logs" / "security-server.log").start()
     for name, password in (ALICE, BOB):
