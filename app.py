@@ -36,12 +36,14 @@ from services.web.chainlit_state import (
 )
 from services.web.chat_feedback import StatusMessage, notice, summary_progress, user_key
 from services.web.client_ids import install_client_id_guards
+from services.web.json_bodies import JsonBodyGuard, bound_socket_messages
 from services.web.key_chat import answer_key_command
 from services.web.page_assets import install_page_assets
 from services.web.routes import install_api, install_routes
 from services.web.upload_guard import install_upload_guard
 
 runtime = Runtime()
+settings = runtime.settings
 oauth_providers = get_configured_oauth_providers()
 try:  # a public address without sign-in stops here, with what to configure
     sign_in = runtime.set_up_people(chainlit_config.run.host, oauth_providers)
@@ -59,7 +61,11 @@ install_upload_guard(
     session_wait_seconds=runtime.settings.upload_session_wait_seconds,
     on_reject=tell_uploader,
 )
-install_client_id_guards(http_app)  # last: the outermost check, before anything reads a request
+install_client_id_guards(http_app)
+# Outermost: bodies bounded before anything parses them.
+http_app.add_middleware(JsonBodyGuard, max_body_bytes=settings.max_json_body_bytes,
+                        max_depth=settings.max_json_depth)  # fmt: skip
+bound_socket_messages(settings.max_json_depth)
 
 
 @cl.data_layer

@@ -1,7 +1,7 @@
 """The one settings object: every limit and engine option, read from env vars.
 
 Each concern declares its settings in its own section (engine, chat,
-documents, observability, history, accounts, admission, api); `Settings` joins them into one
+documents, observability, history, accounts, admission, api, web); `Settings` joins them into one
 frozen object.
 Engine options carry the names of vLLM's ``AsyncEngineArgs`` fields
 (upper-cased as env vars), so vLLM's own documentation explains them. Values
@@ -28,6 +28,7 @@ from services.config.engine import ENGINE_ALLOCATORS, EngineSettings
 from services.config.fields import SettingsError, parse
 from services.config.history import HistorySettings
 from services.config.observability import ObservabilitySettings
+from services.config.web import WebSettings
 
 SENSITIVE_SUFFIXES = ("_TOKEN", "_SECRET", "PASSWORD", "_KEY")
 SENSITIVE_NAMES = ("DATABASE_URL",)  # may carry a password
@@ -37,6 +38,7 @@ SENSITIVE_NAMES = ("DATABASE_URL",)  # may carry a password
 # last base to the first, and the README table follows that order.
 @dataclass(frozen=True)
 class Settings(
+    WebSettings,
     ApiSettings,
     AdmissionSettings,
     AccountSettings,

@@ -1,11 +1,27 @@
-"""The edge's rules as pure logic: who may read the operators' routes."""
+"""The edge's rules as pure logic: how deep a JSON body may nest, who may read the operators' routes."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from services.api.checks import JsonTooDeep, parse_json
 from services.config import Settings, SettingsError
 from services.observability.ops_access import operator_refusal, require_ops_token
+
+DEEP = b"[" * 100_000 + b"]" * 100_000
+
+
+def test_parse_json_bounds_the_nesting() -> None:
+    assert parse_json(b'{"a": [1, {"b": [2]}]}', max_depth=4) == {"a": [1, {"b": [2]}]}
+    with pytest.raises(JsonTooDeep):
+        parse_json(b'{"a": [1, {"b": [2]}]}', max_depth=3)
+    with pytest.raises(JsonTooDeep):
+        parse_json(DEEP, max_depth=64)
+    with pytest.raises(ValueError):
+        parse_json(b"{not json", max_depth=64)
+    assert parse_json(json.dumps([[]] * 10_000).encode(), max_depth=2) == [[]] * 10_000
 
 
 def test_a_public_bind_needs_an_ops_token() -> None:
