@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator
 
 import chainlit as cl
@@ -38,6 +39,7 @@ from services.web.chat_feedback import StatusMessage, notice, summary_progress, 
 from services.web.client_ids import install_client_id_guards
 from services.web.json_bodies import JsonBodyGuard, bound_socket_messages
 from services.web.key_chat import answer_key_command
+from services.web.origins import install_origin_policy, origin_policy
 from services.web.page_assets import install_page_assets
 from services.web.routes import install_api, install_routes
 from services.web.upload_guard import install_upload_guard
@@ -45,8 +47,11 @@ from services.web.upload_guard import install_upload_guard
 runtime = Runtime()
 settings = runtime.settings
 oauth_providers = get_configured_oauth_providers()
-try:  # a public address without sign-in stops here, with what to configure
+chainlit_url = os.environ.get("CHAINLIT_URL", "")
+try:  # a public address without sign-in or OPS_TOKEN stops here, with what to configure
     sign_in = runtime.set_up_people(chainlit_config.run.host, oauth_providers)
+    origins = origin_policy(chainlit_config.run.host, chainlit_config.run.port, chainlit_url,
+                            settings.allowed_origins)  # fmt: skip
 except SettingsError as error:
     raise SystemExit(str(error)) from None
 install_routes(http_app, runtime)
@@ -62,6 +67,7 @@ install_upload_guard(
     on_reject=tell_uploader,
 )
 install_client_id_guards(http_app)
+install_origin_policy(http_app, origins)  # CORS and the socket's Origin check
 # Outermost: bodies bounded before anything parses them.
 http_app.add_middleware(JsonBodyGuard, max_body_bytes=settings.max_json_body_bytes,
                         max_depth=settings.max_json_depth)  # fmt: skip

@@ -28,7 +28,7 @@ from services.config.engine import ENGINE_ALLOCATORS, EngineSettings
 from services.config.fields import SettingsError, parse
 from services.config.history import HistorySettings
 from services.config.observability import ObservabilitySettings
-from services.config.web import WebSettings
+from services.config.web import WebSettings, parse_origins
 
 SENSITIVE_SUFFIXES = ("_TOKEN", "_SECRET", "PASSWORD", "_KEY")
 SENSITIVE_NAMES = ("DATABASE_URL",)  # may carry a password
@@ -89,6 +89,7 @@ class Settings(
             if allocator not in ENGINE_ALLOCATORS:
                 raise SettingsError(f"{name}={allocator!r} is not one of {ENGINE_ALLOCATORS}")
         self._check_sign_in()
+        parse_origins("ALLOWED_ORIGINS", self.allowed_origins)  # raises on a bad one
 
     def _check_sign_in(self) -> None:
         if self.auth_mode not in AUTH_MODES:

@@ -1,16 +1,26 @@
-"""HTTP edge settings: how large and deep a JSON body may be before anything parses it for real."""
+"""HTTP edge settings: which other web origins may use the app, and how large and deep a JSON body
+may be before anything parses it for real."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.config.fields import setting
+from services.config.fields import SettingsError, setting
 
 
 @dataclass(frozen=True)
 class WebSettings:
     """What browsers and HTTP clients may do at the app's edge."""
 
+    allowed_origins: str = setting(
+        "",
+        "ALLOWED_ORIGINS",
+        "Other web origins (comma-separated, e.g. https://intranet.example.com) whose pages may use the "
+        "app with their visitor's cookie: CORS and the chat socket. The app's own origin is always "
+        "allowed: CHAINLIT_URL when set; else, bound to loopback, http(s)://localhost, 127.0.0.1 and "
+        "[::1] on its port; bound elsewhere, the host the request names. Set CHAINLIT_URL behind a "
+        "proxy that changes the Host.",
+    )
     max_json_depth: int = setting(
         64,
         "MAX_JSON_DEPTH",
@@ -25,3 +35,35 @@ class WebSettings:
         "list, feedback, ...); a larger one gets 413. The API has API_MAX_BODY_BYTES.",
         1024,
     )
+
+
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def normalize_origin(text: str) -> str | None:
+    """`scheme://host[:port]` as browsers send it in Origin (lower case, no default port), or None
+    when `text` is not an http(s) origin (e.g. "null", a path, a wildcard)."""
+    scheme, separator, rest = text.strip().partition("://")
+    scheme = scheme.lower()
+    if not separator or scheme not in DEFAULT_PORTS or not rest or any(c in rest for c in "/?#@*\\ "):
+        return None
+    host, port = rest.lower(), None
+    if not host.endswith("]") and ":" in host:
+        host, _, port_text = host.rpartition(":")
+        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            return None
+        port = int(port_text)
+    if not host or host in ("[]", ""):
+        return None
+    return f"{scheme}://{host}" if port in (None, DEFAULT_PORTS[scheme]) else f"{scheme}://{host}:{port}"
+
+
+def parse_origins(env: str, text: str) -> list[str]:
+    """The comma-separated origins of `env`, normalized; raises SettingsError naming a bad one."""
+    origins = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        origin = normalize_origin(part.rstrip("/"))
+        if origin is None:
+            raise SettingsError(f"{env}: {part!r} is not an origin like https://chat.example.com")
+        origins.append(origin)
+    return origins

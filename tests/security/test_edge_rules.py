@@ -1,4 +1,5 @@
-"""The edge's rules as pure logic: how deep a JSON body may nest, who may read the operators' routes."""
+"""The edge's rules as pure logic: which origins are the app's own, how deep a JSON body may nest,
+who may read the operators' routes."""
 
 from __future__ import annotations
 
@@ -9,8 +10,36 @@ import pytest
 from services.api.checks import JsonTooDeep, parse_json
 from services.config import Settings, SettingsError
 from services.observability.ops_access import operator_refusal, require_ops_token
+from services.web.origins import OriginPolicy, origin_policy
 
 DEEP = b"[" * 100_000 + b"]" * 100_000
+
+
+def test_the_own_origin_is_chainlit_url_when_set() -> None:
+    policy = origin_policy("127.0.0.1", 8000, "https://chat.example.com/app/", "")
+    assert policy.allows("https://chat.example.com", host="chat.example.com")
+    assert policy.allows("HTTPS://Chat.Example.com:443", host="anything")
+    assert not policy.allows("http://127.0.0.1:8000", host="127.0.0.1:8000")
+    assert not policy.allows("http://chat.example.com", host="chat.example.com"), "another scheme"
+
+
+def test_a_loopback_bind_allows_its_loopback_names_only() -> None:
+    policy = origin_policy("127.0.0.1", 8000, "", "https://widget.example.org")
+    for origin in ("http://127.0.0.1:8000", "http://localhost:8000", "http://[::1]:8000",
+                   "https://widget.example.org"):  # fmt: skip
+        assert policy.allows(origin, host="127.0.0.1:8000"), origin
+    # DNS rebinding: a foreign name that resolves to 127.0.0.1 names itself in Host too.
+    assert not policy.allows("http://rebind.evil.example:8000", host="rebind.evil.example:8000")
+    assert not policy.allows("http://127.0.0.1:8001", host="127.0.0.1:8000")
+
+
+def test_a_public_bind_without_chainlit_url_allows_the_same_host_only() -> None:
+    policy = origin_policy("0.0.0.0", 8000, "", "")
+    assert policy.allows("http://chat.internal:8000", host="chat.internal:8000")
+    assert policy.allows("https://chat.example.com", host="chat.example.com:443")
+    assert not policy.allows("https://evil.example", host="chat.example.com")
+    assert not policy.allows("null", host="null")
+    assert not OriginPolicy(frozenset(), same_host=True).allows("https://a.example", host=None)
 
 
 def test_parse_json_bounds_the_nesting() -> None:
@@ -22,6 +51,13 @@ def test_parse_json_bounds_the_nesting() -> None:
     with pytest.raises(ValueError):
         parse_json(b"{not json", max_depth=64)
     assert parse_json(json.dumps([[]] * 10_000).encode(), max_depth=2) == [[]] * 10_000
+
+
+def test_allowed_origins_must_be_origins() -> None:
+    assert Settings.from_env({"ALLOWED_ORIGINS": "https://a.example, http://b.example:8080/"})
+    for bad in ("*", "https://a.example/path", "a.example", "null"):
+        with pytest.raises(SettingsError, match="ALLOWED_ORIGINS"):
+            Settings.from_env({"ALLOWED_ORIGINS": bad})
 
 
 def test_a_public_bind_needs_an_ops_token() -> None:
