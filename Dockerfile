@@ -3,6 +3,8 @@
 # Run:   docker run --gpus all -p 8000:8000 -e OPS_TOKEN="$(openssl rand -hex 32)" vllm-chat
 # OPS_TOKEN is required: the app listens on 0.0.0.0 here and refuses to start without it (it guards
 # /status, /metrics, /stats and /healthz's detail; give it to your monitoring as a Bearer token).
+# Behind a TLS proxy, also set CHAINLIT_URL=https://<the address people open> (origin checks, Secure
+# cookies) and FORWARDED_ALLOW_IPS=<the proxy's address> (uvicorn then trusts its X-Forwarded-*).
 # Settings are env vars (see README), e.g. -e MODEL=/models/Qwen3-4B -v /models:/models
 # Accounts and conversations live in /data (mount a volume: -v chat-data:/data); the first start
 # prints a generated admin password to the container log (or set ADMIN_USERNAME/ADMIN_PASSWORD).

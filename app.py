@@ -37,6 +37,7 @@ from services.web.chainlit_state import (
 )
 from services.web.chat_feedback import StatusMessage, notice, summary_progress, user_key
 from services.web.client_ids import install_client_id_guards
+from services.web.headers import SecurityHeaders
 from services.web.json_bodies import JsonBodyGuard, bound_socket_messages
 from services.web.key_chat import answer_key_command
 from services.web.origins import install_origin_policy, origin_policy
@@ -57,7 +58,7 @@ except SettingsError as error:
 install_routes(http_app, runtime)
 install_api(http_app, runtime)
 install_access_guards(http_app, runtime)
-install_page_assets(http_app)
+install_page_assets(http_app, settings.content_security_policy)
 install_upload_guard(
     http_app,
     runtime.settings.max_upload_bytes,
@@ -68,10 +69,12 @@ install_upload_guard(
 )
 install_client_id_guards(http_app)
 install_origin_policy(http_app, origins)  # CORS and the socket's Origin check
-# Outermost: bodies bounded before anything parses them.
+# Outermost: bodies bounded before anything parses them; every response with the safety headers.
 http_app.add_middleware(JsonBodyGuard, max_body_bytes=settings.max_json_body_bytes,
                         max_depth=settings.max_json_depth)  # fmt: skip
 bound_socket_messages(settings.max_json_depth)
+http_app.add_middleware(SecurityHeaders, content_security_policy=settings.content_security_policy,
+                        chainlit_url=chainlit_url)  # fmt: skip
 
 
 @cl.data_layer

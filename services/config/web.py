@@ -1,11 +1,22 @@
-"""HTTP edge settings: which other web origins may use the app, and how large and deep a JSON body
-may be before anything parses it for real."""
+"""HTTP edge settings: which other web origins may use the app, the page's Content-Security-Policy,
+and how large and deep a JSON body may be before anything parses it for real."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from services.config.fields import SettingsError, setting
+
+# Chainlit 2.12's page: its scripts, styles, fonts and images come from the app itself (the fonts and
+# KaTeX's CSS too: services/web/page_assets.py); its two inline scripts are allowed by their hashes,
+# added per page. Inline styles are the UI kit's (React sets them); images from other sites, which
+# a prompt-injected answer could use to send the conversation away, are not loaded.
+DEFAULT_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data: blob:; font-src 'self' data:; media-src 'self' data: blob:; "
+    "connect-src 'self'; worker-src 'self' blob:; object-src 'none'; base-uri 'self'; "
+    "form-action 'self'; frame-ancestors 'none'"
+)
 
 
 @dataclass(frozen=True)
@@ -20,6 +31,12 @@ class WebSettings:
         "allowed: CHAINLIT_URL when set; else, bound to loopback, http(s)://localhost, 127.0.0.1 and "
         "[::1] on its port; bound elsewhere, the host the request names. Set CHAINLIT_URL behind a "
         "proxy that changes the Host.",
+    )
+    content_security_policy: str = setting(
+        DEFAULT_CSP,
+        "CONTENT_SECURITY_POLICY",
+        "Content-Security-Policy of every response (the page's own inline scripts are added to "
+        "script-src by their hashes). Widen it only for what you add (e.g. img-src for OAuth avatars).",
     )
     max_json_depth: int = setting(
         64,

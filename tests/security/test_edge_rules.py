@@ -1,8 +1,10 @@
-"""The edge's rules as pure logic: which origins are the app's own, how deep a JSON body may nest,
-who may read the operators' routes."""
+"""The edge's rules as pure logic: which origins are the app's own, how the safety headers and the
+Secure flag are added, how deep a JSON body may nest, who may read the operators' routes."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from services.api.checks import JsonTooDeep, parse_json
 from services.config import Settings, SettingsError
 from services.observability.ops_access import operator_refusal, require_ops_token
+from services.web.headers import SecurityHeaders, page_policy, secure_cookie
 from services.web.origins import OriginPolicy, origin_policy
 
 DEEP = b"[" * 100_000 + b"]" * 100_000
@@ -40,6 +43,48 @@ def test_a_public_bind_without_chainlit_url_allows_the_same_host_only() -> None:
     assert not policy.allows("https://evil.example", host="chat.example.com")
     assert not policy.allows("null", host="null")
     assert not OriginPolicy(frozenset(), same_host=True).allows("https://a.example", host=None)
+
+
+async def cookie_of(app_scheme: str, chainlit_url: str) -> list[bytes]:
+    """The Set-Cookie headers a response gets through the middleware (pure ASGI, no server)."""
+
+    async def app(scope: dict, receive, send) -> None:
+        headers = [(b"set-cookie", b"access_token=x; HttpOnly; Path=/; SameSite=lax")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b""})
+
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    middleware = SecurityHeaders(app, "default-src 'self'", chainlit_url)
+    await middleware({"type": "http", "scheme": app_scheme, "path": "/login", "headers": []}, None, send)
+    return [value for name, value in sent[0]["headers"] if name == b"set-cookie"]
+
+
+@pytest.mark.asyncio
+async def test_chainlit_url_on_https_makes_every_cookie_secure() -> None:
+    assert (await cookie_of("http", "https://chat.example.com"))[0].endswith(b"; Secure")
+    assert (await cookie_of("https", ""))[0].endswith(b"; Secure")
+    assert b"Secure" not in (await cookie_of("http", ""))[0]
+    assert (await cookie_of("http", "http://chat.example.com")) == [
+        b"access_token=x; HttpOnly; Path=/; SameSite=lax"
+    ]
+
+
+def test_secure_is_added_once() -> None:
+    assert secure_cookie(b"a=b; Secure; HttpOnly") == b"a=b; Secure; HttpOnly"
+    assert secure_cookie(b"a=b") == b"a=b; Secure"
+
+
+def test_the_page_policy_adds_its_inline_script_hashes() -> None:
+    html = "<script>const global = globalThis;</script><script type=module src=/a.js></script>"
+    policy = page_policy("default-src 'self'; script-src 'self'; object-src 'none'", html)
+    digest = base64.b64encode(hashlib.sha256(b"const global = globalThis;").digest()).decode()
+    assert f"script-src 'self' 'sha256-{digest}';" in policy
+    derived = page_policy("default-src 'self'", html)
+    assert derived == f"default-src 'self'; script-src 'self' 'sha256-{digest}'", derived
 
 
 def test_parse_json_bounds_the_nesting() -> None:
