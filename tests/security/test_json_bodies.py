@@ -81,3 +81,16 @@ async def test_a_deep_socket_message_is_dropped_without_a_traceback(target: AppS
         await alice.close()
     log = log_since(target, offset)
     assert "RecursionError" not in log and "Traceback" not in log, log[-3000:]
+
+
+@in_loop
+async def test_an_oversized_body_on_chainlit_routes_is_413(target: AppServer) -> None:
+    alice = ChatClient(target.base_url, *ALICE)
+    await alice.connect()
+    try:
+        padding = "x" * (2 * 1024 * 1024)  # MAX_JSON_BODY_BYTES is 1 MiB
+        listed = await alice.http("POST", "/project/threads", json={"pagination": {"first": 5}, "filter": {},
+                                                                   "padding": padding})  # fmt: skip
+        assert listed.status_code == 413, (listed.status_code, listed.text[:300])
+    finally:
+        await alice.close()
