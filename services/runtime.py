@@ -46,6 +46,7 @@ from services.history.service import History, HistoryCollector
 from services.observability.app_probe import start_app_probe
 from services.observability.maintenance import Maintenance, malloc_info
 from services.observability.metrics import RequestMetrics, ServiceCollector
+from services.observability.ops_access import require_ops_token
 from services.observability.report import StatsReport
 
 logger = logging.getLogger(__name__)
@@ -81,10 +82,12 @@ class Runtime:
     def set_up_people(self, bind_host: str, oauth_providers: list[str], bind_port: int = 8000) -> SignIn:
         """Sign-in and history for this bind address (at import, before Chainlit reads its callbacks).
 
-        Raises SettingsError when a public address has no sign-in. Creates the sign-in secret once,
-        and in local mode the install's token (printed, with where to open the app).
+        Raises SettingsError when a public address has no sign-in or no OPS_TOKEN, before anything is
+        created. Creates the sign-in secret once, and in local mode the install's token (printed, with
+        where to open the app).
         """
         mode = resolve_mode(self.settings, bind_host, oauth_providers)
+        require_ops_token(self.settings, bind_host)
         keep = self.settings.chat_history and mode != "anonymous"
         self.history = History(self.settings, keep_conversations=keep, use_database=mode != "anonymous")
         accounts = AccountStore(self.history.engine) if self.history.engine is not None else None

@@ -100,7 +100,7 @@ async def test_the_key_command_in_chat(stores) -> None:
 def test_checks_name_what_is_wrong() -> None:
     def refusal(body: bytes | dict, path: str = CHAT) -> ApiError:
         with pytest.raises(ApiError) as error:
-            request = parse_body(body if isinstance(body, bytes) else json.dumps(body).encode())
+            request = parse_body(body if isinstance(body, bytes) else json.dumps(body).encode(), 64)
             check_request(path, request, SETTINGS)
         return error.value
 

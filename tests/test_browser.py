@@ -18,6 +18,12 @@ CHROMIUM_ARGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]  # fmt: skip
 ANSWER = '.step[data-step-type="assistant_message"] .message-content'
+# Everything the app's Content-Security-Policy blocks on the page (it must block nothing of its own).
+RECORD_CSP_VIOLATIONS = """
+    window.cspViolations = [];
+    document.addEventListener("securitypolicyviolation",
+        (e) => window.cspViolations.push(`${e.violatedDirective} ${e.blockedURI}`));
+"""
 
 
 @pytest.fixture
@@ -27,6 +33,7 @@ def page(tmp_path: Path):
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         context = browser.new_context(viewport={"width": 1100, "height": 760})
+        context.add_init_script(RECORD_CSP_VIOLATIONS)
         yield context.new_page()
         context.close()
         browser.close()
@@ -80,6 +87,7 @@ def test_browser_chat_streams_an_answer(default_server: AppServer, page: Page) -
     lengths = page.evaluate("window.answerLengths ?? null")
     assert lengths is not None, "the page reloaded while answering"
     assert len(lengths) >= 3, f"the answer should grow while streaming, render by render: {lengths}"
+    assert page.evaluate("window.cspViolations") == [], "the page's CSP blocked part of the page"
     screenshots = ARTIFACTS / "screenshots"
     screenshots.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(screenshots / "chat.png"), full_page=True)
@@ -99,6 +107,7 @@ def test_browser_upload_gets_a_summary(default_server: AppServer, page: Page, tm
     assert len(summary.split()) >= 10, summary
     assert page.get_by_text("Failed to upload").count() == 0, "the upload was refused"
     assert default_server.status()["summary_cache"]["entries"] == summaries_before + 1, "a summary was made"
+    assert page.evaluate("window.cspViolations") == [], "the page's CSP blocked part of the page"
     screenshots = ARTIFACTS / "screenshots"
     screenshots.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(screenshots / "summary.png"), full_page=True)

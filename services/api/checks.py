@@ -1,5 +1,8 @@
 """What the gate checks in a request body before vLLM sees it: JSON, known parameters, sizes, `n`.
 
+A body nested deeper than MAX_JSON_DEPTH is refused before it is parsed for real: Python's parser
+raises RecursionError at ~1,000 levels (a 500 and a traceback), and vLLM parses the body again.
+
 vLLM's own layer answers an unknown model, `max_tokens` past the context and wrong types in OpenAI's
 error shape; it only logs parameters it does not know, and it serves `n` > 1 and any number of
 messages. These checks close those gaps, each with its own clear message.
@@ -8,6 +11,7 @@ messages. These checks close those gaps, each with its own clear message.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
@@ -29,10 +33,34 @@ def known_parameters(path: str) -> frozenset[str]:
     return frozenset(names - set(SET_BY_SERVICE))
 
 
-def parse_body(body: bytes) -> dict[str, Any]:
+class JsonTooDeep(ValueError):
+    """A JSON document nested deeper than allowed."""
+
+
+def parse_json(body: bytes | str, max_depth: int, loads: Callable[[Any], Any] = json.loads) -> Any:
+    """The JSON document in `body` (parsed by `loads`); raises JsonTooDeep past `max_depth` levels of
+    arrays and objects, ValueError when it is not JSON."""
     try:
-        request = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        document = loads(body)
+    except RecursionError:
+        raise JsonTooDeep(f"nested deeper than {max_depth} levels") from None
+    pending: list[tuple[Any, int]] = [(document, 1)] if isinstance(document, (dict, list)) else []
+    while pending:  # by hand, not recursively: the document may be close to the recursion limit
+        value, depth = pending.pop()
+        if depth > max_depth:
+            raise JsonTooDeep(f"nested deeper than {max_depth} levels")
+        children = value.values() if isinstance(value, dict) else value
+        pending.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return document
+
+
+def parse_body(body: bytes, max_depth: int) -> dict[str, Any]:
+    try:
+        request = parse_json(body, max_depth)
+    except JsonTooDeep as error:
+        raise ApiError(400, f"The request body is {error}, more than this service accepts.",
+                       "invalid_json") from None  # fmt: skip
+    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise ApiError(400, f"The request body is not valid JSON ({error}).", "invalid_json") from None
     if not isinstance(request, dict):
         raise ApiError(400, "The request body must be a JSON object.", "invalid_json")

@@ -124,7 +124,7 @@ class ApiGate:
             await self.server.app(scope, receive, send)
             return
         body = await read_body(scope, receive, self.settings.api_max_body_bytes)
-        request = parse_body(body)
+        request = parse_body(body, self.settings.max_json_depth)
         check_request(path, request, self.settings)
         async with self.admission.admit(holder, path) as priority:
             if priority is not None:  # vLLM's own request field, which callers may not set (checks.py)

@@ -35,8 +35,10 @@ class ObservabilitySettings:
     ops_token: str = setting(
         "",
         "OPS_TOKEN",
-        "When set, GET /status, /metrics and /stats need `Authorization: Bearer <token>`; /healthz "
-        "stays open for load balancers. Empty = open (fine on a private network only).",
+        "GET /status, /metrics, /stats and the detail of /healthz need `Authorization: Bearer <token>` "
+        "(anonymous /healthz says only ok, overloaded or down, for load balancers). Required when the "
+        "app is bound to an address other machines can reach (it refuses to start without); empty on "
+        "loopback = those routes answer only local requests that no proxy forwarded.",
         tier="essential",
     )
     health_recent_output_seconds: float = setting(

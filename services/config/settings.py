@@ -33,7 +33,7 @@ from services.config.fields import SettingsError, parse
 from services.config.history import HistorySettings
 from services.config.observability import ObservabilitySettings
 from services.config.reference import Section, write_generated
-from services.config.web import WebSettings
+from services.config.web import WebSettings, parse_origins
 
 SENSITIVE_SUFFIXES = ("_TOKEN", "_SECRET", "PASSWORD", "_KEY")
 SENSITIVE_NAMES = ("DATABASE_URL",)  # may carry a password
@@ -113,6 +113,7 @@ class Settings(
             levels = ", ".join(DIAGNOSTIC_LEVELS)
             raise SettingsError(f"DIAGNOSTICS={self.diagnostics!r} is not one of {levels}")
         self._check_sign_in()
+        parse_origins("ALLOWED_ORIGINS", self.allowed_origins)  # raises on a bad one
 
     def _check_sign_in(self) -> None:
         if self.auth_mode not in AUTH_MODES:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import _sqlite3
+import contextlib
 import ctypes
 import os
+import stat
 from collections.abc import Callable
 from functools import cache, partial
 from pathlib import Path
@@ -13,18 +15,32 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from services.config import Settings
+from services.config import Settings, SettingsError
 
 SQLITE_FILE_NAME = "chat.db"
+SQLITE_SUFFIXES = ("", "-wal", "-shm", "-journal")  # the database and the files SQLite keeps beside it
 POOL_SIZE = 5  # connections kept open
 POOL_OVERFLOW = 5  # more opened under load, closed when returned
 
 
 def ensure_data_dir(settings: Settings) -> Path:
-    """DATA_DIR, created private (0700) if missing."""
+    """DATA_DIR, private to the app's user (0700) whatever mode it had: it holds the accounts, the
+    conversations and the sign-in secret. A shared folder (sticky, like /tmp) is refused."""
     path = Path(settings.data_dir).expanduser()
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.stat().st_mode & stat.S_ISVTX:
+        raise SettingsError(f"DATA_DIR={path} is a shared folder (like /tmp): give the app one of its own")
+    os.chmod(path, 0o700)
     return path
+
+
+def secure_sqlite_files(path: Path) -> None:
+    """The database created private (0600) before SQLite creates it (its -wal, -shm and -journal
+    files take its mode), and each of them that exists tightened to 0600, whatever the umask was."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))  # an existing file is left as it is
+    for suffix in SQLITE_SUFFIXES:
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(f"{path}{suffix}", 0o600)
 
 
 def database_url(settings: Settings) -> str:
@@ -55,6 +71,8 @@ def create_engine(settings: Settings) -> AsyncEngine:
     """An async engine with bounded pools; connections are checked before use, so a restarted
     PostgreSQL is reconnected to instead of failing the first statement."""
     url = database_url(settings)
+    if (path := sqlite_file(url)) is not None:
+        secure_sqlite_files(path)
     engine = create_async_engine(
         url,
         connect_args=connect_args(settings, url),
@@ -96,10 +114,15 @@ def sqlite_memory_bytes() -> int | None:
 
 def sqlite_path(settings: Settings) -> Path | None:
     """The SQLite file, or None on PostgreSQL (for sizes and backups)."""
-    url = database_url(settings)
-    if not is_sqlite(url):
+    return sqlite_file(database_url(settings))
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite URL; None for PostgreSQL and in-memory databases."""
+    _, separator, path = url.partition(":///")
+    if not is_sqlite(url) or not separator or path in ("", ":memory:"):
         return None
-    return Path(url.split(":///", 1)[1])
+    return Path(path)
 
 
 def file_size_bytes(path: Path) -> int:

@@ -1,1 +1,2 @@
-"""The HTTP side next to Chainlit: operators' routes, the upload guard, Chainlit state workarounds."""
+"""The HTTP side next to Chainlit: operators' routes, the edge (origins, safety headers, body bounds),
+the upload guard, Chainlit state workarounds."""

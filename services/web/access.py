@@ -6,7 +6,10 @@
 - ended sign-ins (signed out, a new password or role, a removed account, past their lifetime) are
   refused on every HTTP route and at the socket's connect (services/web/sign_in_sessions.py);
 - Chainlit 2.12's feedback routes do not check whose message the feedback is about: the routes
-  put in front of them do (and bound the comment, stored_text.py), then hand over to Chainlit's own.
+  put in front of them do (and bound the comment, stored_text.py), then hand over to Chainlit's own;
+- Chainlit 2.12 serves its share routes (`PUT /project/thread/share` marks a conversation shared,
+  `GET /project/share/{id}` shows a shared one to anyone) whatever `allow_thread_sharing` says:
+  while it is false, routes in front of them answer 404.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 
 from chainlit import server as chainlit_server
 from chainlit.auth import get_current_user
+from chainlit.config import config as chainlit_config
 from chainlit.types import DeleteFeedbackRequest, UpdateFeedbackRequest
 from fastapi import Depends, FastAPI, HTTPException, Request
 
@@ -69,10 +73,13 @@ async def _send_refusal(send: Callable, status: int, detail: str, retry_after_se
 
 
 def install_access_guards(app: FastAPI, runtime: Runtime) -> None:
-    """Client addresses, ended sign-ins refused, feedback only on one's own messages."""
+    """Client addresses, ended sign-ins refused, feedback only on one's own messages, no sharing
+    unless `allow_thread_sharing`."""
     app.add_middleware(SignInRequestMiddleware)
     install_session_guards(app, runtime)
     _guard_feedback(app, runtime)
+    if not chainlit_config.features.allow_thread_sharing:
+        _refuse_sharing(app)
 
 
 def _guard_feedback(app: FastAPI, runtime: Runtime) -> None:
@@ -112,4 +119,14 @@ def _guard_feedback(app: FastAPI, runtime: Runtime) -> None:
     before = len(app.router.routes)
     app.add_api_route("/feedback", update_feedback, methods=["PUT"], include_in_schema=False)
     app.add_api_route("/feedback", delete_feedback, methods=["DELETE"], include_in_schema=False)
+    move_to_front(app, app.router.routes[before:])
+
+
+def _refuse_sharing(app: FastAPI) -> None:
+    async def not_found() -> None:
+        raise HTTPException(404, "Not Found")
+
+    before = len(app.router.routes)
+    app.add_api_route("/project/thread/share", not_found, methods=["PUT"], include_in_schema=False)
+    app.add_api_route("/project/share/{thread_id}", not_found, methods=["GET"], include_in_schema=False)
     move_to_front(app, app.router.routes[before:])

@@ -170,8 +170,8 @@ async def _send_bad_request(send: Callable) -> None:
 
 
 def install_client_id_guards(app: Any) -> None:
-    """Check client-chosen session ids on the socket and on HTTP; call last, so the HTTP guard is
-    the outermost middleware (before any other reads the request)."""
+    """Check client-chosen session ids on the socket and on HTTP; call after the routes and guards
+    that read requests, so the HTTP guard wraps them (only the edge's body bound and headers wrap it)."""
     guard_socket_connect()
     BaseSession.files_dir = property(session_folder)  # type: ignore[assignment,method-assign]
     app.add_middleware(SessionIdGuard)

@@ -5,6 +5,7 @@ CSS from jsDelivr. scripts/setup.sh installs both from the npm registry (`assets
 @fontsource/inter and katex at the version Chainlit's bundle was built with); this module serves
 them under /vendor/ and rewrites the page to use them. Without the install the page still loads
 nothing from outside: it falls back to the system font (and says so in the log, once).
+The page is served with the Content-Security-Policy plus the hashes of its inline scripts.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.routing import Mount, Route
+
+from services.web.headers import page_policy
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +48,7 @@ def offline_page(html: str, root_path: str = "", installed: bool = True) -> str:
     return _KATEX.sub(lambda _: katex if installed else "", html)
 
 
-def install_page_assets(app: FastAPI) -> None:
+def install_page_assets(app: FastAPI, content_security_policy: str) -> None:
     """Serve /vendor/* and put an offline page route where Chainlit's catch-all page route is."""
     installed = assets_installed()
     if not installed:
@@ -55,8 +58,9 @@ def install_page_assets(app: FastAPI) -> None:
 
     async def page(request: Request) -> HTMLResponse:
         root_path = os.getenv("CHAINLIT_PARENT_ROOT_PATH", "") + os.getenv("CHAINLIT_ROOT_PATH", "")
-        html = chainlit_server.get_html_template(root_path)
-        return HTMLResponse(offline_page(html, root_path.rstrip("/"), installed))
+        html = offline_page(chainlit_server.get_html_template(root_path), root_path.rstrip("/"), installed)
+        policy = page_policy(content_security_policy, html)
+        return HTMLResponse(html, headers={"Content-Security-Policy": policy})
 
     routes = app.router.routes
     catch_all = next(i for i, r in enumerate(routes) if getattr(r, "path", "") == "/{full_path:path}")

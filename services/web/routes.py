@@ -1,15 +1,15 @@
-"""Operators' HTTP routes: GET /status, /metrics, /healthz, /stats; all but /healthz need OPS_TOKEN."""
+"""Operators' HTTP routes: GET /status, /metrics, /healthz, /stats; all but /healthz need OPS_TOKEN,
+and /healthz tells only its state (ok, overloaded, down) to anyone without it."""
 
 from __future__ import annotations
 
-import hmac
-
-from fastapi import Depends, FastAPI, Header, HTTPException
+from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 from starlette.routing import BaseRoute
 
 from services.api.gate import ApiRoute
+from services.observability.ops_access import operator_refusal
 from services.runtime import Runtime
 from services.web.chainlit_state import ChainlitStateCollector, chainlit_session_counts
 
@@ -17,17 +17,23 @@ from services.web.chainlit_state import ChainlitStateCollector, chainlit_session
 def install_routes(app: FastAPI, runtime: Runtime) -> None:
     """Add the operators' routes in front of Chainlit's catch-all page route.
 
-    With OPS_TOKEN set, all but /healthz answer 401 without `Authorization: Bearer <token>`.
-    /metrics serves vLLM's own metrics (the default registry), then the app's `chat_*`.
+    All but /healthz answer 401 without `Authorization: Bearer <OPS_TOKEN>` (without OPS_TOKEN,
+    403 to requests that are not local: services/observability/ops_access.py); /healthz gives its
+    detail to the same callers. /metrics serves vLLM's own metrics (the default registry), then the
+    app's `chat_*`.
     """
     chainlit_registry = CollectorRegistry()
     chainlit_registry.register(ChainlitStateCollector())
 
-    def operators_only(authorization: str = Header(default="")) -> None:
-        expected = runtime.settings.ops_token
-        if expected and not hmac.compare_digest(authorization.encode(), f"Bearer {expected}".encode()):
-            challenge = {"WWW-Authenticate": "Bearer"}
-            raise HTTPException(401, "needs Authorization: Bearer <OPS_TOKEN>", challenge)
+    def refusal(request: Request) -> tuple[int, str] | None:
+        address = request.client.host if request.client is not None else None
+        authorization = request.headers.get("authorization", "")
+        return operator_refusal(runtime.settings.ops_token, authorization, address, request.headers)
+
+    def operators_only(request: Request) -> None:
+        if refused := refusal(request):
+            status, detail = refused
+            raise HTTPException(status, detail, {"WWW-Authenticate": "Bearer"} if status == 401 else None)
 
     async def status_route() -> JSONResponse:
         status = runtime.status()
@@ -39,10 +45,11 @@ def install_routes(app: FastAPI, runtime: Runtime) -> None:
         )
         return Response(text, media_type=CONTENT_TYPE_LATEST)
 
-    async def healthz_route() -> JSONResponse:
+    async def healthz_route(request: Request) -> JSONResponse:
         # 200 "ok" or "overloaded" (keep it in rotation), 503 "down" (take it out): see Runtime.health.
         healthy, detail = await runtime.health()
-        return JSONResponse(detail, status_code=200 if healthy else 503)
+        shown = {"status": detail["status"]} if refusal(request) else detail
+        return JSONResponse(shown, status_code=200 if healthy else 503)
 
     async def stats_route() -> JSONResponse:
         summary = runtime.report.summary()

@@ -11,6 +11,7 @@ settings: every attack runs against the real routes and the real socket.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,6 +42,19 @@ def tiny_env(model_dir: Path, data_dir: Path, **values: object) -> dict[str, str
     )  # fmt: skip
 
 
+OPS_TOKEN = "security-ops-token"  # the operators' routes are guarded, as they must be in production
+
+
+def loosen(data_dir: Path) -> None:
+    """DATA_DIR and its files readable by everyone, as an older version or a careless copy left them."""
+    data_dir.chmod(0o755)
+    for name in ("chat.db", "chat.db-wal", "chat.db-shm"):
+        (data_dir / name).touch(0o644)
+    (data_dir / "auth-secret").write_text(secrets.token_urlsafe(48))
+    for path in data_dir.iterdir():
+        path.chmod(0o644)
+
+
 @pytest.fixture(scope="package")
 def fake_github() -> Iterator[FakeGitHub]:
     github = FakeGitHub().start()
@@ -53,11 +67,12 @@ def target(
     tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, fake_github: FakeGitHub
 ) -> Iterator[AppServer]:
     data_dir = tmp_path_factory.mktemp("attacked-data")
+    loosen(data_dir)
     env = tiny_env(
         tiny_model_dir, data_dir, AUTH_MODE="password", ADMIN_USERNAME=ADMIN[0],
         ADMIN_PASSWORD=ADMIN[1], FORWARDED_ALLOW_IPS="*", SIGN_IN_CHECK_SECONDS=SIGN_IN_CHECK_SECONDS,
-        OAUTH_ALLOWED_ORGS=GITHUB_ORG,
-        OAUTH_ALLOWED_DOMAINS=ALLOWED_DOMAIN, OAUTH_ALLOWED_USERS=ALLOWED_GITHUB_USER, **fake_github.env(),
+        OAUTH_ALLOWED_ORGS=GITHUB_ORG, OAUTH_ALLOWED_DOMAINS=ALLOWED_DOMAIN,
+        OAUTH_ALLOWED_USERS=ALLOWED_GITHUB_USER, OPS_TOKEN=OPS_TOKEN, **fake_github.env(),
     )  # fmt: skip
     server = AppServer(env, ARTIFACTS / "logs" / "security-server.log").start()
     for name, password in (ALICE, BOB):
