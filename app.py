@@ -28,79 +28,22 @@ from services.config import SettingsError
 from services.engine.errors import RepetitionError, report_failure
 from services.history.resume import ANSWER_METADATA, is_command
 from services.runtime import Runtime
-from services.web.access import install_access_guards
-from services.web.body_limit import install_body_limit, limits_by_route
-from services.web.chainlit_state import (
-    current_user_identifier,
-    forget_chat_context,
-    page_connected,
-    tell_uploader,
-)
+from services.web.chainlit_state import current_user_identifier, forget_chat_context
 from services.web.chat_feedback import StatusMessage, notice, summary_progress, user_key
-from services.web.client_ids import install_client_id_guards
-from services.web.headers import SecurityHeaders
-from services.web.json_bodies import JsonBodyGuard, bound_socket_messages
+from services.web.edge import install_edge
 from services.web.key_chat import answer_key_command
-from services.web.local_access import install_local_access
-from services.web.origins import install_origin_policy, origin_policy
-from services.web.page_assets import install_page_assets
-from services.web.peers import install_client_addresses
-from services.web.routes import install_api, install_routes
-from services.web.socket_guard import install_socket_guard, socket_guard_for
-from services.web.stored_text import install_name_cap
-from services.web.upload_guard import DEFAULT_UPLOAD_PATH, install_upload_guard
-
-# The chat settings the page offers (send_chat_settings), by kind: the socket keeps no others.
-CHAT_SETTINGS = {"temperature": float, "top_p": float, "max_new_tokens": float, "system_prompt": str}
+from services.web.origins import origin_policy
 
 runtime = Runtime()
-settings = runtime.settings
 oauth_providers = get_configured_oauth_providers()
 chainlit_url = os.environ.get("CHAINLIT_URL", "")
 try:  # a public address without sign-in or OPS_TOKEN stops here, with what to configure
     sign_in = runtime.set_up_people(chainlit_config.run.host, oauth_providers, chainlit_config.run.port)
     origins = origin_policy(chainlit_config.run.host, chainlit_config.run.port, chainlit_url,
-                            settings.allowed_origins)  # fmt: skip
+                            runtime.settings.allowed_origins)  # fmt: skip
 except SettingsError as error:
     raise SystemExit(str(error)) from None
-install_routes(http_app, runtime)
-install_api(http_app, runtime)
-install_access_guards(http_app, runtime)
-install_page_assets(http_app, settings.content_security_policy)
-install_upload_guard(
-    http_app,
-    runtime.settings.max_upload_bytes,
-    linger_seconds=runtime.settings.upload_linger_seconds,
-    session_exists=page_connected,
-    session_wait_seconds=runtime.settings.upload_session_wait_seconds,
-    on_reject=tell_uploader,
-)
-install_name_cap(http_app, runtime.settings)
-install_socket_guard(
-    socket_guard_for(runtime, people_sign_in=sign_in.mode != "local", chat_settings=CHAT_SETTINGS),
-    runtime.settings.socket_max_event_bytes,
-)
-bound_socket_messages(settings.max_json_depth)
-install_client_id_guards(http_app)  # before anything reads a request
-install_origin_policy(http_app, origins)  # CORS and the socket's Origin check
-http_app.add_middleware(JsonBodyGuard, max_body_bytes=settings.max_request_body_bytes,
-                        max_depth=settings.max_json_depth)  # fmt: skip
-install_local_access(http_app, sign_in)  # local mode: this machine's browser only, on every route
-# The TCP peer kept, the client decided (never by a header a client wrote).
-install_client_addresses(http_app, runtime.settings, sign_in.mode)
-install_body_limit(  # no body over its limit reaches any other middleware
-    http_app,
-    limits_by_route(
-        runtime.settings.max_request_body_bytes,
-        runtime.settings.socket_max_event_bytes,
-        DEFAULT_UPLOAD_PATH,
-        api_served=runtime.api is not None,
-    ),
-    linger_seconds=runtime.settings.upload_linger_seconds,
-)
-# Last, so outermost: every response carries the safety headers, refusals included.
-http_app.add_middleware(SecurityHeaders, content_security_policy=settings.content_security_policy,
-                        chainlit_url=chainlit_url)  # fmt: skip
+install_edge(http_app, runtime, sign_in, origins, chainlit_url)
 
 
 @cl.data_layer

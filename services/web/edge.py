@@ -1,0 +1,69 @@
+"""Everything the app puts between a client and Chainlit, in one place and in its order.
+
+Routes first (ours in front of Chainlit's catch-all page), then the middleware from the inside out:
+each `add_middleware` wraps the ones before it, so the last one added sees a request first. From the
+outside in, a request meets: the safety headers (every response, refusals included), the body limit
+(no body over its limit reaches anything else), the client's address (the TCP peer kept; a
+forwarded address only from a trusted proxy), local mode's "this machine's browser only", the JSON
+depth bound, the Origin policy (CORS), the session-id check, then the upload guards and Chainlit.
+The socket's handlers are wrapped the same way: message checks, JSON depth, session ids, Origin.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.accounts.sign_in import SignIn
+from services.chat.store import CHAT_SETTING_KINDS
+from services.runtime import Runtime
+from services.web.access import install_access_guards
+from services.web.body_limit import install_body_limit, limits_by_route
+from services.web.chainlit_state import page_connected, tell_uploader
+from services.web.client_ids import install_client_id_guards
+from services.web.headers import SecurityHeaders
+from services.web.json_bodies import JsonBodyGuard, bound_socket_messages
+from services.web.local_access import install_local_access
+from services.web.origins import OriginPolicy, install_origin_policy
+from services.web.page_assets import install_page_assets
+from services.web.peers import install_client_addresses
+from services.web.routes import install_api, install_routes
+from services.web.socket_guard import install_socket_guard, socket_guard_for
+from services.web.stored_text import install_name_cap
+from services.web.upload_guard import DEFAULT_UPLOAD_PATH, install_upload_guard
+
+
+def install_edge(
+    http_app: Any, runtime: Runtime, sign_in: SignIn, origins: OriginPolicy, chainlit_url: str
+) -> None:
+    """Install the app's routes, guards and socket checks on Chainlit's FastAPI app (at import time)."""
+    settings = runtime.settings
+    install_routes(http_app, runtime)
+    install_api(http_app, runtime)
+    install_access_guards(http_app, runtime)
+    install_page_assets(http_app, settings.content_security_policy)
+    install_name_cap(http_app, settings)
+    install_socket_guard(
+        socket_guard_for(runtime, people_sign_in=sign_in.mode != "local", chat_settings=CHAT_SETTING_KINDS),
+        settings.socket_max_event_bytes,
+    )
+    bound_socket_messages(settings.max_json_depth)
+    install_upload_guard(
+        http_app, settings.max_upload_bytes, linger_seconds=settings.upload_linger_seconds,
+        session_exists=page_connected, session_wait_seconds=settings.upload_session_wait_seconds,
+        on_reject=tell_uploader,
+    )  # fmt: skip
+    install_client_id_guards(http_app)
+    install_origin_policy(http_app, origins)
+    http_app.add_middleware(
+        JsonBodyGuard, max_body_bytes=settings.max_request_body_bytes, max_depth=settings.max_json_depth
+    )
+    install_local_access(http_app, sign_in)
+    install_client_addresses(http_app, settings, sign_in.mode)
+    limits = limits_by_route(
+        settings.max_request_body_bytes, settings.socket_max_event_bytes, DEFAULT_UPLOAD_PATH,
+        api_served=runtime.api is not None,
+    )  # fmt: skip
+    install_body_limit(http_app, limits, linger_seconds=settings.upload_linger_seconds)
+    http_app.add_middleware(
+        SecurityHeaders, content_security_policy=settings.content_security_policy, chainlit_url=chainlit_url
+    )
