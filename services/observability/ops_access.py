@@ -12,7 +12,8 @@ from __future__ import annotations
 import hmac
 from collections.abc import Mapping
 
-from services.accounts.sign_in import FORWARDING_HEADERS, is_loopback
+from services.accounts.addresses import is_loopback
+from services.accounts.local import forwarding_header
 from services.config import Settings, SettingsError
 
 
@@ -38,6 +39,6 @@ def operator_refusal(
         if hmac.compare_digest(authorization.encode(), f"Bearer {ops_token}".encode()):
             return None
         return 401, "needs Authorization: Bearer <OPS_TOKEN>"
-    if is_loopback(client_host) and not any(name in headers for name in FORWARDING_HEADERS):
+    if is_loopback(client_host) and forwarding_header(headers) is None:
         return None
     return 403, "without OPS_TOKEN, the operators' routes answer only local requests"
