@@ -39,6 +39,7 @@ from services.web.client_ids import install_client_id_guards
 from services.web.key_chat import answer_key_command
 from services.web.page_assets import install_page_assets
 from services.web.routes import install_api, install_routes
+from services.web.socket_events import guard_socket_events
 from services.web.upload_guard import install_upload_guard
 
 runtime = Runtime()
@@ -60,6 +61,7 @@ install_upload_guard(
     on_reject=tell_uploader,
 )
 install_client_id_guards(http_app)  # last: the outermost check, before anything reads a request
+guard_socket_events()
 
 
 @cl.data_layer

@@ -5,12 +5,17 @@ traceback. The fuzz tests (test_fuzz_*.py) look for more of the same; these say 
 from __future__ import annotations
 
 import asyncio
+import json
+import uuid
+from typing import Any
 
 import pytest
 
-from harness.chat_client import ChatClient, user_message_payload
+from harness.chat_client import ChatClient, handshake, user_message_payload
 from harness.server import AppServer
+from services.web.socket_events import event_problem, frame_problem
 from tests.security.conftest import BobsConversation, Intact
+from tests.security.fuzzing import deep_json
 
 in_loop = pytest.mark.asyncio(loop_scope="package")
 
@@ -38,3 +43,86 @@ async def test_a_message_cannot_take_the_id_of_someone_elses_message(
     await asyncio.sleep(1)  # the steps are written in tasks of their own
     assert not bob.changes()
     assert not intact.problems(mark)
+
+
+MALFORMED_EVENTS: list[tuple[str, tuple[Any, ...]]] = [
+    ("client_message", ("x",)),
+    ("client_message", ({"message": {"id": "..", "output": 5}},)),
+    (
+        "client_message",
+        ({"message": {**user_message_payload("Hi.")["message"], "type": "assistant_message"}},),
+    ),
+    ("edit_message", ({"message": {"id": str(uuid.uuid4()), "output": "edited"}},)),  # editing is off
+    ("stop", ("x",)),
+    ("clear_session", ({"a": 1},)),
+    ("connection_successful", (1,)),
+    ("chat_settings_change", ([1, 2],)),
+    ("chat_settings_change", ()),
+    ("audio_end", ()),  # audio is off
+    ("message_favorite", ({"message": {"id": "x"}},)),  # favorites are off
+    ("connect", ({"HTTP_COOKIE": ""}, handshake(str(uuid.uuid4())))),
+    ("disconnect", ()),
+    ("window_message", ({"deep": json.loads(deep_json(20))},)),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "args"), MALFORMED_EVENTS, ids=[f"{n}-{i}" for i, (n, _) in enumerate(MALFORMED_EVENTS)]
+)
+def test_events_the_page_never_sends_are_dropped(name: str, args: tuple[Any, ...]) -> None:
+    assert event_problem(name, args) is not None
+
+
+def test_the_pages_own_events_pass() -> None:
+    message = user_message_payload("Hi.", file_ids=[str(uuid.uuid4())])
+    settings = {"temperature": 0.5, "system_prompt": "Be brief."}
+    for name, args in [("client_message", (message,)), ("stop", ()), ("clear_session", ()),
+                       ("connection_successful", ()), ("window_message", ("ping",)),
+                       ("chat_settings_change", (settings,))]:  # fmt: skip
+        assert event_problem(name, args) is None, name
+
+
+@in_loop
+async def test_malformed_socket_traffic_is_dropped_without_a_traceback_or_a_session(
+    target: AppServer, alice_cookie: str, intact: Intact
+) -> None:
+    """Each of these logged a traceback (or, for `connect` events and a second CONNECT packet, made
+    a Chainlit session that nothing ever freed); the socket goes on working."""
+    page = await signed_in_page(target, alice_cookie)
+    mark = intact.mark()
+    for name, args in MALFORMED_EVENTS:
+        if not args:
+            await page.sio.emit(name)
+        else:  # a tuple is sent as several arguments
+            await page.sio.emit(name, args[0] if len(args) == 1 else args)
+    environ = {"HTTP_COOKIE": alice_cookie}
+    await page.sio.emit("connect", (environ, handshake(str(uuid.uuid4()))))  # a forged environ, a session
+    for frame in ("0" + json.dumps(handshake(str(uuid.uuid4()))), "2[", "4", '2["window_message",'
+                  + deep_json(5_000) + "]", "51-[\"x\",{\"_placeholder\":true,\"num\":9}]"):  # fmt: skip
+        await page.sio.eio.send(frame)
+    reply = await page.ask("Still there?", timeout=60)
+    assert reply.final is not None and not reply.final.startswith("⚠️"), reply.final
+    await page.close()
+    assert not intact.problems(mark)
+
+
+@in_loop
+async def test_a_lone_surrogate_in_a_message_is_answered_and_stored(
+    target: AppServer, alice_cookie: str, intact: Intact
+) -> None:
+    """JSON may carry "\\ud800"; the tokenizer and the database take no lone surrogates: the turn
+    failed with a traceback and the message was not stored."""
+    page = await signed_in_page(target, alice_cookie)
+    mark = intact.mark()
+    reply = await page.ask("Hello \ud800 there", timeout=60)
+    assert reply.final is not None and not reply.final.startswith("⚠️"), reply.final
+    await page.close()
+    await asyncio.sleep(1)
+    thread = (await page.http("GET", f"/project/thread/{page.thread_id}")).json()
+    assert "Hello \ufffd there" in [step["output"] for step in thread["steps"]]
+    assert not intact.problems(mark)
+
+
+def test_frames_python_socketio_cannot_decode_are_refused() -> None:
+    for frame in ("2[", "4", "9", b"\x00\x01", "2" + "[" * 5_000):
+        assert frame_problem("not-connected", frame) is not None, frame
