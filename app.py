@@ -36,9 +36,11 @@ from services.web.chainlit_state import (
 )
 from services.web.chat_feedback import StatusMessage, notice, summary_progress, user_key
 from services.web.client_ids import install_client_id_guards
+from services.web.http_errors import install_http_errors
 from services.web.key_chat import answer_key_command
 from services.web.page_assets import install_page_assets
 from services.web.routes import install_api, install_routes
+from services.web.session_routes import install_session_routes
 from services.web.socket_events import guard_socket_events
 from services.web.upload_guard import install_upload_guard
 
@@ -51,7 +53,9 @@ except SettingsError as error:
 install_routes(http_app, runtime)
 install_api(http_app, runtime)
 install_access_guards(http_app, runtime)
+install_session_routes(http_app)
 install_page_assets(http_app)
+install_http_errors(http_app)
 install_upload_guard(
     http_app,
     runtime.settings.max_upload_bytes,

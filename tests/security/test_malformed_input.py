@@ -9,6 +9,7 @@ import json
 import uuid
 from typing import Any
 
+import httpx
 import pytest
 
 from harness.chat_client import ChatClient, handshake, user_message_payload
@@ -126,3 +127,43 @@ async def test_a_lone_surrogate_in_a_message_is_answered_and_stored(
 def test_frames_python_socketio_cannot_decode_are_refused() -> None:
     for frame in ("2[", "4", "9", b"\x00\x01", "2" + "[" * 5_000):
         assert frame_problem("not-connected", frame) is not None, frame
+
+
+MULTIPART = "multipart/form-data; boundary=x"
+BAD_REQUESTS = [
+    # (method, path, JSON body or raw bytes, status): each was a 500 with a traceback
+    ("PUT", "/feedback", b'{"a": "\\ud800"}', 422),  # FastAPI's 422 repeated the lone surrogate
+    ("DELETE", "/project/thread", b"\xff\xfe{", 422),  # ... or bytes that are not UTF-8 (as multipart)
+    ("GET", "/copilot/" + "%F0%9F%99%82" * 100, None, 404),  # a name longer than a file's
+    ("GET", "/public/a%00b", None, 404),  # a NUL byte
+    ("POST", "/project/action", {"sessionId": "{new_uuid}", "action": {"name": "x", "payload": {}}}, 404),
+    ("PUT", "/project/element", {"sessionId": "{new_uuid}", "element": {"type": "custom"}}, 404),
+    ("DELETE", "/mcp", {"sessionId": "{new_uuid}", "name": "x"}, 400),  # MCP is off
+    ("PUT", "/project/element", {"sessionId": "{live}", "element": {"type": "custom", "id": [0.0]}}, 400),
+    (
+        "POST",
+        "/project/action",
+        {"sessionId": "{live}", "action": {"name": "x", "payload": {}, "zz": 1}},
+        400,
+    ),
+]
+
+
+@in_loop
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status"), BAD_REQUESTS, ids=[f"{m} {p[:20]}" for m, p, _, _ in BAD_REQUESTS]
+)
+async def test_malformed_requests_get_a_client_error(
+    target: AppServer, alice_cookie: str, intact: Intact, method: str, path: str, body: Any, status: int
+) -> None:
+    page = await signed_in_page(target, alice_cookie)
+    mark = intact.mark()
+    if isinstance(body, dict):
+        text = json.dumps(body).replace("{new_uuid}", str(uuid.uuid4())).replace("{live}", page.session_id)
+        body = text.encode()
+    async with httpx.AsyncClient(base_url=target.base_url, headers={"Cookie": alice_cookie}) as http:
+        kind = MULTIPART if isinstance(body, bytes) and body.startswith(b"\xff") else "application/json"
+        response = await http.request(method, path, content=body, headers={"Content-Type": kind})
+    await page.close()
+    assert response.status_code == status, response.text
+    assert not intact.problems(mark)
