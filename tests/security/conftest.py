@@ -13,7 +13,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from hypothesis.configuration import set_hypothesis_home_dir
 
 from harness.chat_client import ChatClient, sign_in
 from harness.server import ROOT, AppServer
@@ -40,13 +39,6 @@ def target(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
 
 
 # --- what the fuzz tests attack, and what they check stays intact -------------------------------
-
-
-@pytest.fixture(scope="package", autouse=True)
-def hypothesis_home(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Hypothesis keeps caches in ./.hypothesis unless told otherwise (its example database is off:
-    fuzzing.fuzz_settings): here they go to pytest's temp folder, not into the repository."""
-    set_hypothesis_home_dir(tmp_path_factory.mktemp("hypothesis"))
 
 
 @dataclass
