@@ -123,8 +123,12 @@ async def send_chat_settings(session: ChatSession) -> None:
 
 @cl.on_settings_update
 async def update_settings(values: dict) -> None:
-    if session := await open_session():
+    session = await open_session()
+    if session is not None:
         runtime.sessions.update_settings(session, values)
+    # Chainlit stored the values as sent (any keys, any sizes) and keeps them with the conversation:
+    # what it keeps is what is in effect.
+    cl.context.session.chat_settings = runtime.sessions.chat_settings(session) if session else {}
 
 
 async def open_session() -> ChatSession | None:

@@ -85,6 +85,7 @@ def postgres() -> Iterator[PostgresCluster]:
 # engine it starts), so that concurrent sessions do not see each other's files; the
 # session checks that it leaves that folder as it found it, then removes it.
 SESSION_TEMP = Path(tempfile.mkdtemp(prefix="chat-tests-"))
+HYPOTHESIS_HOME = "hypothesis"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -92,6 +93,9 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["TMPDIR"] = tempfile.tempdir = str(SESSION_TEMP)
     # torch.compile's cache where the app keeps it (services/engine/local.py): kept between runs.
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(default_cache_dir()) / "torchinductor"))
+    # Hypothesis (the fuzz tests) keeps caches in ./.hypothesis unless told otherwise: they go with
+    # the session's folder (its example database is off: tests/security/fuzzing.py).
+    os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(SESSION_TEMP / HYPOTHESIS_HOME))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -111,7 +115,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # pytest's own tmp_path root, and torch's compile cache: torch writes part of it under
 # tempfile.gettempdir() whatever TORCHINDUCTOR_CACHE_DIR says (torch/_inductor/cache.py,
 # codecache.py call default_cache_dir() directly). Both go with the session's folder.
-NOT_OURS = ("pytest-of-", "torchinductor_")
+NOT_OURS = ("pytest-of-", "torchinductor_", HYPOTHESIS_HOME)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -79,6 +79,8 @@ def check_request(path: str, request: dict[str, Any], settings: Settings) -> Non
         )
     entries_name = "messages" if path == "/v1/chat/completions" else "prompt"
     entries = request.get(entries_name)
+    if entries_name == "messages" and entries == []:  # vLLM answers 400 too, but logs a traceback first
+        raise ApiError(400, "'messages' is empty: send at least one message.", "invalid_value", "messages")
     if isinstance(entries, list) and len(entries) > settings.api_max_messages:
         raise ApiError(
             400,

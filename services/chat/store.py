@@ -182,7 +182,8 @@ class SessionStore:
     def update_settings(self, session: ChatSession, values: Mapping[str, Any]) -> None:
         """Apply chat settings from the UI (any subset), clamped to the service limits.
 
-        Unknown keys and values that are not numbers are ignored.
+        Unknown keys, values that are not numbers and a system prompt longer than a message may be
+        are ignored.
         """
         current = session.sampling
 
@@ -201,8 +202,20 @@ class SessionStore:
                 number("max_new_tokens", current.max_new_tokens, 1, self.settings.max_new_tokens_limit)
             ),
         )
-        if isinstance(values.get("system_prompt"), str):
-            session.system_prompt = values["system_prompt"].strip() or self.settings.system_prompt
+        prompt = values.get("system_prompt")
+        if isinstance(prompt, str) and len(prompt) <= self.settings.max_message_chars:
+            session.system_prompt = prompt.strip() or self.settings.system_prompt
+
+    @staticmethod
+    def chat_settings(session: ChatSession) -> dict[str, Any]:
+        """The chat settings in effect, by the ids of the settings panel's widgets."""
+        sampling = session.sampling
+        return {
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "max_new_tokens": sampling.max_new_tokens,
+            "system_prompt": session.system_prompt,
+        }
 
     # --- turns ---------------------------------------------------------------
     @contextlib.asynccontextmanager

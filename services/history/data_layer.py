@@ -13,6 +13,8 @@ What this subclass changes, and why:
   thread tags are read back as lists;
 - thread ids must be UUIDs: Chainlit takes the id a browser sends for a new conversation and
   later pastes stored ids into an `IN ('...')` list, so an id with a quote would be SQL;
+- a step is only ever updated within its own conversation (`step_upsert`): the browser chooses a
+  user message's id, so Chainlit's upsert let anyone move another person's message into their own;
 - deleting a conversation also deletes its stored document; new feedback is counted for /metrics;
 - a conversation's name is cut to MAX_THREAD_NAME_CHARS (Chainlit names a conversation after its
   first message), and the sidebar's list is one bounded statement per page that loads no messages
@@ -81,6 +83,29 @@ def is_uuid(value: Any) -> bool:
         return isinstance(value, str) and str(uuid.UUID(value)) == value.lower()
     except ValueError:
         return False
+
+
+def step_upsert(step_dict: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """Chainlit's step upsert (`SQLAlchemyDataLayer.create_step`), except that a stored step of
+    another conversation is left as it is: a user message's id is chosen by the browser, and
+    Chainlit's `ON CONFLICT (id) DO UPDATE` moved anyone's step into the sender's conversation."""
+    step = dict(step_dict)
+    step["showInput"] = str(step.get("showInput", "")).lower() if "showInput" in step else None
+    parameters = {
+        key: value
+        for key, value in step.items()
+        if value is not None and not (isinstance(value, dict) and not value)
+    }
+    parameters["metadata"] = json.dumps(step.get("metadata", {}))
+    parameters["generation"] = json.dumps(step.get("generation", {}))
+    columns = ", ".join(f'"{key}"' for key in parameters)
+    values = ", ".join(f":{key}" for key in parameters)
+    updates = ", ".join(f'"{key}" = :{key}' for key in parameters if key != "id")
+    query = (
+        f"INSERT INTO steps ({columns}) VALUES ({values}) "
+        f'ON CONFLICT (id) DO UPDATE SET {updates} WHERE steps."threadId" = :threadId'
+    )
+    return query, parameters
 
 
 def _bindable(value: Any) -> Any:
@@ -152,7 +177,8 @@ class ChatDataLayer(SQLAlchemyDataLayer):
         if not is_uuid(step_dict.get("threadId")):
             return
         with _unit_of_work():
-            await SQLAlchemyDataLayer.create_step.__wrapped__(self, step_dict)  # type: ignore[attr-defined]
+            await self.update_thread(step_dict["threadId"])
+            await self.execute_sql(*step_upsert(step_dict))
 
     async def delete_thread(self, thread_id: str) -> None:
         with _unit_of_work() as unit:

@@ -63,7 +63,16 @@ def handshake_problem(auth: Any) -> str | None:
         return "the chat profile is not a short text"
     if user_env is not None and (not isinstance(user_env, str) or len(user_env) > MAX_USER_ENV_CHARS):
         return "the user environment is not a short text"
+    if user_env and not isinstance(_json_or_none(user_env), dict):
+        return "the user environment is not a JSON object"  # Chainlit parses it unchecked
     return None
+
+
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
 
 
 def guard_socket_connect() -> None:

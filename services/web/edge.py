@@ -21,12 +21,15 @@ from services.web.body_limit import install_body_limit, limits_by_route
 from services.web.chainlit_state import page_connected, tell_uploader
 from services.web.client_ids import install_client_id_guards
 from services.web.headers import SecurityHeaders
+from services.web.http_errors import install_http_errors
 from services.web.json_bodies import JsonBodyGuard, bound_socket_messages
 from services.web.local_access import install_local_access
 from services.web.origins import OriginPolicy, install_origin_policy
 from services.web.page_assets import install_page_assets
 from services.web.peers import install_client_addresses
 from services.web.routes import install_api, install_routes
+from services.web.session_routes import install_session_routes
+from services.web.socket_events import guard_socket_events
 from services.web.socket_guard import install_socket_guard, socket_guard_for
 from services.web.stored_text import install_name_cap
 from services.web.upload_guard import DEFAULT_UPLOAD_PATH, install_upload_guard
@@ -40,12 +43,15 @@ def install_edge(
     install_routes(http_app, runtime)
     install_api(http_app, runtime)
     install_access_guards(http_app, runtime)
+    install_session_routes(http_app)
     install_page_assets(http_app, settings.content_security_policy)
+    install_http_errors(http_app)
     install_name_cap(http_app, settings)
     install_socket_guard(
         socket_guard_for(runtime, people_sign_in=sign_in.mode != "local", chat_settings=CHAT_SETTING_KINDS),
         settings.socket_max_event_bytes,
     )
+    guard_socket_events()  # replaces Engine.IO's message handler: the depth bound wraps it after
     bound_socket_messages(settings.max_json_depth)
     install_upload_guard(
         http_app, settings.max_upload_bytes, linger_seconds=settings.upload_linger_seconds,

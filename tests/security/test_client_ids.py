@@ -100,6 +100,9 @@ GOOD = handshake(str(uuid.uuid4()))  # what the page sends
         ({"clientType": "slack"}, True),
         ({"chatProfile": "p" * 10_000}, True),
         ({"userEnv": {"KEY": "value"}}, True),
+        ({"userEnv": '{"KEY": "value"}'}, False),
+        ({"userEnv": "not json"}, True),  # Chainlit parses it unchecked: a traceback per connect
+        ({"userEnv": "[1]"}, True),
     ],
 )
 def test_the_handshake_is_what_the_page_sends(change: dict, refused: bool) -> None:

@@ -1,0 +1,114 @@
+"""Chainlit's routes that act inside a page's live session, checked before Chainlit runs them.
+
+Chainlit 2.12's element, action and MCP routes look the named session up and use it without
+checking that it exists (`init_ws_context(None)` raised "Session not found"), and build objects from
+the body's dicts unchecked (`element["display"]`, `Action(**action)`): an unknown session, a missing
+key or a value of the wrong type each gave a 500 and a traceback. The routes put in front of them
+here answer 404 for a session that is not live and 400 for a body Chainlit cannot use, then hand the
+request to Chainlit's own route, which checks that the session is the caller's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from chainlit import server as chainlit_server
+from chainlit.action import Action
+from chainlit.auth import get_current_user
+from chainlit.config import config as chainlit_config
+from chainlit.session import WebsocketSession
+from chainlit.types import CallActionRequest, ConnectMCPRequest, DisconnectMCPRequest, ElementRequest
+from fastapi import Depends, FastAPI, HTTPException
+
+from services.web.routes import move_to_front
+
+ACTION_FIELDS = {field.name for field in dataclasses.fields(Action)}
+TEXT = (str,)
+OPTIONAL_TEXT = (str, type(None))
+ACTION_TYPES = {"name": TEXT, "payload": (dict,), "label": TEXT, "tooltip": TEXT, "icon": OPTIONAL_TEXT,
+                "forId": OPTIONAL_TEXT, "id": TEXT}  # fmt: skip
+CUSTOM_ELEMENT_TYPES = {"id": TEXT, "name": TEXT, "display": TEXT, "props": (dict, type(None)),
+                        "forId": OPTIONAL_TEXT, "threadId": OPTIONAL_TEXT}  # fmt: skip
+ELEMENT_DISPLAYS = ("inline", "side", "page")
+
+
+def live_session(session_id: str) -> None:
+    if WebsocketSession.get_by_id(session_id) is None:
+        raise HTTPException(404, "Session not found")
+
+
+def action_problem(action: dict[str, Any]) -> str | None:
+    """Why Chainlit could not make an `Action` of this dict; None when it can."""
+    if not {"name", "payload"} <= action.keys() or not action.keys() <= ACTION_FIELDS:
+        return "an action has a name, a payload and no other fields than Chainlit's"
+    if any(not isinstance(value, ACTION_TYPES.get(key, ())) for key, value in action.items()):
+        return "an action field has the wrong type"
+    return None
+
+
+def element_problem(element: dict[str, Any]) -> str | None:
+    """Why Chainlit could not make a custom element of this dict; None when it can (or it is not
+    custom: Chainlit answers those itself)."""
+    if element.get("type") != "custom":
+        return None
+    if not {"id", "name", "display"} <= element.keys():
+        return "a custom element has an id, a name and a display"
+    if any(not isinstance(element.get(key), kinds) for key, kinds in CUSTOM_ELEMENT_TYPES.items()):
+        return "a custom element's field has the wrong type"
+    return None if element["display"] in ELEMENT_DISPLAYS else "unknown display"
+
+
+SIGNED_IN = Depends(get_current_user)  # the override in access.py refuses removed accounts
+
+
+async def update_element(payload: ElementRequest, user: Any = SIGNED_IN) -> Any:
+    live_session(payload.sessionId)
+    if problem := element_problem(payload.element):
+        raise HTTPException(400, problem)
+    return await chainlit_server.update_thread_element(payload, user)
+
+
+async def delete_element(payload: ElementRequest, user: Any = SIGNED_IN) -> Any:
+    live_session(payload.sessionId)
+    if problem := element_problem(payload.element):
+        raise HTTPException(400, problem)
+    return await chainlit_server.delete_thread_element(payload, user)
+
+
+async def call_action(payload: CallActionRequest, user: Any = SIGNED_IN) -> Any:
+    live_session(payload.sessionId)
+    if problem := action_problem(payload.action):
+        raise HTTPException(400, problem)
+    return await chainlit_server.call_action(payload, user)
+
+
+def mcp_enabled() -> None:
+    if not chainlit_config.features.mcp.enabled:
+        raise HTTPException(400, "This app does not support MCP.")
+
+
+async def connect_mcp(payload: ConnectMCPRequest, user: Any = SIGNED_IN) -> Any:
+    mcp_enabled()
+    live_session(payload.sessionId)
+    return await chainlit_server.connect_mcp(payload, user)
+
+
+async def disconnect_mcp(payload: DisconnectMCPRequest, user: Any = SIGNED_IN) -> Any:
+    mcp_enabled()
+    live_session(payload.sessionId)
+    return await chainlit_server.disconnect_mcp(payload, user)
+
+
+def install_session_routes(app: FastAPI) -> None:
+    """Put the checked versions of the element, action and MCP routes in front of Chainlit's."""
+    before = len(app.router.routes)
+    for path, endpoint, method in (
+        ("/project/element", update_element, "PUT"),
+        ("/project/element", delete_element, "DELETE"),
+        ("/project/action", call_action, "POST"),
+        ("/mcp", connect_mcp, "POST"),
+        ("/mcp", disconnect_mcp, "DELETE"),
+    ):
+        app.add_api_route(path, endpoint, methods=[method], include_in_schema=False)
+    move_to_front(app, app.router.routes[before:])
