@@ -63,9 +63,8 @@ class WebSettings:
         "ALLOWED_ORIGINS",
         "Other web origins (comma-separated, e.g. https://intranet.example.com) whose pages may use the "
         "app with their visitor's cookie: CORS and the chat socket. The app's own origin is always "
-        "allowed: CHAINLIT_URL when set; else, bound to loopback, http(s)://localhost, 127.0.0.1 and "
-        "[::1] on its port; bound elsewhere, the host the request names. Set CHAINLIT_URL behind a "
-        "proxy that changes the Host.",
+        "allowed: CHAINLIT_URL when set; else http(s)://localhost, 127.0.0.1 and [::1] on its port "
+        "and the host the request names. Set CHAINLIT_URL behind a proxy that changes the Host.",
     )
     content_security_policy: str = setting(
         DEFAULT_CSP,

@@ -28,7 +28,9 @@ from chainlit.server import sio
 from chainlit.session import BaseSession
 from socketio.exceptions import ConnectionRefusedError as SocketRefused
 
+from services.api.gate import replay
 from services.history.data_layer import is_uuid
+from services.web.json_bodies import read_limited, send_detail
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +47,7 @@ BODY_SESSION_FIELDS = {
     ("POST", "/set-session-cookie"): "session_id",
 }
 MAX_SESSION_BODY_BYTES = 256 * 1024
+BAD_SESSION_ID = "The session id must be a UUID."
 
 
 def handshake_problem(auth: Any) -> str | None:
@@ -115,39 +118,22 @@ class SessionIdGuard:
             return
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
         if any(not is_uuid(value) for value in query.get("session_id", ())):
-            await _send_bad_request(send)
+            await send_detail(send, 400, BAD_SESSION_ID)
             return
         field = BODY_SESSION_FIELDS.get((scope.get("method", ""), _route_path(scope)))
         if field is None:
             await self.app(scope, receive, send)
             return
-        body = await _read_body(receive, MAX_SESSION_BODY_BYTES)
+        body = await read_limited(receive, MAX_SESSION_BODY_BYTES)
         if body is None or not is_uuid(_json_field(body, field)):
-            await _send_bad_request(send)
+            await send_detail(send, 400, BAD_SESSION_ID)
             return
-        await self.app(scope, _replay(body, receive), send)
+        await self.app(scope, replay(body, receive), send)
 
 
 def _route_path(scope: MutableMapping[str, Any]) -> str:
     path, root = scope.get("path", ""), scope.get("root_path", "")
     return path[len(root) :] if root and path.startswith(root) else path
-
-
-async def _read_body(receive: Callable, limit: int) -> bytes | None:
-    """The whole request body; None when it passes `limit` or the client leaves."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return None
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
 
 
 def _json_field(body: bytes, field: str) -> Any:
@@ -156,26 +142,6 @@ def _json_field(body: bytes, field: str) -> Any:
     except (ValueError, RecursionError):
         return None
     return payload.get(field) if isinstance(payload, dict) else None
-
-
-def _replay(body: bytes, receive: Callable) -> Callable:
-    sent = False
-
-    async def replayed() -> MutableMapping[str, Any]:
-        nonlocal sent
-        if sent:
-            return await receive()
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    return replayed
-
-
-async def _send_bad_request(send: Callable) -> None:
-    body = json.dumps({"detail": "The session id must be a UUID."}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": 400, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 def install_client_id_guards(app: Any) -> None:

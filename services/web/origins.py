@@ -10,10 +10,11 @@ which turns engine.io's Origin check off, so any site's page may open the chat s
   rebuilt with that list; the config file's value is ignored, with a warning when it is not empty);
 - the socket: a handshake whose Origin is not allowed is refused; one without Origin (not a browser:
   the harness, locust, scripts) is let through, since it carries no visitor's cookie by accident.
-The app's own origin is CHAINLIT_URL's when set. Otherwise, on a loopback bind, its loopback names on
-its port (a page on another name that resolves to 127.0.0.1, DNS rebinding, is refused: the local
-user signs in without a password); on any other bind, the origin whose host the request names in
-Host (a browser sets both; only the sites that resolve to this server match, and they need a sign-in).
+The app's own origin is CHAINLIT_URL's when set. Otherwise its loopback names on its port, and the
+origin whose host the request names in Host (a browser sets both, so only a page served by this
+server matches: a cross-site page does not). A page under another name that resolves to this
+machine (a tunnel, DNS rebinding) holds no cookie for that name unless it signed in there: in local
+mode only with the install's token (services/web/local_access.py refuses foreign names otherwise).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from chainlit.server import sio
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 
-from services.accounts.sign_in import is_loopback
+from services.accounts.addresses import is_loopback
 from services.config import SettingsError
 from services.config.web import DEFAULT_PORTS, normalize_origin, parse_origins
 
@@ -81,7 +82,7 @@ def origin_policy(bind_host: str, port: int, chainlit_url: str, allowed_origins:
     if host not in WILDCARD_HOSTS and not is_loopback(host):
         names.append(f"[{host}]" if ":" in host else host)
     local = {normalize_origin(f"{scheme}://{name}:{port}") for scheme in DEFAULT_PORTS for name in names}
-    return OriginPolicy(frozenset({o for o in local if o} | extra), same_host=not is_loopback(host))
+    return OriginPolicy(frozenset({o for o in local if o} | extra), same_host=True)
 
 
 def _origin_part(url: str) -> str:
