@@ -11,6 +11,7 @@ messages. These checks close those gaps, each with its own clear message.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from functools import cache
 from typing import Any
@@ -54,6 +55,26 @@ def parse_json(body: bytes | str, max_depth: int, loads: Callable[[Any], Any] = 
     return document
 
 
+INT64 = (-(2**63), 2**63 - 1)  # what vLLM's engine can carry (msgpack): seeds, token ids, counts
+
+
+def number_problem(document: Any) -> str | None:
+    """Why a parsed body holds a number no request may carry: an integer past 64 bits (vLLM cannot
+    serialize it: a 500), or NaN / Infinity (Python's parser accepts them; JSON has no such thing)."""
+    pending = [document]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, dict):
+            pending.extend(value.values())
+        elif isinstance(value, list):
+            pending.extend(value)
+        elif isinstance(value, int) and not isinstance(value, bool) and not INT64[0] <= value <= INT64[1]:
+            return "holds an integer larger than 64 bits"
+        elif isinstance(value, float) and not math.isfinite(value):
+            return "holds NaN or Infinity, which JSON does not allow"
+    return None
+
+
 def parse_body(body: bytes, max_depth: int) -> dict[str, Any]:
     try:
         request = parse_json(body, max_depth)
@@ -64,6 +85,8 @@ def parse_body(body: bytes, max_depth: int) -> dict[str, Any]:
         raise ApiError(400, f"The request body is not valid JSON ({error}).", "invalid_json") from None
     if not isinstance(request, dict):
         raise ApiError(400, "The request body must be a JSON object.", "invalid_json")
+    if problem := number_problem(request):
+        raise ApiError(400, f"The request body {problem}.", "invalid_json")
     return request
 
 

@@ -66,8 +66,8 @@ class SocketGuard:
 
     async def client_message(self, handler: Handler, sid: str, payload: Any) -> Any:
         session = WebsocketSession.get(sid)
-        if session is None:
-            return await handler(sid, payload)  # Chainlit refuses an unknown socket itself
+        if session is None:  # the socket went away (Chainlit's handler would raise "Session not found")
+            return None
         init_ws_context(session)
         author = session.user.identifier if session.user else "User"
         try:
@@ -78,12 +78,14 @@ class SocketGuard:
         except (Refused, MessageRefused) as refusal:
             await tell_refusal(refusal)
             return None
+        if WebsocketSession.get(sid) is None:  # it went away while its id was looked up
+            return None
         return await handler(sid, cleaned)
 
     async def edit_message(self, handler: Handler, sid: str, payload: Any) -> Any:
         session = WebsocketSession.get(sid)
         if session is None:
-            return await handler(sid, payload)
+            return None
         init_ws_context(session)
         try:
             if not chainlit_config.features.edit_message:

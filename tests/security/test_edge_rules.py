@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from services.api.checks import JsonTooDeep, parse_json
+from services.api.checks import JsonTooDeep, parse_body, parse_json
+from services.api.errors import ApiError
 from services.config import Settings, SettingsError
 from services.observability.ops_access import operator_refusal, require_ops_token
 from services.web.headers import SecurityHeaders, page_policy, secure_cookie
@@ -125,3 +126,18 @@ def test_operators_are_token_holders_or_direct_local_callers() -> None:
     assert operator_refusal("", "", "127.0.0.1", {}) is None
     assert operator_refusal("", "", "10.0.0.5", {})[0] == 403
     assert operator_refusal("", "", "127.0.0.1", {"x-forwarded-for": "10.0.0.5"})[0] == 403, "a local proxy"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b'{"seed": 1180591620717411303424}', b'{"logit_bias": {"1": -99999999999999999999}}',
+     b'{"temperature": NaN}', b'{"top_p": -Infinity}'],
+)  # fmt: skip
+def test_api_bodies_with_numbers_no_engine_can_carry_are_400(body: bytes) -> None:
+    with pytest.raises(ApiError) as refused:
+        parse_body(body, 64)
+    assert refused.value.status == 400
+
+
+def test_api_bodies_with_ordinary_numbers_pass() -> None:
+    assert parse_body(b'{"seed": 9223372036854775807, "temperature": 0.7, "stream": true}', 64)["seed"] > 0
