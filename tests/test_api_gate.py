@@ -111,7 +111,7 @@ def test_checks_name_what_is_wrong() -> None:
     assert refusal({"messages": [], "priority": 0}).param == "priority"
     assert refusal({"messages": [{}] * 5}).code == "too_many_messages"
     assert refusal({"prompt": ["a"] * 5}, "/v1/completions").code == "too_many_prompts"
-    assert refusal({"messages": [], "n": 2}).param == "n"
+    assert refusal({"messages": [{"role": "user", "content": "Hi."}], "n": 2}).param == "n"
     # what vLLM itself declares passes (its extensions too), and n=1 is fine
     check_request(
         CHAT, {"model": "m", "messages": [{}] * 4, "n": 1, "top_k": 5, "ignore_eos": True}, SETTINGS
