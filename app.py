@@ -21,8 +21,8 @@ from chainlit.server import app as http_app
 from chainlit.types import ThreadDict
 
 from services.accounts.key_commands import is_key_command
-from services.admission.errors import Refused
 from services.admission.feedback import WaitingFeedback
+from services.admission.refusals import Refused
 from services.chat.session import ChatSession
 from services.config import SettingsError
 from services.engine.errors import RepetitionError, report_failure

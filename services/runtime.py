@@ -26,8 +26,8 @@ from services.accounts.oauth import ask_github_for_org_memberships
 from services.accounts.secret import ensure_auth_secret
 from services.accounts.sign_in import SignIn, resolve_mode
 from services.accounts.store import AccountStore
-from services.admission.admission import Admission
-from services.admission.gate import CHAT, DOCUMENT
+from services.admission.service import Admission
+from services.admission.waiting_line import CHAT, DOCUMENT
 from services.api.admission import ApiAdmission
 from services.api.gate import ApiGate
 from services.api.metrics import ApiMetrics

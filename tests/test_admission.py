@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from services.admission.admission import Admission
 from services.admission.capacity import DecodeCapacity
 from services.admission.context import TurnContext
-from services.admission.errors import Refused, rounded_seconds
 from services.admission.feedback import QUIET_SECONDS, WaitingFeedback, status_text
-from services.admission.gate import CHAT, DOCUMENT, AdmissionGate, Ticket
 from services.admission.limits import UserLimits
+from services.admission.refusals import Refused, rounded_seconds
+from services.admission.service import Admission
+from services.admission.waiting_line import CHAT, DOCUMENT, AdmissionGate, Ticket
 from services.config import Settings
 from services.engine.chat_engine import SamplingSettings
 from services.engine.load import EngineLoad, LoadWindow

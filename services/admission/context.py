@@ -12,8 +12,8 @@ import contextvars
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from services.admission.gate import Ticket
 from services.admission.limits import UserUsage
+from services.admission.waiting_line import Ticket
 
 
 @dataclass

@@ -11,8 +11,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from services.admission.context import TurnContext
-from services.admission.errors import rounded_seconds
-from services.admission.gate import AdmissionGate
+from services.admission.refusals import rounded_seconds
+from services.admission.waiting_line import AdmissionGate
 
 FEEDBACK_INTERVAL_SECONDS = 1.0
 QUIET_SECONDS = 1.5  # an answer that starts sooner shows no status at all

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from cachetools import TTLCache
 
-from services.admission.errors import (
+from services.admission.refusals import (
     USER_CONCURRENT_TURNS,
     USER_DOCUMENTS_PER_HOUR,
     USER_MESSAGES_PER_MINUTE,

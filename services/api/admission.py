@@ -13,9 +13,9 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 
 from services.accounts.keys import KeyHolder
-from services.admission.admission import Admission
-from services.admission.errors import QUEUE_FULL, WAIT_TOO_LONG, Refused
-from services.admission.gate import CHAT
+from services.admission.refusals import QUEUE_FULL, WAIT_TOO_LONG, Refused
+from services.admission.service import Admission
+from services.admission.waiting_line import CHAT
 from services.api.errors import ApiError
 from services.api.usage import AnswerMeter
 

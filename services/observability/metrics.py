@@ -22,8 +22,8 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from services.admission.admission import Admission
-from services.admission.errors import REASONS, SESSIONS_FULL
+from services.admission.refusals import REASONS, SESSIONS_FULL
+from services.admission.service import Admission
 from services.chat.store import SessionStore
 from services.config import Settings
 from services.engine.chat_engine import ChatEngine

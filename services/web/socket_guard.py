@@ -34,7 +34,7 @@ from chainlit.message import ErrorMessage
 from chainlit.server import sio
 from chainlit.session import WebsocketSession
 
-from services.admission.errors import Refused
+from services.admission.refusals import Refused
 from services.runtime import Runtime
 from services.web.chat_feedback import user_key
 from services.web.client_messages import (

@@ -18,10 +18,10 @@ from typing import Any
 
 from services.admission.capacity import DecodeCapacity
 from services.admission.context import TurnContext, current_turn, entered_turn
-from services.admission.errors import ENGINE_QUEUE_FULL, Refused
 from services.admission.feedback import Show, WaitingFeedback
-from services.admission.gate import CHAT, AdmissionGate
 from services.admission.limits import UserLimits
+from services.admission.refusals import ENGINE_QUEUE_FULL, Refused
+from services.admission.waiting_line import CHAT, AdmissionGate
 from services.config import Settings
 from services.engine.chat_engine import ChatEngine, Message, SamplingSettings
 from services.engine.errors import is_engine_busy

@@ -29,8 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from services.admission.capacity import DecodeCapacity
-from services.admission.errors import QUEUE_FULL, WAIT_TOO_LONG, Refused, busy
 from services.admission.pace import StreamPace
+from services.admission.refusals import QUEUE_FULL, WAIT_TOO_LONG, Refused, busy
 from services.config import Settings
 
 CHAT = "chat"
