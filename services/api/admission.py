@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 
 from services.accounts.keys import KeyHolder
+from services.admission.limits import user_key
 from services.admission.refusals import QUEUE_FULL, WAIT_TOO_LONG, Refused
 from services.admission.service import Admission
 from services.admission.waiting_line import CHAT
@@ -35,13 +36,13 @@ class ApiAdmission:
     def charge(self, holder: KeyHolder, answer: AnswerMeter) -> None:
         tokens = answer.tokens(self.count_tokens)
         limits = self.admission.limits
-        limits.record_tokens(limits.usage(user_key(holder)), tokens)
+        limits.record_tokens(limits.usage(user_key(holder.user)), tokens)
 
     @contextlib.asynccontextmanager
     async def admit(self, holder: KeyHolder, path: str) -> AsyncIterator[int | None]:
         gate = self.admission.gate
         try:
-            async with self.admission.turn(user_key(holder)) as turn:
+            async with self.admission.turn(user_key(holder.user)) as turn:
                 ticket = gate.ticket(CHAT)
                 ticket.reports_tokens = False  # vLLM's layer streams it: its prefill is not seen
                 if gate.settings.priority_scheduling:
@@ -61,8 +62,3 @@ class ApiAdmission:
                 self.admission.note_refusal(refusal)
             retry = refusal.retry_after_seconds or DEFAULT_RETRY_AFTER_SECONDS
             raise ApiError(429, str(refusal), refusal.reason, retry_after_seconds=retry) from None
-
-
-def user_key(holder: KeyHolder) -> str:
-    """The per-user limits' key of a key's owner: the same as their chat's."""
-    return f"user:{holder.user}"
