@@ -72,11 +72,8 @@ class _Ticket:
 def queue_key(settings: Settings, work: str, arrived_after: float) -> float:
     """A request's place in the line: seconds since the start, with priority scheduling on a document
     part's pushed back by DOCUMENT_AGING_SECONDS and an API request's by API_AGING_SECONDS."""
-    if not settings.priority_scheduling:
-        return arrived_after
-    return arrived_after + {DOCUMENT: settings.document_aging_seconds, API: settings.api_aging_seconds}.get(
-        work, 0.0
-    )
+    aging = {DOCUMENT: settings.document_aging_seconds, API: settings.api_aging_seconds}.get(work, 0.0)
+    return arrived_after + aging if settings.priority_scheduling else arrived_after
 
 
 def engine_priority(settings: Settings, key: float) -> int:
