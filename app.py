@@ -21,15 +21,15 @@ from chainlit.server import app as http_app
 from chainlit.types import ThreadDict
 
 from services.accounts.key_commands import is_key_command
-from services.admission.errors import Refused
 from services.admission.feedback import WaitingFeedback
+from services.admission.refusals import Refused
 from services.chat.session import ChatSession
 from services.config import SettingsError
 from services.engine.errors import RepetitionError, report_failure
 from services.history.resume import ANSWER_METADATA, is_command
 from services.runtime import Runtime
 from services.web.chainlit_state import current_user_identifier, forget_chat_context
-from services.web.chat_feedback import StatusMessage, notice, summary_progress, user_key
+from services.web.chat_feedback import StatusMessage, notice, session_user_key, summary_progress
 from services.web.edge import install_edge
 from services.web.key_chat import answer_key_command
 from services.web.origins import origin_policy
@@ -170,7 +170,7 @@ async def answer(message: cl.Message) -> None:
 async def run_turn(session: ChatSession, message: cl.Message, reply: cl.Message) -> None:
     """Answer one message (or file) into `reply`, streaming; refusals and failures end up in the reply."""
     files = [(e.path, e.name) for e in message.elements if getattr(e, "path", None)]
-    person = user_key(people_sign_in=sign_in.mode != "local")  # the local user: one per address
+    person = session_user_key(people_sign_in=sign_in.mode != "local")  # the local user: one per address
     async with runtime.sessions.turn(session) as request_id:
         try:
             async with runtime.admission.turn(person, documents=len(files)) as turn:

@@ -49,7 +49,7 @@ from harness.csv_log import CsvLog
 
 PROMPTS_FILE = Path(__file__).resolve().parent / "bench" / "data" / "prompts.json"
 ERROR_MARK = "⚠️"  # app.py prefixes every failed turn's message with it
-RETRY_HINT = re.compile(r"try again in ~(\d+) (s|min|h)\b")  # services/admission/errors.py
+RETRY_HINT = re.compile(r"try again in ~(\d+) (s|min|h)\b")  # services/admission/refusals.py
 MAX_RETRY_WAIT_S = 120.0  # a person gives up waiting on the hint after this
 REQUESTS_CSV_HEADER = (
     "unix_time",

@@ -26,10 +26,9 @@ from services.accounts.oauth import ask_github_for_org_memberships
 from services.accounts.secret import ensure_auth_secret
 from services.accounts.sign_in import SignIn, resolve_mode
 from services.accounts.store import AccountStore
-from services.admission.admission import Admission
-from services.admission.gate import CHAT, DOCUMENT
-from services.api.admission import ApiAdmission
-from services.api.gate import ApiGate
+from services.admission.service import Admission
+from services.admission.waiting_line import CHAT, DOCUMENT
+from services.api.gate import ApiGate, SharedAdmission
 from services.api.metrics import ApiMetrics
 from services.api.remote import RemoteApiServer
 from services.api.server import OpenAiServer
@@ -168,9 +167,7 @@ class Runtime:
         if self.api is None or self.engine is None:
             return
         if self.admission is not None:  # the same queue, priority and per-user limits as chat
-            self.api.admission = ApiAdmission(
-                self.admission, self.settings.api_aging_seconds, self.engine.count_tokens
-            )
+            self.api.admission = SharedAdmission(self.admission, self.engine.count_tokens)
         await self.api.server.start(self.engine.backend)
         self._stack.push_async_callback(self.api.server.stop)
 

@@ -14,15 +14,18 @@ from prometheus_client import CollectorRegistry
 from starlette.routing import Route, Router
 
 from services.accounts.key_commands import is_key_command, run_key_command
-from services.accounts.keys import KEY_MARK, ApiKeyStore, key_hash
+from services.accounts.keys import KEY_MARK, ApiKeyStore, KeyHolder, key_hash
 from services.accounts.store import AccountError, AccountStore
+from services.admission.limits import user_key
+from services.admission.service import Admission
 from services.api.checks import check_request, parse_body
 from services.api.errors import ApiError, normalize_error
-from services.api.gate import ApiGate, ApiRoute
+from services.api.gate import ApiGate, ApiRoute, SharedAdmission
 from services.api.metrics import ApiMetrics
 from services.api.server import OpenAiServer, model_name
 from services.api.usage import AnswerMeter
 from services.config import Settings
+from services.engine.load import EngineLoad
 from services.history.database import create_engine
 from services.history.migrations import migrate
 from services.history.resume import is_command
@@ -221,6 +224,31 @@ def _start(content_type: bytes, status: int = 200) -> dict:
 
 def _body(data: bytes, more: bool = True) -> dict:
     return {"type": "http.response.body", "body": data, "more_body": more}
+
+
+@pytest.mark.asyncio
+async def test_api_requests_pass_the_chat_admission_of_their_keys_owner() -> None:
+    settings = Settings.from_env({"USER_MAX_CONCURRENT_TURNS": "1", "USER_TOKENS_PER_MINUTE": "1000"})
+    admission = Admission(settings, EngineLoad(), max_running=64)
+    api = SharedAdmission(admission, count_tokens=len)
+    alice = KeyHolder("alice", "user", "sk-vc-alice")
+    async with admission.turn(user_key("alice")):  # her chat answers
+        with pytest.raises(ApiError) as refused:
+            async with api.admit(alice, AnswerMeter(_discard)):
+                pass
+    assert refused.value.status == 429 and refused.value.code == "user_concurrent_turns"
+    assert ("retry-after", "5") in [(k.decode(), v.decode()) for k, v in refused.value.headers()]
+    answer = await _metered(
+        [_start(b"application/json"), _body(b'{"usage": {"completion_tokens": 4}}', more=False)]
+    )
+    async with api.admit(alice, answer) as priority:
+        assert priority is not None and priority >= settings.api_aging_seconds, "ranked after chat"
+    assert admission.limits.usage(user_key("alice")).tokens_since(0) == 4, "her chat's budget"
+    assert admission.status()["admitted_total"] == 1 and admission.line.running_total == 0
+
+
+async def _discard(message: dict) -> None:
+    pass
 
 
 @pytest.mark.asyncio

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from services.admission.errors import Refused
+from services.admission.refusals import Refused
 from services.chat.service import ChatService
 from services.chat.store import SessionStore
 from services.config import Settings

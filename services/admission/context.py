@@ -10,9 +10,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from services.admission.gate import Ticket
 from services.admission.limits import UserUsage
 
 
@@ -23,7 +22,6 @@ class TurnContext:
     user_key: str
     usage: UserUsage | None
     started_at: float
-    waiting: set[Ticket] = field(default_factory=set)  # its requests in our queue now
 
 
 _current: contextvars.ContextVar[TurnContext | None] = contextvars.ContextVar("admission_turn", default=None)

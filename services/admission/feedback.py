@@ -1,6 +1,6 @@
 """What a waiting user is told: their place and an estimate, every second, until the answer starts.
 
-The numbers are the queue's own (place among the waiting requests) and the
+The numbers are the line's own (place among the waiting requests) and the
 service times it measured; the caller shows the text and removes it when the
 first token of the answer arrives.
 """
@@ -11,8 +11,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from services.admission.context import TurnContext
-from services.admission.errors import rounded_seconds
-from services.admission.gate import AdmissionGate
+from services.admission.refusals import rounded_seconds
+from services.admission.waiting_line import WaitingLine
 
 FEEDBACK_INTERVAL_SECONDS = 1.0
 QUIET_SECONDS = 1.5  # an answer that starts sooner shows no status at all
@@ -20,20 +20,19 @@ QUIET_SECONDS = 1.5  # an answer that starts sooner shows no status at all
 Show = Callable[[str | None], Awaitable[None]]  # show a status text; None removes it
 
 
-def status_text(gate: AdmissionGate, context: TurnContext, now: float) -> str | None:
+def status_text(line: WaitingLine, context: TurnContext, now: float) -> str | None:
     """The status of a turn that has no answer yet: its place in line, or how long it has been working."""
-    places = [place for ticket in list(context.waiting) if (place := gate.position(ticket)) is not None]
-    if places:
-        ahead = min(places)
-        line = (
+    ahead = line.position_of(context)
+    if ahead is not None:
+        place = (
             "you are next in line"
             if ahead == 0
             else f"{ahead} request{'s' if ahead != 1 else ''} ahead of yours"
         )
-        wait = rounded_seconds(gate.estimate_seconds(ahead))
+        wait = rounded_seconds(line.estimate_seconds(ahead))
         waited = int(now - context.started_at)
         return (
-            f"⏳ The service is busy: {line}, about {wait} to wait (waiting {waited} s so far). "
+            f"⏳ The service is busy: {place}, about {wait} to wait (waiting {waited} s so far). "
             "Your answer will appear here."
         )
     elapsed = now - context.started_at
@@ -45,9 +44,9 @@ def status_text(gate: AdmissionGate, context: TurnContext, now: float) -> str | 
 class WaitingFeedback:
     """Runs next to a turn: shows its status every FEEDBACK_INTERVAL_SECONDS until `stop`."""
 
-    def __init__(self, gate: AdmissionGate, context: TurnContext, show: Show, enabled: bool = True) -> None:
+    def __init__(self, line: WaitingLine, context: TurnContext, show: Show, enabled: bool = True) -> None:
         self._enabled = enabled
-        self._gate = gate
+        self._line = line
         self._context = context
         self._show = show
         self._shown = False
@@ -59,8 +58,8 @@ class WaitingFeedback:
 
     async def _run(self) -> None:
         while True:
-            now = self._gate.clock()
-            text = status_text(self._gate, self._context, now)
+            now = self._line.clock()
+            text = status_text(self._line, self._context, now)
             if text is not None:
                 self._shown = True  # before the await: a cancelled send may still have shown it
                 await self._show(text)

@@ -1,11 +1,11 @@
 """Fair share between people: concurrent turns, answer tokens per minute, documents per hour and
 messages per minute, per user.
 
-A user is a key the handler passes in: the signed-in user's identifier when
-there is one, else the client's address. Usage lives in a TTL table bounded by
-USER_TABLE_ENTRIES; each record holds at most a minute of token counts (one
-entry per second), at most USER_DOCUMENTS_PER_HOUR upload times and at most
-USER_MESSAGES_PER_MINUTE message times.
+A person is the key `user_key` makes: the signed-in user's name when there is
+one (their chat and their API keys share it), else the client's address. Usage
+lives in a TTL table bounded by USER_TABLE_ENTRIES; each record holds at most a
+minute of token counts (one entry per second), at most USER_DOCUMENTS_PER_HOUR
+upload times and at most USER_MESSAGES_PER_MINUTE message times.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from cachetools import TTLCache
 
-from services.admission.errors import (
+from services.admission.refusals import (
     USER_CONCURRENT_TURNS,
     USER_DOCUMENTS_PER_HOUR,
     USER_MESSAGES_PER_MINUTE,
@@ -30,6 +30,13 @@ from services.config import Settings
 TOKEN_WINDOW_SECONDS = 60.0
 MESSAGE_WINDOW_SECONDS = 60.0
 DOCUMENT_WINDOW_SECONDS = 3600.0
+
+
+def user_key(user: str | None, address: str | None = None) -> str:
+    """The key a person's limits are kept under: `user:<name>` when signed in, else `address:<address>`."""
+    if user is not None:
+        return f"user:{user}"
+    return f"address:{'unknown' if address is None else address}"
 
 
 @dataclass

@@ -1,9 +1,9 @@
 """The one door of the API: every /v1 request passes `ApiGate.__call__` before vLLM's layer sees it.
 
 In order: the API is up (503), the caller holds a key (401), the path is served (404), the body fits
-(413) and passes the checks (400, checks.py), admission lets it in (429 with Retry-After, `Admission`
-below); then vLLM's layer answers, and metrics record the route, status and timings. Everything the
-service decides about an API request is decided here.
+(413) and passes the checks (400, checks.py), admission lets it in (429 with Retry-After,
+`AdmissionPolicy` below); then vLLM's layer answers, and metrics record the route, status and
+timings. Everything the service decides about an API request is decided here.
 """
 
 from __future__ import annotations
@@ -19,6 +19,10 @@ from starlette.datastructures import URLPath
 from starlette.routing import BaseRoute, Match, NoMatchFound
 
 from services.accounts.keys import ApiKeyStore, KeyHolder
+from services.admission.limits import user_key
+from services.admission.refusals import Refused
+from services.admission.service import Admission
+from services.admission.waiting_line import API
 from services.api.checks import check_request, parse_body
 from services.api.errors import ApiError, with_normalized_errors
 from services.api.metrics import ApiMetrics, route_label
@@ -34,6 +38,7 @@ MISSING_KEY = (
     "`python -m services.accounts key create <user>`)."
 )
 GENERATING_PATHS = ("/v1/chat/completions", "/v1/completions")
+DEFAULT_RETRY_AFTER_SECONDS = 5.0  # a refusal without an estimate (too many requests at once)
 
 
 class Server(Protocol):
@@ -49,16 +54,15 @@ class Server(Protocol):
     async def stop(self) -> None: ...
 
 
-class Admission(Protocol):
-    """What the gate asks before a generating request runs (the overload layer plugs in here)."""
+class AdmissionPolicy(Protocol):
+    """What the gate asks before a generating request runs (the overload rules plug in here)."""
 
-    def admit(self, holder: KeyHolder, path: str) -> contextlib.AbstractAsyncContextManager[int | None]:
-        """Hold the request's place while it runs; yield its engine priority (None: the engine's
-        default); raise ApiError(429, retry_after_seconds=...) when it may not run now."""
-        ...
-
-    def charge(self, holder: KeyHolder, answer: AnswerMeter) -> None:
-        """Count the request's answer tokens against its owner's per-user limits."""
+    def admit(
+        self, holder: KeyHolder, answer: AnswerMeter
+    ) -> contextlib.AbstractAsyncContextManager[int | None]:
+        """Hold the request's place while it runs and yield its engine priority (None: the engine's
+        default); on exit count `answer`'s tokens against the holder's per-user limits. Raise
+        ApiError(429, retry_after_seconds=...) when it may not run now."""
         ...
 
 
@@ -66,11 +70,31 @@ class AdmitAll:
     """No admission layer: every request runs at once, at the engine's default priority."""
 
     @contextlib.asynccontextmanager
-    async def admit(self, holder: KeyHolder, path: str) -> AsyncIterator[int | None]:
+    async def admit(self, holder: KeyHolder, answer: AnswerMeter) -> AsyncIterator[int | None]:
         yield None
 
-    def charge(self, holder: KeyHolder, answer: AnswerMeter) -> None:
-        pass
+
+class SharedAdmission:
+    """Chat's overload rules for API requests, through `Admission.admit`: a request is one turn of its
+    key's owner (USER_MAX_CONCURRENT_TURNS and USER_TOKENS_PER_MINUTE shared with their chat), waits in
+    the same line as chat turns ranked API_AGING_SECONDS later, and runs with that place as vLLM's
+    priority. A refusal becomes 429 with Retry-After."""
+
+    def __init__(self, admission: Admission, count_tokens: Callable[[str], int]) -> None:
+        self.admission = admission
+        self.count_tokens = count_tokens
+
+    @contextlib.asynccontextmanager
+    async def admit(self, holder: KeyHolder, answer: AnswerMeter) -> AsyncIterator[int | None]:
+        try:
+            async with self.admission.admit(API, user_key(holder.user)) as slot:
+                try:
+                    yield slot.priority or None
+                finally:
+                    slot.charge(answer.tokens(self.count_tokens))
+        except Refused as refusal:
+            retry = refusal.retry_after_seconds or DEFAULT_RETRY_AFTER_SECONDS
+            raise ApiError(429, str(refusal), refusal.reason, retry_after_seconds=retry) from None
 
 
 class ApiGate:
@@ -81,7 +105,7 @@ class ApiGate:
         self.server = server
         self.metrics = metrics
         self.keys: ApiKeyStore | None = None  # set once the accounts database is known
-        self.admission: Admission = AdmitAll()
+        self.admission: AdmissionPolicy = AdmitAll()
 
     async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
         path, started = scope["path"], time.monotonic()
@@ -126,15 +150,12 @@ class ApiGate:
         body = await read_body(scope, receive, self.settings.api_max_body_bytes)
         request = parse_body(body, self.settings.max_json_depth)
         check_request(path, request, self.settings)
-        async with self.admission.admit(holder, path) as priority:
+        answer = AnswerMeter(send)
+        async with self.admission.admit(holder, answer) as priority:
             if priority is not None:  # vLLM's own request field, which callers may not set (checks.py)
                 body = json.dumps({**request, "priority": priority}).encode()
                 scope = {**scope, "headers": with_content_length(scope["headers"], len(body))}
-            answer = AnswerMeter(send)
-            try:
-                await self.server.app(scope, replay(body, receive), answer)
-            finally:
-                self.admission.charge(holder, answer)
+            await self.server.app(scope, replay(body, receive), answer)
 
     async def _holder(self, scope: Scope) -> KeyHolder:
         key = bearer_token(scope)

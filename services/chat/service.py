@@ -6,7 +6,7 @@ import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
 
-from services.admission.errors import Refused
+from services.admission.refusals import Refused
 from services.chat.attachments import Attachments, AttachResult
 from services.chat.prompt import PromptBuilder, TrimmedPrompt
 from services.chat.session import ChatSession, SessionDocument

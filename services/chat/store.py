@@ -20,7 +20,7 @@ from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
-from services.admission.errors import SESSIONS_FULL, Refused
+from services.admission.refusals import SESSIONS_FULL, Refused
 from services.chat.session import ChatSession
 from services.config import Settings
 from services.engine.chat_engine import SamplingSettings

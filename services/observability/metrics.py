@@ -22,8 +22,8 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from services.admission.admission import Admission
-from services.admission.errors import REASONS, SESSIONS_FULL
+from services.admission.refusals import REASONS, SESSIONS_FULL
+from services.admission.service import Admission
 from services.chat.store import SessionStore
 from services.config import Settings
 from services.engine.chat_engine import ChatEngine
@@ -169,7 +169,7 @@ class ServiceCollector(Collector):
 
 
 def _admission_metrics(admission: Admission, sessions_refused: int) -> Iterator[Metric]:
-    gate = admission.gate
+    line = admission.line
     refusals = CounterMetricFamily(
         "chat_admission_refusals",
         "Turns and requests refused at once (queue full, wait too long, engine queue full, per-user "
@@ -177,24 +177,24 @@ def _admission_metrics(admission: Admission, sessions_refused: int) -> Iterator[
         labels=["reason"],
     )
     for reason in REASONS:
-        refusals.add_metric([reason], sessions_refused if reason == SESSIONS_FULL else gate.refusals[reason])
+        refusals.add_metric([reason], sessions_refused if reason == SESSIONS_FULL else line.refusals[reason])
     yield refusals
     running = GaugeMetricFamily(
         "chat_admission_running", "Requests admitted to the engine, by kind.", labels=["kind"]
     )
-    for kind, count in sorted(gate.running.items()):
+    for kind, count in sorted(line.running.items()):
         running.add_metric([kind], count)
     yield running
-    if gate.enabled:
+    if line.enabled:
         yield _gauge(
-            "chat_admission_running_limit", "Requests allowed to run at once (reading pace).", gate.limit
+            "chat_admission_running_limit", "Requests allowed to run at once (reading pace).", line.limit
         )
-    yield _gauge("chat_admission_waiting", "Requests waiting in our queue.", len(gate.waiting))
-    yield _counter("chat_admission_admitted", "Requests admitted to the engine.", gate.admitted_total)
+    yield _gauge("chat_admission_waiting", "Requests waiting in our queue.", len(line.waiting))
+    yield _counter("chat_admission_admitted", "Requests admitted to the engine.", line.admitted_total)
     yield _counter(
         "chat_admission_wait_seconds",
         "Seconds admitted requests waited in our queue, summed.",
-        gate.waited_seconds_total,
+        line.waited_seconds_total,
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import chainlit as cl
 
+from services.admission.limits import user_key
 from services.documents.progress import Progress, SummaryProgress
 
 STATUS_KIND = "waiting"
@@ -36,8 +37,8 @@ class StatusMessage:
             await self._message.update()
 
 
-def user_key(people_sign_in: bool = True) -> str:
-    """Whose share a turn counts against: the signed-in user, else the client's address.
+def session_user_key(people_sign_in: bool = True) -> str:
+    """Whose share a turn counts against (`user_key`): the signed-in user, else the client's address.
 
     `people_sign_in` False (the one local user of a loopback install, or anonymous): everyone is
     the same user, so the address tells people apart. The address is the socket's TCP peer; behind a
@@ -45,11 +46,9 @@ def user_key(people_sign_in: bool = True) -> str:
     it is the client named in X-Forwarded-For. (engine.io's own REMOTE_ADDR is always 127.0.0.1.)
     """
     user = cl.context.session.user
-    if people_sign_in and user is not None:
-        return f"user:{user.identifier}"
-    scope = cl.context.session.environ.get("asgi.scope") or {}
-    client = scope.get("client")
-    return f"address:{client[0]}" if client else "address:unknown"
+    signed_in = user.identifier if people_sign_in and user is not None else None
+    client = (cl.context.session.environ.get("asgi.scope") or {}).get("client")
+    return user_key(signed_in, client[0] if client else None)
 
 
 def summary_progress() -> Progress:

@@ -34,9 +34,9 @@ from chainlit.message import ErrorMessage
 from chainlit.server import sio
 from chainlit.session import WebsocketSession
 
-from services.admission.errors import Refused
+from services.admission.refusals import Refused
 from services.runtime import Runtime
-from services.web.chat_feedback import user_key
+from services.web.chat_feedback import session_user_key
 from services.web.client_messages import (
     MALFORMED,
     MessageRefused,
@@ -157,13 +157,13 @@ def socket_guard_for(
     runtime: Runtime, people_sign_in: bool, chat_settings: Mapping[str, type]
 ) -> SocketGuard:
     """The guard of this app: its settings, its per-person message rate (the person as admission
-    keys them: `user_key`), its stored messages; `chat_settings` are the settings the app offers."""
+    keys them: `session_user_key`), its stored messages; `chat_settings` are the settings the app offers."""
     settings = runtime.settings
     rules = SocketRules(settings.max_message_chars, settings.max_files_per_message, dict(chat_settings))
 
     def count_message() -> None:
         if runtime.admission is not None:  # created at start; no socket is served before
-            runtime.admission.message(user_key(people_sign_in))
+            runtime.admission.message(session_user_key(people_sign_in))
 
     async def step_exists(step_id: str) -> bool:
         layer = runtime.history.layer if runtime.history is not None else None

@@ -1,10 +1,10 @@
 """The one place where overload rules apply: turns open here (per-user limits), and every engine
-request of chat and documents goes through `AdmittedEngine.generate` (queue, priority, capacity).
+request of chat, documents and the API goes through `Admission.admit` (queue, priority, capacity).
 
-A turn's context (who asks, which of its requests wait in our queue) travels in a
-context variable, so the summarizer's parallel part requests, which run in
-tasks of their own, are accounted to the turn that started them without being
-passed anything.
+Chat and documents call `AdmittedEngine.generate`, which admits each request inside the turn the
+handler opened; the API admits each request as a turn of its own. A turn's context (who asks)
+travels in a context variable, so the summarizer's parallel part requests, which run in tasks of
+their own, are accounted to the turn that started them without being passed anything.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from typing import Any
 
 from services.admission.capacity import DecodeCapacity
 from services.admission.context import TurnContext, current_turn, entered_turn
-from services.admission.errors import ENGINE_QUEUE_FULL, Refused
 from services.admission.feedback import Show, WaitingFeedback
-from services.admission.gate import CHAT, AdmissionGate
 from services.admission.limits import UserLimits
+from services.admission.refusals import ENGINE_QUEUE_FULL, Refused
+from services.admission.waiting_line import CHAT, WaitingLine
 from services.config import Settings
 from services.engine.chat_engine import ChatEngine, Message, SamplingSettings
 from services.engine.errors import is_engine_busy
@@ -33,7 +33,8 @@ REFRESH_SECONDS = 1.0  # how often the running limit is re-derived from the engi
 
 
 class Admission:
-    """Owns the capacity model, the queue, the per-user limits, and the task that refreshes the limit."""
+    """Owns the capacity model, the waiting line, the per-user limits, and the task that refreshes the
+    limit; `admit` is the one way to the engine."""
 
     def __init__(self, settings: Settings, load: EngineLoad, max_running: int) -> None:
         self.settings = settings
@@ -41,9 +42,8 @@ class Admission:
         self.capacity = DecodeCapacity(
             settings.reading_pace_tokens_per_second * settings.reading_pace_headroom, max_running
         )
-        self.gate = AdmissionGate(settings, self.capacity)
+        self.line = WaitingLine(settings, self.capacity)
         self.limits = UserLimits(settings)
-        self.last_overload_at: float | None = None  # monotonic time of the latest capacity refusal
         self._task: asyncio.Task | None = None
 
     def learn_from_warm_up(
@@ -77,35 +77,30 @@ class Admission:
     def refresh(self) -> None:
         """Learn from the engine's latest windows, then admit whoever the new limit lets in."""
         self.capacity.update(self.load)
-        self.gate.pace.adjust(self.gate.running_total, self.capacity.limit)
-        self.gate.admit_waiting()
+        self.line.pace.adjust(self.line.running_total, self.capacity.limit)
+        self.line.admit_waiting()
 
     @property
     def overloaded(self) -> bool:
-        """Someone waits in our queue, or a request was refused for capacity in the last minute."""
-        recent = self.last_overload_at is not None and time.monotonic() - self.last_overload_at < 60
-        return bool(self.gate.waiting) or recent
+        """Someone waits in our line, or a request was refused for capacity in the last minute."""
+        return self.line.overloaded
 
     def status(self) -> dict[str, Any]:
         """What /status shows of admission: the limit, the queue, refusals, the learned decode speed."""
-        gate = self.gate
+        line = self.line
         return {
-            "enabled": gate.enabled,
-            "running": dict(gate.running),
-            "running_limit": gate.limit if gate.enabled else None,
-            "waiting": len(gate.waiting),
-            "admitted_total": gate.admitted_total,
-            "refusals_total": dict(gate.refusals),
-            "service_seconds": {kind: round(value, 2) for kind, value in gate.service_seconds.items()},
+            "enabled": line.enabled,
+            "running": dict(line.running),
+            "running_limit": line.limit if line.enabled else None,
+            "waiting": len(line.waiting),
+            "admitted_total": line.admitted_total,
+            "refusals_total": dict(line.refusals),
+            "service_seconds": {kind: round(value, 2) for kind, value in line.service_seconds.items()},
             "seconds_per_token_by_batch": self.capacity.seconds_per_token(),
             "slowdown_vs_warm_up": round(self.capacity.slowdown, 2),
-            "stream_pace": gate.pace.status(),
+            "stream_pace": line.pace.status(),
             "users_tracked": len(self.limits),
         }
-
-    def note_refusal(self, refusal: Refused) -> None:
-        """A request was refused for lack of capacity (already counted by the gate)."""
-        self.last_overload_at = time.monotonic()
 
     def message(self, user_key: str) -> None:
         """Count a chat message of `user_key` (any message, a command too); raise Refused over the
@@ -113,7 +108,7 @@ class Admission:
         try:
             self.limits.count_message(self.limits.usage(user_key))
         except Refused as refusal:
-            self.gate.refusals[refusal.reason] += 1
+            self.line.refusals[refusal.reason] += 1
             raise
 
     @contextlib.asynccontextmanager
@@ -123,7 +118,7 @@ class Admission:
         try:
             self.limits.check(usage, documents)
         except Refused as refusal:
-            self.gate.refusals[refusal.reason] += 1
+            self.line.refusals[refusal.reason] += 1
             raise
         self.limits.record_documents(usage, documents)
         usage.turns += 1
@@ -133,17 +128,59 @@ class Admission:
         finally:
             usage.turns -= 1
 
+    @contextlib.asynccontextmanager
+    async def admit(self, work: str, user_key: str | None = None) -> AsyncIterator[Slot]:
+        """The one way to the engine: a request of `work` (CHAT, DOCUMENT or API) waits for a slot in
+        the shared line, runs while the body runs, and gives the slot back on every exit.
+
+        `user_key` given (an API request): the request is a turn of that person's own (per-user
+        limits). None: it belongs to the turn it runs in, if any (chat and its document parts).
+        Raises Refused over a per-user limit, when the line is full or the wait too long, and when
+        the engine refuses the request for its own full queue before its first token.
+        """
+        turn_of = self.turn(user_key) if user_key is not None else contextlib.nullcontext(current_turn())
+        async with turn_of as turn, self.line.place(work, owner=turn) as ticket:
+            slot = Slot(self, ticket, turn)
+            try:
+                yield slot
+            except Exception as error:
+                if slot.tokens or not is_engine_busy(error):
+                    raise
+                ahead = len(self.line.waiting)
+                raise self.line.refuse(ENGINE_QUEUE_FULL, ahead, self.line.estimate_seconds(ahead)) from error
+
     def feedback(self, turn: TurnContext, show: Show) -> WaitingFeedback:
         """Status updates for a waiting turn (none when admission is off: nothing waits)."""
-        return WaitingFeedback(self.gate, turn, show, enabled=self.gate.enabled)
+        return WaitingFeedback(self.line, turn, show, enabled=self.line.enabled)
 
     def engine(self, engine: ChatEngine, kind: str) -> AdmittedEngine:
         """`engine` as chat (kind CHAT) or documents (kind DOCUMENT) should call it."""
         return AdmittedEngine(engine, self, kind)
 
 
+class Slot:
+    """An admitted request's hold on the engine: its vLLM priority, its streamed tokens, its charge."""
+
+    def __init__(self, admission: Admission, ticket: Any, turn: TurnContext | None) -> None:
+        self._line, self._limits = admission.line, admission.limits
+        self._ticket = ticket
+        self._turn = turn
+        self.priority = self._line.engine_priority(ticket)  # lower is earlier; 0 when priority is off
+        self.tokens = 0
+
+    def token(self) -> None:
+        """The request streamed a token (chat's feed the stream pace; the first ends the prompt's read)."""
+        self.tokens += 1
+        self._line.note_token(self._ticket)
+
+    def charge(self, tokens: int) -> None:
+        """Count an answer's tokens against its person's tokens per minute."""
+        if self._turn is not None and self._turn.usage is not None:
+            self._limits.record_tokens(self._turn.usage, tokens)
+
+
 class AdmittedEngine:
-    """A ChatEngine whose every request first takes its place in the queue.
+    """A ChatEngine whose every request first takes its place in the line (`Admission.admit`).
 
     Everything but `generate` is the engine's own (templates, token counts, context size).
     """
@@ -159,45 +196,21 @@ class AdmittedEngine:
     async def generate(
         self, messages: list[Message], sampling: SamplingSettings, request_id: str, **options: Any
     ) -> AsyncIterator[str]:
-        """Wait for a slot (refused at once when the queue is full), then stream with the slot's priority.
+        """Wait for a slot (refused at once when the line is full), then stream with the slot's priority.
 
         Other keyword `options` go to the engine's own generate unchanged.
         """
-        gate, context = self._admission.gate, current_turn()
-        ticket = gate.ticket(self.kind)
-        try:
-            if context is not None:
-                context.waiting.add(ticket)
-            try:
-                await gate.enter(ticket)
-            finally:
-                if context is not None:
-                    context.waiting.discard(ticket)
-        except Refused as refusal:
-            self._admission.note_refusal(refusal)
-            raise
         parts: list[str] = []
         try:
-            priority = gate.engine_priority(ticket)
-            stream = self._engine.generate(messages, sampling, request_id, priority=priority, **options)
-            async with contextlib.aclosing(stream):
-                async for delta in stream:
-                    gate.note_token(ticket)
-                    parts.append(delta)
-                    yield delta
-        except Exception as error:
-            if not is_engine_busy(error) or parts:
-                raise
-            refusal = gate.refuse(
-                ENGINE_QUEUE_FULL, len(gate.waiting), gate.estimate_seconds(len(gate.waiting))
-            )
-            self._admission.note_refusal(refusal)
-            raise refusal from error
+            async with self._admission.admit(self.kind) as slot:
+                stream = self._engine.generate(
+                    messages, sampling, request_id, priority=slot.priority, **options
+                )
+                async with contextlib.aclosing(stream):
+                    async for delta in stream:
+                        slot.token()
+                        parts.append(delta)
+                        yield delta
         finally:
-            gate.release(ticket)
-            self._charge(context, parts)
-
-    def _charge(self, context: TurnContext | None, parts: list[str]) -> None:
-        """A chat answer's tokens count against its user's tokens per minute."""
-        if self.kind == CHAT and context is not None and context.usage is not None and parts:
-            self._admission.limits.record_tokens(context.usage, self._engine.count_tokens("".join(parts)))
+            if self.kind == CHAT and parts:  # a chat answer's tokens count against its person's share
+                slot.charge(self._engine.count_tokens("".join(parts)))

@@ -1,4 +1,4 @@
-"""Our waiting queue in front of the engine: admit while the running limit allows, chat first, bounded.
+"""Our waiting line in front of the engine: admit while the running limit allows, chat first, bounded.
 
 Requests beyond the running limit (capacity.py, capped by pace.py) wait here, not inside vLLM,
 so that they can be counted, shown to their user with a place and an
@@ -6,9 +6,12 @@ estimate, and refused at once when the queue is full or the wait too long.
 ADMISSION_QUEUE_MAX bounds the chat turns waiting; document parts wait besides
 them (each summary has at most SUMMARY_CONCURRENCY parts in flight, and each
 person a few turns, so they are bounded by the sessions).
-Order: chat turns by arrival; document parts as if they had arrived
-DOCUMENT_AGING_SECONDS later, so chat goes first but cannot starve them. The
-same order goes to vLLM as the request's priority (lower is earlier).
+A request is one of three kinds of work: a chat turn, a document part, or an
+API request (which holds a chat slot; vLLM's layer streams it, so its tokens are
+not seen here). Order: chat turns by arrival; document parts as if they had
+arrived DOCUMENT_AGING_SECONDS later, API requests API_AGING_SECONDS later, so
+chat goes first but cannot starve them. The same order goes to vLLM as the
+request's priority (lower is earlier).
 Document parts hold at most DOCUMENT_SLOT_SHARE of the running limit at once:
 a part that may not run yet keeps its place while chat turns behind it go.
 At most MAX_PREFILLING_REQUESTS admitted requests may still be reading their
@@ -20,21 +23,24 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import heapq
 import itertools
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from services.admission.capacity import DecodeCapacity
-from services.admission.errors import QUEUE_FULL, WAIT_TOO_LONG, Refused, busy
 from services.admission.pace import StreamPace
+from services.admission.refusals import QUEUE_FULL, WAIT_TOO_LONG, Refused, busy
 from services.config import Settings
 
-CHAT = "chat"
-DOCUMENT = "document"
+CHAT = "chat"  # a chat turn's request, and the slots chat turns and API requests hold
+DOCUMENT = "document"  # a document part's request, and its slots
+API = "api"  # an API request's
+OVERLOADED_SECONDS = 60.0  # a capacity refusal keeps the line overloaded this long
 SERVICE_SMOOTHING = 0.1  # weight of each new measurement in the moving average
 MEASURED_AFTER = 3  # chat turns released before the estimate alone decides (until then: one round)
 
@@ -46,28 +52,28 @@ def first_service_seconds(settings: Settings) -> dict[str, float]:
 
 
 @dataclass(eq=False)
-class Ticket:
-    """One engine request's place: waiting in our queue, then running until released."""
+class _Ticket:
+    """One engine request's place: waiting in our line, then running until released."""
 
-    kind: str
-    key: float  # queue order: seconds since the gate started, plus aging for documents
+    kind: str  # the slot it holds: CHAT or DOCUMENT
+    key: float  # order: seconds since the line started, plus aging (queue_key)
     seq: int
     entered_at: float
+    owner: object  # the turn it belongs to, for position_of
+    reports_tokens: bool  # note_token is called for its tokens (not for the API's requests)
     admitted: asyncio.Event = field(default_factory=asyncio.Event)
     admitted_at: float | None = None
     released: bool = False
-    reports_tokens: bool = True  # note_token is called for its tokens (not for the API's requests)
 
     def order(self) -> tuple[float, int]:
         return self.key, self.seq
 
 
-def queue_key(settings: Settings, kind: str, arrived_after: float) -> float:
-    """A request's place in the queue: seconds since the start, a document's pushed back by
-    DOCUMENT_AGING_SECONDS when priority scheduling is on."""
-    if kind == DOCUMENT and settings.priority_scheduling:
-        return arrived_after + settings.document_aging_seconds
-    return arrived_after
+def queue_key(settings: Settings, work: str, arrived_after: float) -> float:
+    """A request's place in the line: seconds since the start, with priority scheduling on a document
+    part's pushed back by DOCUMENT_AGING_SECONDS and an API request's by API_AGING_SECONDS."""
+    aging = {DOCUMENT: settings.document_aging_seconds, API: settings.api_aging_seconds}.get(work, 0.0)
+    return arrived_after + aging if settings.priority_scheduling else arrived_after
 
 
 def engine_priority(settings: Settings, key: float) -> int:
@@ -75,8 +81,8 @@ def engine_priority(settings: Settings, key: float) -> int:
     return int(key) if settings.priority_scheduling else 0
 
 
-class AdmissionGate:
-    """The running requests and our bounded queue of waiting ones."""
+class WaitingLine:
+    """The running requests and our bounded line of waiting ones; `place` is the one way in."""
 
     def __init__(
         self, settings: Settings, capacity: DecodeCapacity, clock: Callable[[], float] = time.monotonic
@@ -85,12 +91,13 @@ class AdmissionGate:
         self.capacity = capacity
         self.clock = clock
         self.pace = StreamPace(settings.reading_pace_tokens_per_second, clock)  # what chat streams get
-        self.waiting: list[Ticket] = []  # sorted by Ticket.order
+        self.waiting: list[_Ticket] = []  # sorted by _Ticket.order
         self.waiting_by_kind: Counter[str] = Counter()  # chat turns: at most ADMISSION_QUEUE_MAX
         self.running: Counter[str] = Counter()
-        self._running_tickets: set[Ticket] = set()
-        self._prefilling: set[Ticket] = set()  # admitted, no token yet (a subset of the running ones)
-        self.refusals: Counter[str] = Counter()  # by reason (errors.REASONS)
+        self._running_tickets: set[_Ticket] = set()
+        self._prefilling: set[_Ticket] = set()  # admitted, no token yet (a subset of the running ones)
+        self.refusals: Counter[str] = Counter()  # by reason (refusals.REASONS)
+        self.refused_at: float | None = None  # the latest refusal for capacity
         self.admitted_total = 0
         self.waited_seconds_total = 0.0
         self.service_seconds = first_service_seconds(settings)
@@ -113,11 +120,11 @@ class AdmissionGate:
         limit = self.limit
         return limit if limit == sys.maxsize else max(1, int(limit * self.settings.document_slot_share))
 
-    def may_run(self, ticket: Ticket, documents_before: int = 0) -> bool:
+    def may_run(self, ticket: _Ticket, documents_before: int = 0) -> bool:
         """Whether `ticket`'s kind has a slot (after `documents_before` parts admitted ahead of it)."""
         return ticket.kind != DOCUMENT or self.running[DOCUMENT] + documents_before < self.document_slots
 
-    def may_prefill(self, ticket: Ticket) -> bool:
+    def may_prefill(self, ticket: _Ticket) -> bool:
         """Whether `ticket`'s prompt may be read now: few prompts at once, documents one of them."""
         bound = self.settings.max_prefilling_requests
         if not self.enabled or bound <= 0 or not self._prefilling:
@@ -126,7 +133,7 @@ class AdmissionGate:
             return False
         return len(self._prefilling) < bound
 
-    def has_room(self, ticket: Ticket) -> bool:
+    def has_room(self, ticket: _Ticket) -> bool:
         """Under the running limit, or a chat turn while no chat runs: with DOCUMENT_SLOT_SHARE below 1,
         document parts never hold every slot against conversation (at a limit of 1, one part once kept
         chat waiting for minutes)."""
@@ -135,23 +142,40 @@ class AdmissionGate:
         chat_reserved = self.settings.document_slot_share < 1
         return chat_reserved and ticket.kind == CHAT and self.running[CHAT] == 0
 
-    def _may_start(self, ticket: Ticket) -> bool:
+    def _may_start(self, ticket: _Ticket) -> bool:
         return self.has_room(ticket) and self.may_run(ticket) and self.may_prefill(ticket)
 
     @property
     def running_total(self) -> int:
         return sum(self.running.values())
 
-    def ticket(self, kind: str) -> Ticket:
-        now = self.clock()
-        return Ticket(kind, queue_key(self.settings, kind, now - self._epoch), next(self._numbers), now)
+    @property
+    def overloaded(self) -> bool:
+        """Someone waits, or a request was refused for capacity in the last OVERLOADED_SECONDS."""
+        recent = self.refused_at is not None and self.clock() - self.refused_at < OVERLOADED_SECONDS
+        return bool(self.waiting) or recent
 
-    def engine_priority(self, ticket: Ticket) -> int:
+    @contextlib.asynccontextmanager
+    async def place(self, work: str, owner: object = None) -> AsyncIterator[_Ticket]:
+        """Wait for a slot for a request of `work` (CHAT, DOCUMENT or API), hold it while the body runs,
+        give it back on every exit (cancellation too). Raise Refused at once when the line is full or
+        the wait too long. `owner` (its turn) is what `position_of` is asked about."""
+        now = self.clock()
+        key = queue_key(self.settings, work, now - self._epoch)
+        kind = DOCUMENT if work == DOCUMENT else CHAT
+        ticket = _Ticket(kind, key, next(self._numbers), now, owner, reports_tokens=work != API)
+        await self._enter(ticket)
+        try:
+            yield ticket
+        finally:
+            self._release(ticket)
+
+    def engine_priority(self, ticket: _Ticket) -> int:
         return engine_priority(self.settings, ticket.key)
 
-    async def enter(self, ticket: Ticket) -> None:
-        """Return once `ticket` may run; raise Refused at once when the queue is full or the wait too long."""
-        ahead = bisect.bisect_left(self.waiting, ticket.order(), key=Ticket.order)
+    async def _enter(self, ticket: _Ticket) -> None:
+        """Return once `ticket` may run; raise Refused at once when the line is full or the wait too long."""
+        ahead = bisect.bisect_left(self.waiting, ticket.order(), key=_Ticket.order)
         if self._may_start(ticket) and self._nobody_ahead_runs(ticket, ahead):
             self._admit(ticket)
             return
@@ -172,13 +196,13 @@ class AdmissionGate:
             await ticket.admitted.wait()
         except BaseException:
             if ticket.admitted.is_set():
-                self.release(ticket)  # admitted while being cancelled: give the slot back
+                self._release(ticket)  # admitted while being cancelled: give the slot back
             else:
                 self.waiting.remove(ticket)
                 self.waiting_by_kind[ticket.kind] -= 1
             raise
 
-    def _nobody_ahead_runs(self, ticket: Ticket, ahead: int) -> bool:
+    def _nobody_ahead_runs(self, ticket: _Ticket, ahead: int) -> bool:
         """Nothing waits ahead, or only document parts that cannot run (over their share) ahead of a
         chat turn: they keep their place, and the turn goes."""
         if ahead == 0:
@@ -186,10 +210,13 @@ class AdmissionGate:
         return ticket.kind == CHAT and all(t.kind == DOCUMENT for t in self.waiting[:ahead])
 
     def refuse(self, reason: str, ahead: int, wait_seconds: float) -> Refused:
+        """A refusal for capacity (the line's, or the engine's own queue): counted, and the line
+        reports itself overloaded for a while."""
         self.refusals[reason] += 1
+        self.refused_at = self.clock()
         return busy(reason, ahead, wait_seconds)
 
-    def note_token(self, ticket: Ticket) -> None:
+    def note_token(self, ticket: _Ticket) -> None:
         """A running request streamed a token: chat streams feed the pace (what a person reads), and
         the first token ends its prefill (the next prompt may be read)."""
         if ticket.kind == CHAT:
@@ -198,7 +225,7 @@ class AdmissionGate:
             self._prefilling.discard(ticket)
             self.admit_waiting()
 
-    def release(self, ticket: Ticket) -> None:
+    def _release(self, ticket: _Ticket) -> None:
         """The ticket's request ended: free its slot and admit whoever is next."""
         self.pace.ended(ticket)
         if ticket.released or ticket.admitted_at is None:
@@ -227,7 +254,7 @@ class AdmissionGate:
             else:
                 index += 1  # keeps its place; whoever may run goes
 
-    def _admit(self, ticket: Ticket) -> None:
+    def _admit(self, ticket: _Ticket) -> None:
         ticket.admitted_at = self.clock()
         self.running[ticket.kind] += 1
         self._running_tickets.add(ticket)
@@ -237,12 +264,9 @@ class AdmissionGate:
         self.waited_seconds_total += ticket.admitted_at - ticket.entered_at
         ticket.admitted.set()
 
-    def position(self, ticket: Ticket) -> int | None:
-        """Requests waiting ahead of `ticket` (None once it is no longer waiting)."""
-        if ticket.admitted.is_set():
-            return None
-        index = bisect.bisect_left(self.waiting, ticket.order(), key=Ticket.order)
-        return index if index < len(self.waiting) and self.waiting[index] is ticket else None
+    def position_of(self, owner: object) -> int | None:
+        """Requests waiting ahead of the first waiting request of `owner` (None when none of its wait)."""
+        return next((index for index, ticket in enumerate(self.waiting) if ticket.owner is owner), None)
 
     def estimate_seconds(self, ahead: int) -> float:
         """Expected wait of the request with `ahead` requests waiting before it.
