@@ -44,7 +44,7 @@ ENV CACHE_DIR=/home/chat/.cache/vllm-chat \
     DATA_DIR=/data \
     PYTHONUNBUFFERED=1
 # Bake the default model into the image so the container starts offline.
-RUN python -m services.engine.model_prep
+RUN python -m services.engine.backends.local.model_prep
 
 EXPOSE 8000
 # /healthz: 200 while serving ("ok" or "overloaded"), 503 when down (engine dead, not answering, or

@@ -25,7 +25,7 @@ from services.admission.feedback import WaitingFeedback
 from services.admission.refusals import Refused
 from services.chat.session import ChatSession
 from services.config import SettingsError
-from services.engine.errors import RepetitionError, report_failure
+from services.engine import RepetitionError, report_failure
 from services.history.resume import ANSWER_METADATA, is_command
 from services.runtime import Runtime
 from services.web.chainlit_state import current_user_identifier, forget_chat_context

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import psutil
 
-from services.engine.processes import process_role, reap
+from services.engine.backends.local import process_role, reap
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "bench" / "data"

@@ -22,12 +22,12 @@ from typing import Any
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
-VLLM_PLUGINS_DIR = ROOT / "services" / "engine" / "vllm_plugins"
+VLLM_PLUGINS_DIR = ROOT / "services" / "memory" / "vllm_plugins"
 
 
 def vllm_processes_without_workarounds(log: str) -> list[str]:
     """EngineCore and worker processes in a vLLM log that did not apply our workaround plugin
-    (services/engine/vllm_plugins); a role missing from the log counts as not applied."""
+    (services/memory/vllm_plugins); a role missing from the log counts as not applied."""
     applied = set(re.findall(r"vllm_chat_patches: spin_condition applied in pid (\d+)", log))
     missing = []
     for role in ("EngineCore", "Worker"):

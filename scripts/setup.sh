@@ -97,4 +97,4 @@ if [[ "$WITH_TEST" == 1 ]]; then
 fi
 
 # Convert the bundled GGUF into a folder vLLM loads (once; atomic).
-"$VENV/bin/python" -m services.engine.model_prep
+"$VENV/bin/python" -m services.engine.backends.local.model_prep

@@ -35,13 +35,11 @@ from services.api.server import OpenAiServer
 from services.chat.service import ChatService
 from services.chat.store import SessionStore
 from services.config import Settings
-from services.engine.chat_engine import ChatEngine
-from services.engine.lifespan import engine_lifespan
-from services.engine.probe.allocator_counters import pymalloc_counters
-from services.engine.processes import engine_processes, is_running
-from services.engine.warmup import WarmUpReport
+from services.engine import ChatEngine, WarmUpReport, engine_lifespan
+from services.engine.backends.local import engine_processes, is_running
 from services.history.database import ensure_data_dir
 from services.history.service import History, HistoryCollector
+from services.memory import pymalloc_counters
 from services.observability.app_probe import start_app_probe
 from services.observability.maintenance import Maintenance, malloc_info
 from services.observability.metrics import RequestMetrics, ServiceCollector

@@ -20,7 +20,7 @@ from harness.server import ROOT, AppServer
 from harness.tiny_model import build_tiny_model
 from services.config import Settings
 from services.config.engine import default_cache_dir
-from services.engine.model_prep import ensure_default_model
+from services.engine.backends.local import ensure_default_model
 
 ARTIFACTS = ROOT / "artifacts"
 TINY_MAX_MODEL_LEN = 4096
@@ -91,7 +91,7 @@ HYPOTHESIS_HOME = "hypothesis"
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ["TMPDIR"] = tempfile.tempdir = str(SESSION_TEMP)
-    # torch.compile's cache where the app keeps it (services/engine/local.py): kept between runs.
+    # torch.compile's cache where the app keeps it (services/engine/backends/local): kept between runs.
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(default_cache_dir()) / "torchinductor"))
     # Hypothesis (the fuzz tests) keeps caches in ./.hypothesis unless told otherwise: they go with
     # the session's folder (its example database is off: tests/security/fuzzing.py).

@@ -18,9 +18,9 @@ from services.admission.refusals import Refused, rounded_seconds
 from services.admission.service import Admission
 from services.admission.waiting_line import API, CHAT, DOCUMENT, WaitingLine
 from services.config import Settings
+from services.engine.backends.remote import Server, prefix_hashes, servers_to_try
 from services.engine.chat_engine import SamplingSettings
 from services.engine.load import EngineLoad, LoadWindow
-from services.engine.routing import Server, prefix_hashes, servers_to_try
 
 aio = pytest.mark.asyncio(loop_scope="function")
 

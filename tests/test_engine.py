@@ -14,14 +14,13 @@ import pytest_asyncio
 
 from bench.memory.shapes import distinct_size_prompts, sweep, worker_rss_mb
 from services.config import Settings
-from services.engine.allocators import PRELOAD_LIBRARIES
+from services.engine.backends.local import RPC_DIR_PREFIX, engine_processes
 from services.engine.chat_engine import ChatEngine, SamplingSettings
 from services.engine.errors import TokenBudgetError
 from services.engine.lifespan import engine_lifespan
-from services.engine.local import RPC_DIR_PREFIX
-from services.engine.processes import engine_processes
 from services.engine.stream_stats import StreamStats
 from services.engine.warmup import BATCH_SIZES, warm_up
+from services.memory import PRELOAD_LIBRARIES
 from tests.conftest import tiny_settings
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

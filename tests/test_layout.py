@@ -29,6 +29,7 @@ LAYERS = (
     "services.documents",
     "services.admission",
     "services.engine",
+    "services.memory",
     "services.config",
 )
 MAX_MODULE_LINES = 300
@@ -105,3 +106,42 @@ def test_functions_stay_short() -> None:
                 if lines > MAX_FUNCTION_LINES and name not in LONG_FUNCTIONS:
                     long[name] = lines
     assert not long, f"split them, or list them in LONG_FUNCTIONS with a reason: {long}"
+
+
+def _top_level_names(tree: ast.Module) -> set[str]:
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(target.id for target in node.targets if isinstance(target, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+    return names
+
+
+def lazy_exports() -> list[tuple[Path, str, str]]:
+    """(package folder, exported name, "module:attribute") of every package that imports on first use."""
+    found = []
+    for init in python_files("services"):
+        if init.name != "__init__.py":
+            continue
+        for node in ast.parse(init.read_text()).body:
+            if isinstance(node, ast.Assign) and [getattr(t, "id", "") for t in node.targets] == ["_EXPORTS"]:
+                table = ast.literal_eval(node.value)
+                found += [(init.parent, name, where) for name, where in table.items()]
+    return found
+
+
+def test_lazy_exports_name_what_their_modules_define() -> None:
+    assert lazy_exports(), "services.engine and services.memory export their names on first use"
+    wrong = []
+    for package, name, where in lazy_exports():
+        module, _, attribute = where.partition(":")
+        path = package.joinpath(*module.split("."))
+        path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+        if not path.is_file() or attribute not in _top_level_names(ast.parse(path.read_text())):
+            wrong.append(f"{package.relative_to(ROOT)}: {name} -> {where}")
+    assert not wrong, wrong

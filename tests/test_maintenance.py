@@ -24,7 +24,7 @@ import pytest
 from harness.chat_client import ChatClient
 from harness.server import AppServer
 from services.config import Settings
-from services.engine.allocators import PRELOAD_LIBRARIES, find_library
+from services.memory import PRELOAD_LIBRARIES, find_library
 from services.observability.maintenance import LoopLagMonitor, malloc_trim
 from services.observability.memory import MB, MemoryMonitor, MemorySample, ProcessMemory, process_tree_memory
 from services.observability.series import SampleRing, theil_sen_slope

@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 from services.config import Settings, SettingsError
-from services.engine import allocators
-from services.engine.allocators import (
+from services.memory import allocators
+from services.memory.allocators import (
     PROBE_DIR,
     app_memory_env,
     apply_engine_memory_env,
@@ -32,7 +32,7 @@ from services.engine.allocators import (
     find_library,
     forget_preload,
 )
-from services.engine.probe.object_census import reachable_objects
+from services.memory.probe.object_census import reachable_objects
 from services.observability.attribution import attribute, find_snapshots, parse_jeprof_text, sampling_noise
 from services.observability.memory import MB, MemoryMonitor, MemorySample, ProcessMemory
 from services.observability.report import report_text
@@ -385,7 +385,7 @@ def test_pymalloc_counters_see_small_objects_in_arenas_outside_malloc() -> None:
     In a fresh interpreter, whose arenas have little free space the strings could reuse."""
     code = (
         "import json, tracemalloc\n"
-        "from services.engine.probe.allocator_counters import pymalloc_counters\n"
+        "from services.memory.probe.allocator_counters import pymalloc_counters\n"
         "before = pymalloc_counters()\n"
         "kept = [f'kept in arenas {i}' * 8 for i in range(20_000)]\n"  # ~150 bytes each
         "after = pymalloc_counters()\n"

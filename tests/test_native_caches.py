@@ -1,4 +1,4 @@
-"""Library caches that fill slowly stop growing once settled (native_caches.py, engine/lifespan.py).
+"""Library caches that fill slowly stop growing once settled (services/memory, services/engine/lifespan.py).
 
 Each case runs in a fresh interpreter, so the caches start empty, and measures
 glibc's in-use heap around a workload that keeps bringing new sizes or new words.
@@ -24,7 +24,7 @@ NUMPY_WORKLOAD = """
 import json, random, sys
 import numpy as np
 from services.observability.maintenance import malloc_info
-from services.observability.native_caches import fill_numpy_buffer_cache
+from services.memory import fill_numpy_buffer_cache
 
 def workload(seed, longest):  # boolean masks and selections of lengths up to `longest`
     random.seed(seed)
@@ -45,7 +45,7 @@ import contextlib, json, random, string, sys
 from transformers import AutoTokenizer
 from vllm.tokenizers.hf import maybe_make_thread_pool
 from services.observability.maintenance import malloc_info
-from services.engine.word_caches import WordCacheBound, _free_variables, bound_tokenizer_word_cache
+from services.memory.word_caches import WordCacheBound, _free_variables, bound_tokenizer_word_cache
 
 tokenizer = AutoTokenizer.from_pretrained(sys.argv[2])
 maybe_make_thread_pool(tokenizer, 2)  # what vLLM's renderer does to the engine's tokenizer
@@ -101,7 +101,7 @@ def test_every_copy_of_the_pooled_tokenizer_is_bounded(default_model_dir: Path):
 
 
 def test_a_tokenizer_without_a_word_cache_is_left_alone():
-    from services.engine.word_caches import bound_tokenizer_word_cache
+    from services.memory import bound_tokenizer_word_cache
 
     assert bound_tokenizer_word_cache(object(), 10) is False
 
@@ -120,7 +120,7 @@ def test_document_threads_bound_the_copies_vllm_s_tokenizer_pool_keeps(
     from vllm.tokenizers.hf import maybe_make_thread_pool
 
     from services.chat.attachments import DocumentThreads
-    from services.engine.word_caches import WordCacheBound, _free_variables
+    from services.memory.word_caches import WordCacheBound, _free_variables
 
     tokenizer = AutoTokenizer.from_pretrained(str(default_model_dir))
     maybe_make_thread_pool(tokenizer, 2)

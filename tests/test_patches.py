@@ -1,4 +1,4 @@
-"""Our workarounds for vLLM (services/engine/vllm_plugins): still needed, still working, found by vLLM.
+"""Our workarounds for vLLM (services/memory/vllm_plugins): still needed, still working, found by vLLM.
 
 Each measurement runs in a fresh Python process on glibc, so the malloc totals it
 reads are its own. No model: the shared-memory queue's wake-ups and the oneDNN
@@ -29,7 +29,7 @@ def run_python(code: str) -> str:
 
 def kept_per_notification(patched: bool) -> float:
     code = (
-        "from services.engine.vllm_plugins import register\n"
+        "from services.memory.vllm_plugins import register\n"
         "register()\n"
         "import vllm_chat_patches\n"
         + ("vllm_chat_patches.drain_busy_readers()\n" if patched else "")
@@ -40,7 +40,7 @@ def kept_per_notification(patched: bool) -> float:
 
 def test_vllm_readers_still_pile_up_wake_ups_while_busy() -> None:
     """When this fails, vLLM (or libzmq) no longer keeps a command per wake-up in a busy reader:
-    remove drain_busy_readers from services/engine/vllm_plugins/vllm_chat_patches.py and this test."""
+    remove drain_busy_readers from services/memory/vllm_plugins/vllm_chat_patches.py and this test."""
     kept = kept_per_notification(patched=False)
     assert kept > 15, f"{kept:.1f} B per wake-up: the workaround is no longer needed"
 
@@ -60,7 +60,7 @@ def kept_by_onednn_handler(limit: int) -> float:
 import os
 os.environ["ENGINE_ONEDNN_MM_CACHE"] = "{limit}"
 os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = "0"
-from services.engine.vllm_plugins import register
+from services.memory.vllm_plugins import register
 register()
 import torch, vllm_chat_patches
 from vllm import _custom_ops as ops
@@ -121,7 +121,7 @@ def load_in_child(queue):
 
 if __name__ == "__main__":
     import os
-    from services.engine.vllm_plugins import register
+    from services.memory.vllm_plugins import register
     register()
     os.environ["ENGINE_ONEDNN_MM_CACHE"] = "6"
     context = multiprocessing.get_context("spawn")

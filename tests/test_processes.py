@@ -9,8 +9,8 @@ from pathlib import Path
 
 import psutil
 
-from services.engine.local import worker_thread_bind, worker_thread_env
-from services.engine.processes import OrphanGuard, process_role, reap, still_running
+from services.engine.backends.local import worker_thread_bind, worker_thread_env
+from services.engine.backends.local.processes import OrphanGuard, process_role, reap, still_running
 
 
 def sleeper() -> psutil.Process:

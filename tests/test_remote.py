@@ -20,17 +20,17 @@ from transformers import AutoTokenizer
 from harness.chat_client import ChatClient
 from harness.server import AppServer, VllmServer, free_port, vllm_processes_without_workarounds
 from services.config import Settings, SettingsError
-from services.engine.chat_engine import PROSE_STOP, SamplingSettings, _sampling_params
-from services.engine.remote import (
+from services.engine.backends.remote import (
     RemoteEngineError,
     RemoteLLM,
     Server,
     ServerUnreachableError,
     chunk_output,
+    completion_body,
     parse_event,
     servers_to_try,
 )
-from services.engine.remote_protocol import completion_body
+from services.engine.chat_engine import PROSE_STOP, SamplingSettings, _sampling_params
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
 from tests.test_api import HELLO, accounts
 from tests.test_server import idle
@@ -194,7 +194,7 @@ def vllm_server(tiny_model_dir: Path) -> Iterator[VllmServer]:
 
 
 def test_a_vllm_server_started_as_the_readme_says_runs_the_workarounds(vllm_server: VllmServer) -> None:
-    """With services/engine/vllm_plugins on PYTHONPATH, EngineCore and the worker of a vLLM server
+    """With services/memory/vllm_plugins on PYTHONPATH, EngineCore and the worker of a vLLM server
     apply our workaround for the libzmq mailbox (README, "Scaling out")."""
     assert not vllm_processes_without_workarounds(vllm_server.log_path.read_text(errors="replace"))
 

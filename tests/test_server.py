@@ -13,8 +13,8 @@ import pytest
 from harness.chat_client import ChatClient
 from harness.server import AppServer, vllm_processes_without_workarounds
 from services.config import Settings
-from services.engine.allocators import PRELOAD_LIBRARIES
-from services.engine.processes import engine_processes
+from services.engine.backends.local import engine_processes
+from services.memory import PRELOAD_LIBRARIES
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -62,7 +62,7 @@ async def test_twenty_concurrent_sessions_stream_their_replies(tiny_server: AppS
 
 
 async def test_vllm_processes_run_the_app_s_workarounds(tiny_server: AppServer) -> None:
-    """EngineCore and its worker loaded services/engine/vllm_plugins as a vLLM general plugin."""
+    """EngineCore and its worker loaded services/memory/vllm_plugins as a vLLM general plugin."""
     assert not vllm_processes_without_workarounds(tiny_server.log_path.read_text(errors="replace"))
 
 

@@ -19,7 +19,7 @@ from bench.documents.quality_metrics import sections_of
 from services.chat.service import ChatService
 from services.chat.session import ChatSession
 from services.documents.planning import IN_PARTS, WHOLE
-from services.engine.chat_engine import ChatEngine, SamplingSettings
+from services.engine import ChatEngine, SamplingSettings
 
 DOCUMENTS_FILE = DATA / "summary_documents.json"
 

@@ -18,8 +18,7 @@ from services.chat.session import ChatSession, SessionDocument
 from services.config import Settings
 from services.documents.prompts import SummaryPrompts, document_system_message
 from services.documents.summarizer import Summarizer, SummaryJob
-from services.engine.chat_engine import Message
-from services.engine.loop_guard import LoopGuardConfig
+from services.engine import LoopGuardConfig, Message
 
 LOOP_GUARD_OFF = LoopGuardConfig(min_tokens=0)
 

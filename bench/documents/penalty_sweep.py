@@ -24,8 +24,7 @@ from bench.documents.legacy_summaries import LOOP_GUARD_OFF
 from bench.documents.quality_metrics import Coverage, distinct_ngram_ratio, identify_language
 from services.chat.service import ChatService
 from services.config import Settings
-from services.engine.lifespan import engine_lifespan
-from services.engine.loop_guard import LoopGuardConfig, repeats_in
+from services.engine import LoopGuardConfig, engine_lifespan, repeats_in
 
 
 def parse_pairs(text: str) -> list[tuple[float, float]]:

@@ -33,8 +33,7 @@ from services.chat.session import ChatSession
 from services.chat.store import SessionStore
 from services.config import Settings
 from services.documents.progress import SummaryProgress
-from services.engine.chat_engine import ChatEngine
-from services.engine.lifespan import engine_lifespan
+from services.engine import ChatEngine, engine_lifespan
 
 TARGET_MAP_RATIO = 0.5  # concurrent map-reduce time / sequential, at most
 TARGET_FOLLOW_UP_RATIO = 0.2  # follow-up TTFT / first request TTFT, at most

@@ -49,11 +49,15 @@ from bench.documents.quality_metrics import Coverage, distinct_ngram_ratio, iden
 from services.chat.service import ChatService
 from services.chat.session import ChatSession
 from services.config import Settings
-from services.engine.answer_tokens import AnswerTokens
-from services.engine.chat_engine import ChatEngine, SamplingSettings
-from services.engine.errors import RepetitionError
-from services.engine.lifespan import engine_lifespan
-from services.engine.loop_guard import LoopGuardConfig, repeats_in
+from services.engine import (
+    AnswerTokens,
+    ChatEngine,
+    LoopGuardConfig,
+    RepetitionError,
+    SamplingSettings,
+    engine_lifespan,
+    repeats_in,
+)
 
 QUICK_IDS = ("pip-readme", "libffi-basics", "gnupg-help-pt")
 FOLLOW_UP = {

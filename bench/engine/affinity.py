@@ -32,9 +32,9 @@ from bench.common import machine_info, percentile
 from harness.documents import long_document
 from harness.server import VllmServer
 from services.config import Settings
-from services.engine.chat_engine import ChatEngine, SamplingSettings
-from services.engine.model_prep import ensure_default_model
-from services.engine.remote import RemoteLLM
+from services.engine import ChatEngine, SamplingSettings
+from services.engine.backends.local import ensure_default_model
+from services.engine.backends.remote import RemoteLLM
 
 MAX_MODEL_LEN = 8192
 ARMS = {"affinity": 4, "by_load": None}  # ENGINE_AFFINITY_SLACK, None = affinity off

@@ -43,9 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import PROMPTS_FILE, machine_info, percentile, reap_children, run_until_signalled
 from services.config import Settings
-from services.engine.chat_engine import ChatEngine, SamplingSettings
-from services.engine.lifespan import engine_lifespan
-from services.engine.stream_stats import StreamStats
+from services.engine import ChatEngine, SamplingSettings, StreamStats, engine_lifespan
 
 WORKLOADS = ("short", "long", "mix")
 MIX_LONG_SHARE = 0.3
@@ -391,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     machine_before = machine_info()
     print(f"[batching] machine: {machine_before}; dtype {settings.dtype}", flush=True)
     if not settings.model:
-        from services.engine.model_prep import ensure_default_model
+        from services.engine.backends.local import ensure_default_model
 
         ensure_default_model(settings)
     names = [name for name in args.workloads.split(",") if name]

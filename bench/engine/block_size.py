@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from bench.overhead.api_layer import Load, app_engine_options, run_phase
 from harness.server import VllmServer
 from services.config import Settings
-from services.engine.model_prep import ensure_default_model
+from services.engine.backends.local import ensure_default_model
 
 KEPT = ("output_throughput", "median_ttft_ms", "median_tpot_ms")
 

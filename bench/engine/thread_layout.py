@@ -37,7 +37,7 @@ from harness.chat_client import ChatClient
 from harness.documents import long_document
 from harness.server import AppServer
 from services.config import Settings
-from services.engine.model_prep import ensure_default_model
+from services.engine.backends.local import ensure_default_model
 
 LAYOUTS: dict[str, dict[str, str]] = {
     "auto": {"VLLM_CPU_OMP_THREADS_BIND": "auto"},

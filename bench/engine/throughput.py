@@ -28,9 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import run_until_signalled
 from services.config import Settings
-from services.engine.chat_engine import ChatEngine, SamplingSettings
-from services.engine.lifespan import engine_lifespan
-from services.engine.stream_stats import StreamStats
+from services.engine import ChatEngine, SamplingSettings, StreamStats, engine_lifespan
 
 PROMPT = [{"role": "user", "content": "Write a long, detailed story about a lighthouse keeper."}]
 GREEDY_LONG = SamplingSettings(temperature=0.0, top_p=1.0, max_new_tokens=256)

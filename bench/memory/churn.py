@@ -65,12 +65,9 @@ from bench.common import PROMPTS_FILE, machine_info, run_until_signalled
 from services.admission.waiting_line import CHAT, DOCUMENT, engine_priority, queue_key
 from services.chat.store import session_sampling
 from services.config import Settings
-from services.engine.allocators import engine_memory_env
-from services.engine.chat_engine import ChatEngine, SamplingSettings
-from services.engine.errors import RepetitionError
-from services.engine.lifespan import engine_lifespan
-from services.engine.processes import engine_processes
-from services.engine.stream_stats import StreamStats
+from services.engine import ChatEngine, RepetitionError, SamplingSettings, StreamStats, engine_lifespan
+from services.engine.backends.local import engine_processes
+from services.memory import engine_memory_env
 from services.observability.app_probe import mapping_categories
 from services.observability.attribution import attribute
 from services.observability.memory import process_tree_memory
@@ -456,7 +453,7 @@ async def run(options: ChurnOptions, base: Settings | None = None) -> dict[str, 
 
 def tiny_model_settings(base: Settings) -> dict[str, Any]:
     from harness.tiny_model import build_tiny_model
-    from services.engine.model_prep import ensure_default_model
+    from services.engine.backends.local import ensure_default_model
 
     default_dir = ensure_default_model(Settings.from_env({}))
     tiny_dir = build_tiny_model(default_dir, Path(base.cache_dir) / "models" / "tiny-llama")

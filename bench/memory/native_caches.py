@@ -29,10 +29,9 @@ from bench.common import machine_info, result_path
 from bench.documents.corpus import load_documents
 from services.config import Settings
 from services.documents.encoding import decode_text
-from services.engine.model_prep import ensure_default_model
-from services.engine.word_caches import bound_tokenizer_word_cache
+from services.engine.backends.local import ensure_default_model
+from services.memory import bound_tokenizer_word_cache, fill_numpy_buffer_cache
 from services.observability.maintenance import malloc_info
-from services.observability.native_caches import fill_numpy_buffer_cache
 
 TOKENIZERS_DEFAULT_WORDS = 10_000
 

@@ -32,8 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import machine_info, run_until_signalled
 from services.config import Settings
-from services.engine.chat_engine import ChatEngine, SamplingSettings
-from services.engine.lifespan import engine_lifespan
+from services.engine import ChatEngine, SamplingSettings, engine_lifespan
 from services.observability.memory import process_tree_memory
 
 ONEDNN_DEFAULT_CAPACITY = 1024

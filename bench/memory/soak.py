@@ -254,7 +254,7 @@ def prepare_model(options: SoakOptions) -> dict[str, str]:
         return env
     from harness.tiny_model import build_tiny_model
     from services.config import Settings
-    from services.engine.model_prep import ensure_default_model
+    from services.engine.backends.local import ensure_default_model
 
     settings = Settings.from_env({})
     default_dir = ensure_default_model(settings)

@@ -55,9 +55,8 @@ sys.path.insert(0, str(ROOT))
 from bench.common import machine_info, result_path
 from harness.server import AppServer, VllmServer
 from services.config import Settings
-from services.engine.allocators import engine_memory_env
-from services.engine.local import worker_thread_env
-from services.engine.model_prep import ensure_default_model
+from services.engine.backends.local import ensure_default_model, worker_thread_env
+from services.memory import engine_memory_env
 
 TARGET_THROUGHPUT_RATIO = 0.95
 TARGET_TTFT_ADDED_MS = 15.0

@@ -54,8 +54,7 @@ from bench.common import (
 from harness.chat_client import ChatClient
 from harness.server import AppServer
 from services.config import Settings
-from services.engine.chat_engine import SamplingSettings
-from services.engine.lifespan import engine_lifespan
+from services.engine import SamplingSettings, engine_lifespan
 
 TARGET_TOKENS_RATIO = 0.95  # app tokens/s / engine tokens/s, at least
 TARGET_TTFT_ADDED_MS = 15.0  # app TTFT P50 - engine TTFT P50, at most
@@ -261,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     machine_before = machine_info()
     print(f"[overhead] machine: {machine_before}; dtype {settings.dtype}", flush=True)
     if not settings.model:
-        from services.engine.model_prep import ensure_default_model
+        from services.engine.backends.local import ensure_default_model
 
         ensure_default_model(settings)
     out = args.out or ROOT / "bench" / "out" / f"overhead-{datetime.now():%Y%m%d-%H%M%S}"

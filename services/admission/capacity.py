@@ -4,10 +4,10 @@ A decode step costs about a + b*n seconds for n running requests (a fixed
 overhead plus a share per sequence), and each running request gets one token
 per step, so every stream keeps a pace p while a + b*n <= 1/p. `DecodeCapacity`
 learns the seconds per token at each batch size from the engine's own windows
-(services/engine/load.py), fits the line, and derives the limit. Windows where
+(`EngineLoad`, services/engine), fits the line, and derives the limit. Windows where
 the engine mostly read prompts (more prompt tokens than generated ones) are left
 out: a document part's prefill makes steps seconds long on a CPU, and learning
-from them once collapsed the limit to 1 for everyone (BENCHMARKS.md, "Overload").
+from them would bring the limit down to 1 for everyone.
 
 With the warm-up's batches (a quiet engine, every size measured the same way) the
 line is theirs, and live windows only scale it: by the median, over recent decode
@@ -25,7 +25,7 @@ from collections import deque
 
 import numpy as np
 
-from services.engine.load import EngineLoad, LoadWindow
+from services.engine import EngineLoad, LoadWindow
 
 # Busy seconds a batch-size bucket remembers: newer windows outweigh older ones beyond it.
 BUCKET_MEMORY_SECONDS = 30.0

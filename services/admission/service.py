@@ -23,9 +23,7 @@ from services.admission.limits import UserLimits
 from services.admission.refusals import ENGINE_QUEUE_FULL, Refused
 from services.admission.waiting_line import CHAT, WaitingLine
 from services.config import Settings
-from services.engine.chat_engine import ChatEngine, Message, SamplingSettings
-from services.engine.errors import is_engine_busy
-from services.engine.load import EngineLoad
+from services.engine import ChatEngine, EngineLoad, Message, SamplingSettings, is_engine_busy
 
 logger = logging.getLogger(__name__)
 

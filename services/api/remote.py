@@ -24,8 +24,7 @@ import httpx
 from services.api.errors import ApiError
 from services.api.server import model_name
 from services.config import Settings
-from services.engine.remote import RemoteLLM, ServerUnreachableError
-from services.engine.routing import Server
+from services.engine.backends.remote import RemoteLLM, Server, ServerUnreachableError
 
 Scope = MutableMapping[str, Any]
 RELAYED_HEADERS = (b"content-type", b"retry-after")

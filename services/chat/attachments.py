@@ -13,7 +13,7 @@ from services.chat.session import ChatSession, SessionDocument
 from services.config import Settings
 from services.documents.errors import DocumentError
 from services.documents.extract import Document, extract_document
-from services.engine.chat_engine import ChatEngine
+from services.engine import ChatEngine
 
 T = TypeVar("T")
 
@@ -31,7 +31,7 @@ class DocumentThreads:
     """Runs document work (reading files, counting tokens) in threads, at most `count` at once.
 
     vLLM's tokenizer pool lends every calling thread its own deep copy of the tokenizer and keeps
-    each copy it ever made (services/engine/word_caches.py): unbounded threads would grow it by
+    each copy it ever made (services/memory/word_caches.py): unbounded threads would grow it by
     ~8 MB per new peak of concurrent callers, for the life of the process.
     """
 

@@ -9,8 +9,7 @@ from services.config import Settings
 from services.documents.chunking import split_into_chunks
 from services.documents.prompts import document_system_message
 from services.documents.ranking import rank_chunks
-from services.engine.chat_engine import ChatEngine, Message, token_budget
-from services.engine.errors import TokenBudgetError
+from services.engine import ChatEngine, Message, TokenBudgetError, token_budget
 
 # Chat-template tokens around each message (role markers, separators), with a margin.
 MESSAGE_OVERHEAD_TOKENS = 6

@@ -14,8 +14,7 @@ from services.config import Settings
 from services.documents.language import document_language
 from services.documents.progress import Progress
 from services.documents.summarizer import Summarizer, SummaryJob
-from services.engine.chat_engine import ChatEngine
-from services.engine.errors import RepetitionError
+from services.engine import ChatEngine, RepetitionError
 
 
 class ChatService:

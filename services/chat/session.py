@@ -7,7 +7,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from services.documents.planning import DocumentPlan
-from services.engine.chat_engine import Message, SamplingSettings
+from services.engine import Message, SamplingSettings
 
 
 @dataclass

@@ -23,7 +23,7 @@ from typing import Any
 from services.admission.refusals import SESSIONS_FULL, Refused
 from services.chat.session import ChatSession
 from services.config import Settings
-from services.engine.chat_engine import SamplingSettings
+from services.engine import SamplingSettings
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from services.engine.prefill import PrefillMeter
+from services.engine import PrefillMeter
 
 
 @dataclass(frozen=True)

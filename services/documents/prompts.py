@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 
 from services.documents.language import DEFAULT_LANGUAGE, language_name
-from services.engine.chat_engine import Message
+from services.engine import Message
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,15 @@ from services.documents.language import answer_language, document_language
 from services.documents.planning import Budget, DocumentPlan, plan_document
 from services.documents.progress import Progress, ProgressTracker
 from services.documents.prompts import SummaryPrompts
-from services.engine.chat_engine import ChatEngine, Message, SamplingSettings
-from services.engine.errors import RepetitionError, TokenBudgetError
-from services.engine.prefill import PrefillMeter, tick_until_first
+from services.engine import (
+    ChatEngine,
+    Message,
+    PrefillMeter,
+    RepetitionError,
+    SamplingSettings,
+    TokenBudgetError,
+    tick_until_first,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 `ChatEngine.generate` guarantees that leaving a stream early (stop, task
 cancellation, disconnect, exception) aborts the request inside the engine, so
 no KV cache outlives its reader. It works the same over the in-process
-AsyncLLM and over vLLM servers (see backend.py).
+AsyncLLM and over vLLM servers (see backends/).
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.engine.answer_tokens import AnswerTokens
-from services.engine.backend import LLMBackend
+from services.engine.backends import LLMBackend
 from services.engine.errors import EngineUnavailableError, TokenBudgetError
 from services.engine.load import EngineLoad
 from services.engine.loop_guard import LoopGuardConfig, RepetitionDetector
 from services.engine.stream_stats import StreamStats
-from services.engine.word_caches import WordCacheBound
+from services.memory import WordCacheBound
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class ChatEngine:
         # Ids of recent answers, spliced back into the prompts that quote them (answer_tokens.py);
         # the lifespan sizes it from the settings.
         self.answer_tokens = AnswerTokens(max_tokens=262_144, ttl_seconds=3600.0)
-        self.word_caches: WordCacheBound | None = None  # the lifespan bounds the tokenizer's (word_caches.py)
+        self.word_caches: WordCacheBound | None = None  # the lifespan bounds the tokenizer's word caches
         self.requests_finished_total = 0  # chat requests ended (any reason): memory per request
 
     @property

@@ -8,12 +8,12 @@ from collections.abc import AsyncIterator
 
 from services.config import Settings
 from services.engine.answer_tokens import AnswerTokens
+from services.engine.backends.local import local_engine_lifespan
+from services.engine.backends.remote import remote_engine_lifespan
 from services.engine.chat_engine import ChatEngine
-from services.engine.local import local_engine_lifespan
 from services.engine.loop_guard import LoopGuardConfig
-from services.engine.remote import remote_engine_lifespan
 from services.engine.warmup import warm_up
-from services.engine.word_caches import WordCacheBound
+from services.memory import WordCacheBound
 
 logger = logging.getLogger(__name__)
 

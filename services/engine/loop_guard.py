@@ -129,7 +129,7 @@ _LINE_HEAD = re.compile(r"[ \t]*(\S{1,3})")
 _SENTENCE_END = re.compile(r"[.!?;:](?=\s)|\n")
 _NOT_WORD = re.compile(r"[^\w\s]+")
 _SPACES = re.compile(r"\s+")
-_GRAM = 4  # words per n-gram: the unit of the distinct-4 measure in bench/summary_quality.py
+_GRAM = 4  # words per n-gram: the unit of the distinct-4 measure in bench/documents/summary_quality.py
 _SHINGLE = 5  # characters per shingle of the sentence rule
 _SENTENCE_MIN_WORDS = 5  # shorter sentences ("See below.") may well repeat
 

@@ -13,7 +13,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from services.engine.chat_engine import Message
+from services.engine import Message
 
 ANSWER_KEY = "answer"
 ANSWER_METADATA: dict[str, Any] = {ANSWER_KEY: True}  # on every reply that joins the model's history

@@ -1,7 +1,7 @@
 """The memory probe inside the app's own process, and anonymous memory by kind of mapping.
 
-APP_MEMORY_PROBE_DIR turns it on (services/runtime.py): the same probe as in
-vLLM's processes (services/engine/probe), under role `app`, its counters with
+DIAGNOSTICS turns it on (services/runtime.py): the same probe as in
+vLLM's processes (services/memory/probe), under role `app`, its counters with
 the app's anonymous memory split by kind of mapping. attribution.py reads what
 it writes.
 """
@@ -16,14 +16,14 @@ def start_app_probe(
     directory: str, interval_seconds: float, tracemalloc_frames: int, deep_census: bool = False
 ) -> None:
     """Run the probe in this process too (role `app`), its counters with anonymous memory by mapping."""
-    from services.engine.probe import sitecustomize as probe
+    from services.memory import start_probe
 
     Path(directory).mkdir(parents=True, exist_ok=True)
 
     def by_mapping() -> dict[str, float]:
         return {f"anonymous_bytes.{kind}": size for kind, size in mapping_categories(os.getpid()).items()}
 
-    probe.start(
+    start_probe(
         str(Path(directory).resolve()),
         interval_seconds or None,
         "app",

@@ -1,8 +1,8 @@
 """Which allocation sites grew inside vLLM's processes and the app: diffs of the memory probe's snapshots.
 
-The probe (services/engine/probe) writes tracemalloc snapshots, and jemalloc
-heap profiles when jemalloc profiles, into ENGINE_MEMORY_PROBE_DIR (vLLM's
-processes) and APP_MEMORY_PROBE_DIR (the app, started by app_probe.py). This
+With DIAGNOSTICS on, the probe (services/memory/probe) writes tracemalloc snapshots,
+and jemalloc heap profiles when jemalloc profiles, into DIAGNOSTICS_DIR, from
+vLLM's processes and from the app (started there by app_probe.py). This
 module pairs each process's first kept snapshot (or the first at or after a
 label) with its newest and names the sites that grew, each with its share of
 the growth:
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("directory", type=Path, help="ENGINE_MEMORY_PROBE_DIR of the run")
+    parser.add_argument("directory", type=Path, help="DIAGNOSTICS_DIR of the run")
     parser.add_argument(
         "--since", help="compare from the first snapshot with this label or later (e.g. r002000)"
     )

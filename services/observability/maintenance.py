@@ -30,8 +30,8 @@ import psutil
 
 from services.chat.store import SessionStore
 from services.config import Settings
-from services.engine.chat_engine import ChatEngine
-from services.engine.probe.allocator_counters import glibc_counters, jemalloc_counters
+from services.engine import ChatEngine
+from services.memory import glibc_counters, jemalloc_counters, settle_native_caches
 from services.observability.memory import (
     MB,
     MemoryMonitor,
@@ -40,7 +40,6 @@ from services.observability.memory import (
     kv_cache_usage,
     process_tree_memory,
 )
-from services.observability.native_caches import settle_native_caches
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import numpy.ma  # np.median/np.unique import it on first use: not mid-serving
 import psutil
 
 from services.config import Settings
-from services.engine.processes import process_role
+from services.engine.backends.local import process_role
 from services.observability.series import SampleRing, theil_sen_slope
 
 logger = logging.getLogger(__name__)

@@ -26,8 +26,7 @@ from services.admission.refusals import REASONS, SESSIONS_FULL
 from services.admission.service import Admission
 from services.chat.store import SessionStore
 from services.config import Settings
-from services.engine.chat_engine import ChatEngine
-from services.engine.stream_stats import StreamStats
+from services.engine import ChatEngine, StreamStats
 from services.observability.maintenance import Maintenance
 from services.observability.memory import PROCESS_KINDS, MemorySample
 from services.observability.series import SampleRing

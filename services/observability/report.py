@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from services.engine.errors import sanitize
+from services.engine import sanitize
 from services.observability import plots
 from services.observability.maintenance import Maintenance
 from services.observability.memory import MB, PROCESS_KINDS

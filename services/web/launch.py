@@ -2,7 +2,7 @@
 
 A process's malloc is chosen when it starts (LD_PRELOAD), before any Python
 runs, so APP_ALLOCATOR cannot be applied from inside `chainlit run`. This
-launcher reads the settings, sets the preload (services/engine/allocators.py)
+launcher reads the settings, sets the preload (services/memory/allocators.py)
 and replaces itself with `python -m chainlit run <arguments>`. scripts/run.sh,
 the Dockerfile and the test and bench servers (harness/server.py) start the
 app this way; plain `chainlit run app.py` still works, on glibc.
@@ -15,7 +15,7 @@ import os
 import sys
 
 from services.config import Settings, SettingsError
-from services.engine.allocators import app_memory_env
+from services.memory import app_memory_env
 
 
 def launch_command(arguments: list[str]) -> list[str]:

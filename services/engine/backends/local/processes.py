@@ -12,7 +12,8 @@ folder from a pipe. The pipe closes when the app exits, however it exits; the
 guard then stops those pids that are still the same processes and removes the
 folder. After a clean shutdown nothing is left to stop and it just exits.
 
-    python -m services.engine.processes   # reads "dir <path>" and "<pid> <create_time>" lines until EOF
+    python -m services.engine.backends.local.processes
+        # reads "dir <path>" and "<pid> <create_time>" lines until EOF
 """
 
 from __future__ import annotations
@@ -95,9 +96,9 @@ class OrphanGuard:
     def __init__(self, processes: list[psutil.Process], rpc_dir: str) -> None:
         # Its own session: a terminal's Ctrl-C must not stop it before the engine.
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "services.engine.processes"],
+            [sys.executable, "-m", "services.engine.backends.local.processes"],
             stdin=subprocess.PIPE,
-            cwd=Path(__file__).resolve().parents[2],
+            cwd=Path(__file__).resolve().parents[4],  # the repository
             start_new_session=True,
             text=True,
         )

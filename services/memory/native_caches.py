@@ -10,7 +10,7 @@ fill slowly"):
 - Hugging Face tokenizers' BPE model caches up to 10,000 words (~4 MB), filled as
   new words are read. A smaller bound fills within minutes and costs little speed;
   the engine's lifespan applies it (TOKENIZER_WORD_CACHE) before the warm-up, and each
-  maintenance round to the copies vLLM's tokenizer pool adds (services/engine/word_caches.py).
+  maintenance round to the copies vLLM's tokenizer pool adds (word_caches.py).
 """
 
 from __future__ import annotations

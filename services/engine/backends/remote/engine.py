@@ -25,12 +25,8 @@ from typing import Any
 import httpx
 
 from services.config import Settings
-from services.engine.chat_engine import ChatEngine
-from services.engine.errors import EngineBusyError
-from services.engine.load import EngineLoad
-from services.engine.model_prep import prepare_default_model
-from services.engine.remote_load import poll_load_forever
-from services.engine.remote_protocol import (
+from services.engine.backends.local import prepare_default_model
+from services.engine.backends.remote.protocol import (
     Output,
     RemoteEngineError,
     ServerUnreachableError,
@@ -38,12 +34,11 @@ from services.engine.remote_protocol import (
     completion_body,
     parse_event,
 )
-from services.engine.routing import Server, prefix_hashes, servers_to_try
-
-__all__ = [
-    "RemoteEngineError", "RemoteLLM", "Server", "ServerUnreachableError", "chunk_output", "completion_body",
-    "parse_event", "remote_engine_lifespan", "servers_to_try",
-]  # fmt: skip
+from services.engine.backends.remote.routing import Server, prefix_hashes, servers_to_try
+from services.engine.backends.remote.server_load import poll_load_forever
+from services.engine.chat_engine import ChatEngine
+from services.engine.errors import EngineBusyError
+from services.engine.load import EngineLoad
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,7 @@
-"""The one interface both engines satisfy: vLLM's AsyncLLM (local) and RemoteLLM (vLLM servers).
+"""The engines under `ChatEngine`, and `LLMBackend`: the one interface both satisfy.
+
+- `local`: vLLM's AsyncLLM in this process tree (its processes, their guard, the default model);
+- `remote`: vLLM servers (ENGINE_URLS), through `RemoteLLM`.
 
 `ChatEngine` is written against this protocol only, so the chat layer never
 knows whether the model runs in this process tree or on another machine.
@@ -8,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
+
+__all__ = ["LLMBackend"]
 
 
 class LLMBackend(Protocol):

@@ -20,12 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from services.config import Settings
-from services.engine.allocators import apply_engine_memory_env, forget_preload, put_env
+from services.engine.backends.local.model_prep import prepare_default_model
+from services.engine.backends.local.processes import OrphanGuard, engine_processes, reap
 from services.engine.chat_engine import ChatEngine
 from services.engine.load import EngineLoad, load_stat_logger
-from services.engine.model_prep import prepare_default_model
-from services.engine.processes import OrphanGuard, engine_processes, reap
-from services.engine.vllm_plugins import register as register_vllm_plugins
+from services.memory import apply_engine_memory_env, forget_preload, put_env, register_vllm_plugins
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +85,7 @@ def auto_dtype() -> str:
 def worker_thread_bind(cpus: set[int]) -> str:
     """VLLM_CPU_OMP_THREADS_BIND for the worker, given the cores this process may use.
 
-    Up to ALL_CORES_UP_TO cores: all of them (as a cpu list). On 2 cores, bench/thread_layout.py
+    Up to ALL_CORES_UP_TO cores: all of them (as a cpu list). On 2 cores, bench/engine/thread_layout.py
     measured 1.5x the prefill speed and 1.4x the answers at 50 users, at a third of the time to
     first token, against vLLM's "auto", which leaves one core of two to the app and EngineCore
     (BENCHMARKS.md, "CPU thread layout"). Above it: "auto" (one core of many is a small price, and
@@ -124,7 +123,7 @@ def prepare_process_env(settings: Settings) -> None:
     # Their malloc (glibc tuned, or jemalloc/tcmalloc preloaded) and the memory probe when asked.
     allocator = apply_engine_memory_env(settings)
     logger.info("vLLM's processes start with %s", allocator or "glibc's defaults")
-    # Our workarounds for vLLM, which its processes load as a general plugin (services/engine/vllm_plugins).
+    # Our workarounds for vLLM, which its processes load as a general plugin (services/memory/vllm_plugins).
     register_vllm_plugins()
     # Read by the oneDNN inside vLLM's CPU kernels when its cache is first used (in the worker).
     os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = str(settings.engine_onednn_cache_capacity)

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from services.engine.backends.remote.routing import Server
 from services.engine.load import EngineLoad
-from services.engine.routing import Server
 
 logger = logging.getLogger(__name__)
 

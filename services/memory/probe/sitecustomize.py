@@ -1,12 +1,13 @@
 """Memory probe inside vLLM's spawned processes: tracemalloc snapshots and jemalloc heap profiles.
 
 Python imports this file as `sitecustomize` when its folder is on PYTHONPATH,
-which services/engine/allocators.py arranges for vLLM's processes when
-ENGINE_MEMORY_PROBE_DIR is set. It uses the standard library only (it runs
-before the process has its sys.path) and does nothing outside multiprocessing
-children, so the app, the orphan guard and tools that inherit the variables
-are left alone. The app runs the same probe in its own process through
-`start(...)` (APP_MEMORY_PROBE_DIR, services/observability/attribution.py).
+which services/memory/allocators.py arranges for vLLM's processes when
+DIAGNOSTICS is on (it sets ENGINE_MEMORY_PROBE_DIR for them). It uses the
+standard library only (it runs before the process has its sys.path) and does
+nothing outside multiprocessing children, so the app, the orphan guard and
+tools that inherit the variables are left alone. With DIAGNOSTICS on, the app
+runs the same probe in its own process through `start(...)`
+(services/observability/app_probe.py).
 
 In EngineCore and the worker it writes, on SIGUSR2 and every
 ENGINE_MEMORY_PROBE_SECONDS (0 = signal only; ENGINE_MEMORY_PROBE_FRAMES=0: no tracemalloc):
@@ -37,7 +38,7 @@ from collections.abc import Callable
 try:  # vLLM's processes: this folder is on PYTHONPATH
     from allocator_counters import glibc_counters, jemalloc_counters, jemalloc_mallctl, pymalloc_counters
 except ImportError:  # the app imports the probe as a module of services
-    from services.engine.probe.allocator_counters import (
+    from services.memory.probe.allocator_counters import (
         glibc_counters,
         jemalloc_counters,
         jemalloc_mallctl,
@@ -158,7 +159,7 @@ def snapshot(directory: str, sequence: int, tracemalloc_frames: int) -> None:
     try:
         from object_census import census  # vLLM's processes: this folder is on PYTHONPATH
     except ImportError:  # the app imports the probe as a module of services
-        from services.engine.probe.object_census import census
+        from services.memory.probe.object_census import census
     with open(base + ".census.partial", "w", encoding="utf-8") as file:
         json.dump(census(DEEP_CENSUS), file)
     os.replace(base + ".census.partial", base + ".census")

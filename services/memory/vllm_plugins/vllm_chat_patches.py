@@ -16,7 +16,7 @@ program calls into that socket. The reader does so only after a second without
 work (`SpinCondition.wait`), so as long as the engine stays busy, EngineCore and
 the worker each keep ~48 bytes per step: ~4 MB an hour at ~25 steps a second,
 freed only when the engine next idles for a second. (Found in the 2-hour soak:
-BENCHMARKS.md, issue 15.)
+BENCHMARKS.md, "libzmq wake-ups in busy vLLM processes".)
 
 The workaround: after a read, at most once every DRAIN_SECONDS, the reader asks
 its notify socket for ZMQ_EVENTS, which makes libzmq process the queued commands.
