@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 
 from services.config import Settings
-from services.engine.chat_engine import ChatEngine
+from services.engine.backend import LLMBackend
 from services.engine.errors import EngineBusyError
 from services.engine.load import EngineLoad
 from services.engine.model_prep import prepare_default_model
@@ -244,8 +244,9 @@ class RemoteLLM:
 
 
 @contextlib.asynccontextmanager
-async def remote_engine_lifespan(settings: Settings) -> AsyncIterator[ChatEngine]:
-    """Chat through the vLLM servers of ENGINE_URLS; nothing to start here but a connection pool."""
+async def remote_engine_lifespan(settings: Settings) -> AsyncIterator[tuple[LLMBackend, int, EngineLoad]]:
+    """Chat through the vLLM servers of ENGINE_URLS (yielded with their context length and load);
+    nothing to start here but a connection pool."""
     from vllm.tokenizers import get_tokenizer
 
     await prepare_default_model(settings)
@@ -261,8 +262,6 @@ async def remote_engine_lifespan(settings: Settings) -> AsyncIterator[ChatEngine
     try:
         await remote.connect()
         remote.start_load_polling()
-        engine = ChatEngine(remote, remote.max_model_len)
-        engine.load = remote.load
-        yield engine
+        yield remote, remote.max_model_len, remote.load
     finally:
         await remote.aclose()
