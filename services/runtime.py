@@ -125,10 +125,10 @@ class Runtime:
         self.registry = CollectorRegistry()
         self.status = ServiceStatus(self.settings, self.history, self.running)
         self.registry.register(ServiceCollector(self.status))
+        self.api = _api_gate(self.settings, self.history, self.registry, self.running)
         if self.history is not None:
             self.registry.register(HistoryCollector(self.history))
         self.report = StatsReport(self.status)
-        self.api = _api_gate(self.settings, self.history, self.registry, self.running)
         self._stack = contextlib.AsyncExitStack()
 
     def running(self) -> Serving | None:
