@@ -29,7 +29,7 @@ from services.engine.chat_engine import MAX_FINISH_CALLBACKS, ChatEngine, Sampli
 from services.engine.stream_stats import StreamStats
 from services.observability.maintenance import Maintenance
 from services.observability.memory import kv_cache_usage
-from services.runtime import Runtime
+from services.runtime import Runtime, Serving
 from tests.conftest import tiny_settings
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -61,38 +61,40 @@ TRACEMALLOC_SECOND_HALF_LIMIT_BYTES = 96 * 1024
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def runtime(tiny_model_dir: Path) -> AsyncIterator[Runtime]:
-    runtime = Runtime()
     # The answer-ids cache is bounded (~1 MB by default, full after ~2,000 of these 4-token
     # answers); sized here to fill within the warm-up, so the traced halves see it full.
     settings = tiny_settings(
         tiny_model_dir, max_new_tokens=6, max_history_messages=MAX_HISTORY, max_sessions=MAX_SESSIONS,
         memory_sample_seconds=0.5, answer_token_cache_tokens=16_384,
     )  # fmt: skip
-    await runtime.start(settings)
-    engine = runtime.engine
-    assert engine is not None
+    runtime = Runtime(settings)
+    await runtime.start()
+    engine = serving_of(runtime).engine
     yield runtime
     await runtime.stop()
     assert engine._on_finish == [], "stop unregisters the metrics listener"
     assert gc.get_freeze_count() == 0, "stop unfreezes the start-up heap"
 
 
+def serving_of(runtime: Runtime) -> Serving:
+    serving = runtime.running()
+    assert serving is not None
+    return serving
+
+
 @pytest.fixture
 def store(runtime: Runtime) -> SessionStore:
-    assert runtime.sessions is not None
-    return runtime.sessions
+    return serving_of(runtime).sessions
 
 
 @pytest.fixture
 def chat(runtime: Runtime) -> ChatService:
-    assert runtime.chat is not None
-    return runtime.chat
+    return serving_of(runtime).chat
 
 
 @pytest.fixture
 def engine(runtime: Runtime) -> ChatEngine:
-    assert runtime.engine is not None
-    return runtime.engine
+    return serving_of(runtime).engine
 
 
 async def wait_until_idle(engine: ChatEngine, timeout: float = 2.0) -> None:
@@ -294,16 +296,16 @@ async def test_churn_with_disconnects_leaves_no_sessions_requests_or_growth(
     engine: ChatEngine,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    assert runtime.requests is not None and runtime.maintenance is not None
+    requests, maintenance = serving_of(runtime).requests, serving_of(runtime).maintenance
     # pytest keeps every captured log record: INFO lines per cancelled turn would be
     # the test's own growth, not the app's.
     caplog.set_level(logging.WARNING, logger="services")
     listeners = len(engine._on_finish)
-    ring_bytes = runtime.requests.ring.nbytes + runtime.maintenance.memory.ring.nbytes
+    ring_bytes = requests.ring.nbytes + maintenance.memory.ring.nbytes
     closed_before = store.dropped_total["closed"]
     finished_before = _finished(runtime)
     tasks_before = len(asyncio.all_tasks())
-    memory_before = await runtime.maintenance.sample_memory()
+    memory_before = await maintenance.sample_memory()
     started = time.monotonic()
 
     ended = await churn(store, chat, range(CHURN_WARM_UP))
@@ -323,7 +325,7 @@ async def test_churn_with_disconnects_leaves_no_sessions_requests_or_growth(
     finally:
         tracemalloc.stop()
     elapsed = time.monotonic() - started
-    memory_after = await runtime.maintenance.sample_memory()
+    memory_after = await maintenance.sample_memory()
     growth_mb = {
         p.role: round((p.anon_swap - q.anon_swap) / 2**20, 1)
         for p in memory_after.processes
@@ -335,7 +337,7 @@ async def test_churn_with_disconnects_leaves_no_sessions_requests_or_growth(
         "(second half %.1f KiB); "
         "anon+swap growth per process %s MB; loop lag max %.3f s; top:\n%s",
         CHURN_REQUESTS, elapsed, warm_up_seconds, dict(ended), grown / 1024,
-        (grown - grown_first_half) / 1024, growth_mb, runtime.maintenance.loop_lag.max_seconds,
+        (grown - grown_first_half) / 1024, growth_mb, maintenance.loop_lag.max_seconds,
         "\n".join(map(str, top)),
     )  # fmt: skip
 
@@ -354,16 +356,15 @@ async def test_churn_with_disconnects_leaves_no_sessions_requests_or_growth(
     assert sum(finished.values()) == CHURN_REQUESTS, finished
     assert finished["abort"] >= CHURN_REQUESTS // 6
     assert len(engine._on_finish) == listeners
-    assert runtime.requests.ring.nbytes + runtime.maintenance.memory.ring.nbytes == ring_bytes
+    assert requests.ring.nbytes + maintenance.memory.ring.nbytes == ring_bytes
     kept = f"{grown / 1024:.0f} KiB kept:\n" + "\n".join(map(str, top))
     assert grown < TRACEMALLOC_GROWTH_LIMIT_BYTES, kept
     assert grown - grown_first_half < TRACEMALLOC_SECOND_HALF_LIMIT_BYTES, "growth did not stop: " + kept
 
 
 def _finished(runtime: Runtime) -> Counter:
-    assert runtime.requests is not None
     counts: Counter = Counter()
-    for metric in runtime.requests.finished.collect():
+    for metric in serving_of(runtime).requests.finished.collect():
         for sample in metric.samples:
             if sample.name.endswith("_total"):
                 counts[sample.labels["finished_reason"]] += int(sample.value)
@@ -376,7 +377,7 @@ async def test_health_ping_answers_without_counting_as_a_chat_request(
 ) -> None:
     finished_before = _finished(runtime)
     engine.last_output_at = None  # as after a quiet spell: /healthz must ask the engine
-    healthy, detail = await runtime.health()
+    healthy, detail = await runtime.status.health()
     assert healthy, detail
     assert detail["ping_seconds"] > 0
     assert _finished(runtime) == finished_before, "pings stay out of the chat latency metrics"
@@ -387,14 +388,14 @@ async def test_health_counts_recent_output_as_answering_within_the_setting(
     runtime: Runtime, engine: ChatEngine
 ) -> None:
     engine.last_output_at = time.monotonic() - 0.5
-    healthy, detail = await runtime.health()
+    healthy, detail = await runtime.status.health()
     assert healthy and "last_output_seconds_ago" in detail, detail  # within 30 s: no ping
-    default = runtime.settings
-    runtime.settings = default.replace(health_recent_output_seconds=0.1)
+    default = runtime.status.settings
+    runtime.status.settings = default.replace(health_recent_output_seconds=0.1)
     try:
-        healthy, detail = await runtime.health()
+        healthy, detail = await runtime.status.health()
     finally:
-        runtime.settings = default
+        runtime.status.settings = default
     assert healthy and detail["ping_seconds"] > 0, detail  # older than the setting: ask the engine
     await wait_until_idle(engine)
 

@@ -100,12 +100,20 @@ class SharedAdmission:
 class ApiGate:
     """Keys, request limits, admission and metrics in front of vLLM's OpenAI layer (an ASGI app)."""
 
-    def __init__(self, settings: Settings, server: Server, metrics: ApiMetrics) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        server: Server,
+        metrics: ApiMetrics,
+        keys: ApiKeyStore | None = None,
+        admission: AdmissionPolicy | None = None,
+    ) -> None:
+        """`keys` None: no accounts database, so no key is known; `admission` None: `AdmitAll`."""
         self.settings = settings
         self.server = server
         self.metrics = metrics
-        self.keys: ApiKeyStore | None = None  # set once the accounts database is known
-        self.admission: AdmissionPolicy = AdmitAll()
+        self.keys = keys
+        self.admission: AdmissionPolicy = admission if admission is not None else AdmitAll()
 
     async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
         path, started = scope["path"], time.monotonic()

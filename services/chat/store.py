@@ -39,7 +39,7 @@ def session_sampling(settings: Settings) -> SamplingSettings:
     )
 
 
-# The chat settings the page offers (app.py send_chat_settings), by kind: the socket keeps no others.
+# The chat settings the page offers (web/chat_page.py send_settings), by kind: the socket keeps no others.
 CHAT_SETTING_KINDS: dict[str, type] = {"temperature": float, "top_p": float, "max_new_tokens": float,
                                        "system_prompt": str}  # fmt: skip
 

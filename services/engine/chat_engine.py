@@ -3,7 +3,7 @@
 `ChatEngine.generate` guarantees that leaving a stream early (stop, task
 cancellation, disconnect, exception) aborts the request inside the engine, so
 no KV cache outlives its reader. It works the same over the in-process
-AsyncLLM and over vLLM servers (see backends/).
+AsyncLLM and over vLLM servers (see backend.py).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from services.config import Settings
 from services.engine.answer_tokens import AnswerTokens
 from services.engine.backends import LLMBackend
 from services.engine.errors import EngineUnavailableError, TokenBudgetError
@@ -36,6 +37,7 @@ MAX_FINISH_CALLBACKS = 16
 FinishCallback = Callable[[StreamStats], None]
 # A summary ends at a horizontal rule: after one, the default model writes the summary again.
 PROSE_STOP = ("\n---",)
+DEFAULTS = Settings()  # what an engine built without the settings' parts keeps (tests, benchmarks)
 
 
 @dataclass(frozen=True)
@@ -67,21 +69,38 @@ def token_budget(max_model_len: int, prompt_tokens: int, max_new_tokens: int) ->
 class ChatEngine:
     """Chat on top of one engine backend: templating, budgets, streaming, aborts."""
 
-    def __init__(self, llm: LLMBackend, max_model_len: int) -> None:
+    def __init__(
+        self,
+        llm: LLMBackend,
+        max_model_len: int,
+        *,
+        load: EngineLoad | None = None,
+        loop_guard: LoopGuardConfig | None = None,
+        answer_tokens: AnswerTokens | None = None,
+        word_caches: WordCacheBound | None = None,
+        warm_up_report: Any = None,
+    ) -> None:
+        """The parts come from the settings (lifespan.py); without them, the settings' defaults.
+
+        `load` is the engine's own numbers, fed by the backend; `answer_tokens` keeps the ids of
+        recent answers, spliced back into the prompts that quote them (answer_tokens.py);
+        `word_caches` bounds the tokenizer's (word_caches.py); `warm_up_report` is filled by the
+        lifespan's warm-up (warmup.WarmUpReport).
+        """
         self._llm = llm
         self.max_model_len = max_model_len
         self.tokenizer = llm.get_tokenizer()
         # Plain functions are held strongly, bound methods weakly (see on_finish).
         self._on_finish: list[FinishCallback | weakref.WeakMethod] = []
         self.last_output_at: float | None = None  # monotonic time of the engine's latest output
-        self.load = EngineLoad()  # the engine's own numbers; the lifespan connects them to the engine
-        self.warm_up_report: Any = None  # what the lifespan's warm-up measured (warmup.WarmUpReport)
+        self.load = load if load is not None else EngineLoad()
+        self.warm_up_report = warm_up_report
         self._ping_prompt: list[int] | None = None
-        self.loop_guard = LoopGuardConfig()  # see loop_guard.py; the lifespan applies the settings
-        # Ids of recent answers, spliced back into the prompts that quote them (answer_tokens.py);
-        # the lifespan sizes it from the settings.
-        self.answer_tokens = AnswerTokens(max_tokens=262_144, ttl_seconds=3600.0)
-        self.word_caches: WordCacheBound | None = None  # the lifespan bounds the tokenizer's word caches
+        self.loop_guard = loop_guard if loop_guard is not None else LoopGuardConfig()
+        if answer_tokens is None:
+            answer_tokens = AnswerTokens(DEFAULTS.answer_token_cache_tokens, DEFAULTS.session_ttl_seconds)
+        self.answer_tokens = answer_tokens
+        self.word_caches = word_caches
         self.requests_finished_total = 0  # chat requests ended (any reason): memory per request
 
     @property

@@ -12,7 +12,7 @@ from services.engine.backends.local import local_engine_lifespan
 from services.engine.backends.remote import remote_engine_lifespan
 from services.engine.chat_engine import ChatEngine
 from services.engine.loop_guard import LoopGuardConfig
-from services.engine.warmup import warm_up
+from services.engine.warmup import WarmUpReport, warm_up
 from services.memory import WordCacheBound
 
 logger = logging.getLogger(__name__)
@@ -20,18 +20,26 @@ logger = logging.getLogger(__name__)
 
 @contextlib.asynccontextmanager
 async def engine_lifespan(settings: Settings) -> AsyncIterator[ChatEngine]:
-    """Create the engine, yield it, close it (on every exit path)."""
+    """Create the engine with its parts from the settings, warm it up, yield it, close it (on every
+    exit path)."""
     lifespan = remote_engine_lifespan if settings.engine_url_list else local_engine_lifespan
-    async with lifespan(settings) as engine:
-        engine.loop_guard = LoopGuardConfig.from_settings(settings)
-        engine.answer_tokens = AnswerTokens(settings.answer_token_cache_tokens, settings.session_ttl_seconds)
-        engine.word_caches = WordCacheBound(engine.tokenizer, settings.tokenizer_word_cache)
-        if bounded := engine.word_caches.apply():
+    async with lifespan(settings) as (backend, max_model_len, load):
+        word_caches = WordCacheBound(backend.get_tokenizer(), settings.tokenizer_word_cache)
+        if bounded := word_caches.apply():
             logger.info(
                 "tokenizer word caches bounded at %d words (%d copies)",
                 settings.tokenizer_word_cache,
                 bounded,
             )
+        engine = ChatEngine(
+            backend,
+            max_model_len,
+            load=load,
+            loop_guard=LoopGuardConfig.from_settings(settings),
+            answer_tokens=AnswerTokens(settings.answer_token_cache_tokens, settings.session_ttl_seconds),
+            word_caches=word_caches,
+            warm_up_report=WarmUpReport(),
+        )
         # Ready only after the first shapes ran once (warmup.py); what it measured stays with the engine.
-        engine.warm_up_report = await warm_up(engine, settings)
+        await warm_up(engine, settings, engine.warm_up_report)
         yield engine

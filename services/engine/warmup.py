@@ -96,15 +96,15 @@ async def _decode_batch(engine: ChatEngine, texts: list[str], sampling: Sampling
     return decode_seconds_per_token(batch) if any(len(times) > 1 for times in batch) else None
 
 
-async def warm_up(engine: ChatEngine, settings: Settings) -> WarmUpReport:
-    """Run the warm-up pass; return what it measured (logged, and shown in /status).
+async def warm_up(engine: ChatEngine, settings: Settings, report: WarmUpReport | None = None) -> WarmUpReport:
+    """Run the warm-up pass; return what it measured into `report` (logged, and shown in /status).
 
     Requests are sampled as the service samples by default (TEMPERATURE, TOP_P): vLLM compiles its
     CPU sampler (torch.compile) on the first sampled request.
     """
     started = time.monotonic()
     rng = random.Random(0)
-    report = WarmUpReport()
+    report = report if report is not None else WarmUpReport()
     prompt_sampling = SamplingSettings(settings.temperature, settings.top_p, 2)
     batch_sampling = SamplingSettings(settings.temperature, settings.top_p, BATCH_ANSWER_TOKENS)
     longest = min(settings.max_num_batched_tokens, engine.max_model_len // 2)

@@ -114,21 +114,34 @@ class RequestMetrics(Collector):
         return summary
 
 
-class ServiceParts(Protocol):
-    """The long-lived parts metrics and reports read (the parts has them)."""
-
-    settings: Settings
-    engine: ChatEngine | None
-    sessions: SessionStore | None
-    maintenance: Maintenance | None
-    requests: RequestMetrics | None
-    admission: Admission | None
+class RunningParts(Protocol):
+    """The parts that exist while the engine runs (built together at start: services/runtime.py)."""
 
     @property
-    def ready(self) -> bool: ...
+    def engine(self) -> ChatEngine: ...
+
+    @property
+    def sessions(self) -> SessionStore: ...
+
+    @property
+    def admission(self) -> Admission: ...
+
+    @property
+    def maintenance(self) -> Maintenance: ...
+
+    @property
+    def requests(self) -> RequestMetrics: ...
+
+
+class ServiceParts(Protocol):
+    """What metrics and reports read (services/observability/status.py has it)."""
+
+    settings: Settings
 
     @property
     def uptime_seconds(self) -> float: ...
+
+    def running(self) -> RunningParts | None: ...
 
     def status(self) -> dict[str, Any]: ...
 
@@ -141,12 +154,11 @@ class ServiceCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         parts = self._parts()
-        ready = parts is not None and parts.ready
-        yield _gauge("chat_ready", "1 once the engine and sessions are up.", 1 if ready else 0)
-        if not ready or parts is None:
+        running = parts.running() if parts is not None else None
+        yield _gauge("chat_ready", "1 once the engine and sessions are up.", 1 if running is not None else 0)
+        if parts is None or running is None:
             return
-        engine, sessions, maintenance = parts.engine, parts.sessions, parts.maintenance
-        assert engine is not None and sessions is not None
+        engine, sessions = running.engine, running.sessions
         yield _gauge("chat_engine_alive", "1 while the engine has not errored.", 1 if engine.alive else 0)
         yield _gauge("chat_sessions", "Chat sessions held.", len(sessions))
         yield _gauge("chat_turns_in_flight", "Chat turns generating now.", sessions.turns_in_flight())
@@ -161,10 +173,8 @@ class ServiceCollector(Collector):
         for reason, count in sessions.dropped_total.items():
             dropped.add_metric([reason], count)
         yield dropped
-        if parts.admission is not None:
-            yield from _admission_metrics(parts.admission, sessions.refused_total)
-        if maintenance is not None:
-            yield from _maintenance_metrics(parts)
+        yield from _admission_metrics(running.admission, sessions.refused_total)
+        yield from _maintenance_metrics(running.maintenance, parts.settings.leak_alarm_mb_per_hour)
 
 
 def _admission_metrics(admission: Admission, sessions_refused: int) -> Iterator[Metric]:
@@ -197,9 +207,7 @@ def _admission_metrics(admission: Admission, sessions_refused: int) -> Iterator[
     )
 
 
-def _maintenance_metrics(parts: ServiceParts) -> Iterator[Metric]:
-    maintenance = parts.maintenance
-    assert maintenance is not None
+def _maintenance_metrics(maintenance: Maintenance, alarm_mb_per_hour: float) -> Iterator[Metric]:
     memory, lag = maintenance.memory, maintenance.loop_lag
     if memory.latest is not None:
         yield from _memory_metrics(memory.latest)
@@ -213,7 +221,7 @@ def _maintenance_metrics(parts: ServiceParts) -> Iterator[Metric]:
     yield _gauge(
         "chat_memory_leak_alarm_threshold_mb_per_hour",
         "LEAK_ALARM_MB_PER_HOUR.",
-        parts.settings.leak_alarm_mb_per_hour,
+        alarm_mb_per_hour,
     )
     yield _gauge("chat_event_loop_lag_seconds", "Latest event-loop lag probe.", lag.latest_seconds)
     yield _gauge(

@@ -43,15 +43,17 @@ class StatsReport:
     def summary(self) -> dict[str, Any]:
         """The JSON of GET /stats: latency percentiles, memory now and its slope, counts, uptime."""
         parts = self._parts
-        summary: dict[str, Any] = {"ready": parts.ready, "uptime_seconds": round(parts.uptime_seconds, 1)}
-        if not parts.ready:
+        running = parts.running()
+        summary: dict[str, Any] = {
+            "ready": running is not None,
+            "uptime_seconds": round(parts.uptime_seconds, 1),
+        }
+        if running is None:
             return summary
         summary.update(parts.status())
-        if parts.requests is not None:
-            summary["requests"] = {"kept": len(parts.requests.ring), **parts.requests.percentiles()}
-        if parts.maintenance is not None:
-            summary["memory"] = _memory_summary(parts.maintenance, parts.settings.leak_alarm_mb_per_hour)
-            summary.update(_maintenance_summary(parts.maintenance))
+        summary["requests"] = {"kept": len(running.requests.ring), **running.requests.percentiles()}
+        summary["memory"] = _memory_summary(running.maintenance, parts.settings.leak_alarm_mb_per_hour)
+        summary.update(_maintenance_summary(running.maintenance))
         return summary
 
     async def render(self) -> tuple[str, bytes]:
@@ -71,17 +73,17 @@ class StatsReport:
 
     def _plot_data(self) -> bytes:
         """A copy of the memory and latency series, thinned, encoded for the plot process."""
-        parts = self._parts
+        running = self._parts.running()
         memory_plot: dict[str, np.ndarray] = {}
         memory_times = latency_times = ttft = e2e = np.empty(0)
-        if parts.maintenance is not None:
-            memory = parts.maintenance.memory
+        if running is not None:
+            memory = running.maintenance.memory
             keep = _evenly_spaced(len(memory.ring))
             memory_times = memory.ring.times()[keep]
             memory_plot = {role: values[keep] for role, values in memory.process_series("rss").items()}
             memory_plot[plots.WHOLE_TREE] = memory.ring.column("tree_anon_swap")[keep]
-        if parts.requests is not None:
-            ring = parts.requests.ring
+        if running is not None:
+            ring = running.requests.ring
             keep = _evenly_spaced(len(ring))
             latency_times = ring.times()[keep]
             ttft, e2e = ring.column("ttft_seconds")[keep], ring.column("e2e_seconds")[keep]

@@ -36,7 +36,7 @@ def install_routes(app: FastAPI, runtime: Runtime) -> None:
             raise HTTPException(status, detail, {"WWW-Authenticate": "Bearer"} if status == 401 else None)
 
     async def status_route() -> JSONResponse:
-        status = runtime.status()
+        status = runtime.status.status()
         return JSONResponse({**status, **chainlit_session_counts()} if status["ready"] else status)
 
     async def metrics_route() -> Response:
@@ -46,8 +46,8 @@ def install_routes(app: FastAPI, runtime: Runtime) -> None:
         return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     async def healthz_route(request: Request) -> JSONResponse:
-        # 200 "ok" or "overloaded" (keep it in rotation), 503 "down" (take it out): see Runtime.health.
-        healthy, detail = await runtime.health()
+        # 200 "ok" or "overloaded" (keep it in rotation), 503 "down" (take it out): see ServiceStatus.health.
+        healthy, detail = await runtime.status.health()
         shown = {"status": detail["status"]} if refusal(request) else detail
         return JSONResponse(shown, status_code=200 if healthy else 503)
 

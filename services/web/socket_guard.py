@@ -162,8 +162,8 @@ def socket_guard_for(
     rules = SocketRules(settings.max_message_chars, settings.max_files_per_message, dict(chat_settings))
 
     def count_message() -> None:
-        if runtime.admission is not None:  # created at start; no socket is served before
-            runtime.admission.message(session_user_key(people_sign_in))
+        if (serving := runtime.running()) is not None:  # created at start; no socket is served before
+            serving.admission.message(session_user_key(people_sign_in))
 
     async def step_exists(step_id: str) -> bool:
         layer = runtime.history.layer if runtime.history is not None else None

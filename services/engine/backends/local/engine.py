@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from services.config import Settings
+from services.engine.backends import LLMBackend
 from services.engine.backends.local.model_prep import prepare_default_model
 from services.engine.backends.local.processes import OrphanGuard, engine_processes, reap
-from services.engine.chat_engine import ChatEngine
 from services.engine.load import EngineLoad, load_stat_logger
 from services.memory import apply_engine_memory_env, forget_preload, put_env, register_vllm_plugins
 
@@ -151,8 +151,9 @@ def engine_temp_folder(rpc_dir: str) -> Iterator[None]:
 
 
 @contextlib.asynccontextmanager
-async def local_engine_lifespan(settings: Settings) -> AsyncIterator[ChatEngine]:
-    """Start vLLM's AsyncLLM in this process tree, yield it, and shut it down on every exit path."""
+async def local_engine_lifespan(settings: Settings) -> AsyncIterator[tuple[LLMBackend, int, EngineLoad]]:
+    """Start vLLM's AsyncLLM in this process tree, yield it (with its context length and the load its
+    stat logger feeds), and shut it down on every exit path."""
     rpc_dir = tempfile.mkdtemp(prefix=RPC_DIR_PREFIX)
     llm = guard = None
     try:
@@ -166,10 +167,8 @@ async def local_engine_lifespan(settings: Settings) -> AsyncIterator[ChatEngine]
             llm = AsyncLLM.from_engine_args(engine_args(settings), stat_loggers=[load_stat_logger(load)])
         forget_preload()  # EngineCore and its worker run: later children keep their own malloc
         guard = OrphanGuard(engine_processes(), rpc_dir)
-        engine = ChatEngine(llm, llm.model_config.max_model_len)
-        engine.load = load
         logger.info("engine started in %.1f s (model %s)", time.monotonic() - started, settings.model_path)
-        yield engine
+        yield llm, llm.model_config.max_model_len, load
     finally:
         children = engine_processes()
         if llm is not None:

@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 
 from services.config import Settings
+from services.engine.backends import LLMBackend
 from services.engine.backends.local import prepare_default_model
 from services.engine.backends.remote.protocol import (
     Output,
@@ -36,7 +37,6 @@ from services.engine.backends.remote.protocol import (
 )
 from services.engine.backends.remote.routing import Server, prefix_hashes, servers_to_try
 from services.engine.backends.remote.server_load import poll_load_forever
-from services.engine.chat_engine import ChatEngine
 from services.engine.errors import EngineBusyError
 from services.engine.load import EngineLoad
 
@@ -239,8 +239,9 @@ class RemoteLLM:
 
 
 @contextlib.asynccontextmanager
-async def remote_engine_lifespan(settings: Settings) -> AsyncIterator[ChatEngine]:
-    """Chat through the vLLM servers of ENGINE_URLS; nothing to start here but a connection pool."""
+async def remote_engine_lifespan(settings: Settings) -> AsyncIterator[tuple[LLMBackend, int, EngineLoad]]:
+    """Chat through the vLLM servers of ENGINE_URLS (yielded with their context length and load);
+    nothing to start here but a connection pool."""
     from vllm.tokenizers import get_tokenizer
 
     await prepare_default_model(settings)
@@ -256,8 +257,6 @@ async def remote_engine_lifespan(settings: Settings) -> AsyncIterator[ChatEngine
     try:
         await remote.connect()
         remote.start_load_polling()
-        engine = ChatEngine(remote, remote.max_model_len)
-        engine.load = remote.load
-        yield engine
+        yield remote, remote.max_model_len, remote.load
     finally:
         await remote.aclose()

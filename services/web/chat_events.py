@@ -1,0 +1,85 @@
+"""Chainlit's chat events, one method each for app.py's handlers: a tab whose sign-in ended is told so,
+the chat commands (`/key ...`, `/stats`) are answered here, and everything else is a chat turn
+(services/chat/turns.py) on this tab's page."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import chainlit as cl
+
+from services.accounts.key_commands import is_key_command
+from services.accounts.sign_in import SignIn
+from services.chat.turns import ChatTurns
+from services.history.resume import is_command
+from services.runtime import Runtime
+from services.web.chainlit_state import forget_chat_context
+from services.web.chat_page import ChainlitPage
+from services.web.key_chat import answer_key_command
+
+
+class ChatEvents:
+    """What each chat event does, over the runtime's chat turns (which exist once it started)."""
+
+    def __init__(self, runtime: Runtime, sign_in: SignIn) -> None:
+        self.runtime = runtime
+        self.sign_in = sign_in
+        self.page = ChainlitPage(people_sign_in=sign_in.mode != "local")  # the local user: one per address
+
+    def _turns(self) -> ChatTurns:
+        serving = self.runtime.running()
+        assert serving is not None, "Chainlit serves no chat before its startup hook ran"
+        return serving.turns
+
+    async def chat_start(self) -> None:
+        if not await self._sign_in_ended():
+            await self._turns().start(self.page)
+
+    async def chat_resume(self, thread: Mapping[str, Any]) -> None:
+        if not await self._sign_in_ended():
+            await self._turns().resume(self.page, thread)
+
+    async def settings_update(self, values: dict) -> None:
+        await self._turns().update_settings(self.page, values)
+
+    async def message(self, message: cl.Message) -> None:
+        if await self._sign_in_ended():  # an open tab's sign-in ended since it connected
+            return
+        if is_key_command(message.content):  # the person's own API keys
+            await answer_key_command(self.runtime, message.content)
+        elif is_command(message.content):  # operators' view; admins only
+            await self._show_stats()
+        else:
+            files = [(e.path, e.name) for e in message.elements if getattr(e, "path", None)]
+            await self._turns().answer(self.page, message.content, files)
+
+    def stop(self) -> None:
+        if (serving := self.runtime.running()) is not None:
+            serving.turns.stop(cl.context.session.id)
+
+    def chat_end(self, keep_seconds: float) -> None:
+        """Chainlit does not cancel a running on_message task on disconnect: this cancels it at once
+        (aborting its engine request). The conversation stays `keep_seconds` (Chainlit's
+        session_timeout) so a reconnecting page continues where it was; "New chat" (clear_session)
+        ends it now, when that event is handled before the disconnect (the page sends both at once)."""
+        if (serving := self.runtime.running()) is not None:
+            serving.turns.end(cl.context.session.id, cl.context.session.to_clear, keep_seconds)
+        forget_chat_context(cl.context.session.id)
+
+    async def _show_stats(self) -> None:
+        if await self.sign_in.role_of(cl.user_session.get("user")) != "admin" or not self.sign_in.required:
+            await cl.ErrorMessage("The /stats command is for administrators.").send()
+            return
+        text, png = await self.runtime.report.render()
+        plot = [cl.Image(name="stats.png", content=png, mime="image/png", display="inline")] if png else []
+        await cl.Message(author="stats", content=text, elements=plot).send()
+
+    async def _sign_in_ended(self) -> bool:
+        """True (and the user told) when this tab's sign-in ended since it connected: signed out, a new
+        password or role, the account removed, or past SIGN_IN_LIFETIME_SECONDS."""
+        problem = await self.sign_in.sessions.token_problem(getattr(cl.context.session, "token", None))
+        if problem is None:
+            return False
+        await cl.ErrorMessage(f"{problem} (Reload the page.)").send()
+        return True

@@ -1,0 +1,85 @@
+"""The chat page of the Chainlit session being served, as `services.chat.turns.Page`: what a turn shows
+(its answer, status, progress, notices, errors) in Chainlit's messages and steps."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import chainlit as cl
+from chainlit.input_widget import Slider, TextInput
+
+from services.admission.feedback import Show
+from services.admission.refusals import Refused
+from services.chat.session import ChatSession
+from services.documents.progress import Progress
+from services.history.resume import ANSWER_METADATA
+from services.web.chainlit_state import current_user_identifier, forget_chat_context
+from services.web.chat_feedback import StatusMessage, notice, session_user_key, summary_progress
+
+
+class ChainlitPage:
+    """One tab's chat, read from Chainlit's context of the event being handled."""
+
+    def __init__(self, people_sign_in: bool) -> None:
+        self._people_sign_in = people_sign_in  # False: the one local user, told apart by address
+
+    @property
+    def session_id(self) -> str:
+        return cl.context.session.id
+
+    @property
+    def user_identifier(self) -> str | None:
+        return current_user_identifier()
+
+    @property
+    def thread_id(self) -> str:
+        return cl.context.session.thread_id
+
+    def person(self) -> str:
+        return session_user_key(people_sign_in=self._people_sign_in)
+
+    def reply(self) -> cl.Message:
+        return cl.Message(content="", metadata=dict(ANSWER_METADATA))  # part of the model's history
+
+    def status(self) -> Show:
+        return StatusMessage().show
+
+    def summary_progress(self) -> Progress:
+        return summary_progress()
+
+    @contextlib.asynccontextmanager
+    async def reading(self) -> AsyncIterator[cl.Step]:
+        async with cl.Step(name="Reading the document", type="tool") as step:
+            yield step
+
+    async def refused(self, refusal: Refused) -> None:
+        told = cl.ErrorMessage(str(refusal))
+        told.metadata = {"refused": refusal.reason}
+        await told.send()
+
+    async def error(self, text: str) -> None:
+        await cl.ErrorMessage(text).send()
+
+    async def notice(self, text: str) -> None:
+        await notice(text)
+
+    async def send_settings(self, session: ChatSession, max_new_tokens_limit: int) -> None:
+        sampling = session.sampling
+        await cl.ChatSettings(
+            [
+                Slider(id="temperature", label="Temperature", initial=sampling.temperature,
+                       min=0, max=2, step=0.05),
+                Slider(id="top_p", label="Top p", initial=sampling.top_p, min=0.05, max=1, step=0.05),
+                Slider(id="max_new_tokens", label="Max new tokens", initial=sampling.max_new_tokens,
+                       min=16, max=max_new_tokens_limit, step=16),
+                TextInput(id="system_prompt", label="System prompt", initial=session.system_prompt),
+            ]
+        ).send()  # fmt: skip
+
+    def keep_settings(self, values: dict[str, Any]) -> None:
+        cl.context.session.chat_settings = values
+
+    def forget(self) -> None:
+        forget_chat_context(cl.context.session.id)
