@@ -94,7 +94,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # torch.compile's cache where the app keeps it (services/engine/local.py): kept between runs.
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(default_cache_dir()) / "torchinductor"))
     # Hypothesis (the fuzz tests) keeps caches in ./.hypothesis unless told otherwise: they go with
-    # the session's folder (its example database is off: tests/security/fuzzing.py).
+    # the session's folder (its example database is off: tests/system/security/fuzzing.py).
     os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(SESSION_TEMP / HYPOTHESIS_HOME))
 
 

@@ -621,6 +621,6 @@ def test_prefix_index_is_bounded() -> None:
 
 # --- health for load balancers ----------------------------------------------------------------------
 def test_the_docker_healthcheck_asks_healthz() -> None:
-    dockerfile = (Path(__file__).resolve().parent.parent / "Dockerfile").read_text()
+    dockerfile = (Path(__file__).resolve().parents[2] / "Dockerfile").read_text()
     check = dockerfile[dockerfile.index("HEALTHCHECK") :].split("CMD ", 1)[1].splitlines()[0]
     assert "/healthz" in check and "/status" not in check

@@ -1,6 +1,6 @@
 """Encodings on real files: mostly-UTF-8 text, Vim's own cp1251 and cp1252 tutors, pure binary.
 
-The samples in tests/data/ are excerpts of Vim's tutor (Debian's vim-runtime,
+The samples in tests/unit/data/ are excerpts of Vim's tutor (Debian's vim-runtime,
 /usr/share/vim/vim90/tutor/, Vim license): the Russian one as shipped in cp1251,
 the French one as shipped in Latin-1 (identical to cp1252 for its letters), and
 the Portuguese UTF-8 one with three bytes broken on purpose.

@@ -5,7 +5,7 @@ again and again; a list or a table repeats its markup (bullets, numbers, pipes,
 separator rows) but every item or row brings new content, and each token that
 differs from the token one period back restarts the count. The detector fires
 only when one unit has been repeated exactly `min_repeats` times over at least
-`min_tokens` tokens. These tests use a word-level tokenizer; tests/test_engine.py
+`min_tokens` tokens. These tests use a word-level tokenizer; tests/system/engine/test_engine.py
 runs the same texts through the model's real tokenizer.
 """
 

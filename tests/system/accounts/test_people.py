@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from harness.chat_client import ChatClient, SignInError, sign_in
 from harness.server import ROOT, AppServer
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
-from tests.test_browser import ANSWER, CHROMIUM, CHROMIUM_ARGS, send_message, wait_for_session
+from tests.system.browser.test_browser import ANSWER, CHROMIUM, CHROMIUM_ARGS, send_message, wait_for_session
 
 in_loop = pytest.mark.asyncio(loop_scope="module")
 

@@ -14,7 +14,7 @@ from harness.chat_client import ChatClient
 from harness.postgres import PostgresCluster
 from harness.server import AppServer
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
-from tests.test_people import ADMIN, LONG_TURN_WORDS, prompt_tokens_of, stored_thread
+from tests.system.accounts.test_people import ADMIN, LONG_TURN_WORDS, prompt_tokens_of, stored_thread
 
 in_loop = pytest.mark.asyncio(loop_scope="module")
 

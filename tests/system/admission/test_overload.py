@@ -23,8 +23,8 @@ from harness.chat_client import ChatClient, Reply
 from harness.documents import long_document
 from harness.server import AppServer
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, TINY_OPS_TOKEN, server_env
-from tests.test_browser import ANSWER, open_chat, page, send_message  # noqa: F401  (the browser fixture)
-from tests.test_maintenance import scrape
+from tests.system.browser.test_browser import ANSWER, open_chat, page, send_message  # noqa: F401  (the browser fixture)
+from tests.system.ops.test_maintenance import scrape
 
 aio = pytest.mark.asyncio(loop_scope="module")
 

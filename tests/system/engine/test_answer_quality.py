@@ -31,7 +31,7 @@ from services.engine.lifespan import engine_lifespan
 from services.engine.loop_guard import LoopGuardConfig, RepetitionDetector
 from services.engine.stream_stats import StreamStats
 from tests.conftest import tiny_settings
-from tests.test_loop_guard import LEGITIMATE, LOOPS
+from tests.unit.test_loop_guard import LEGITIMATE, LOOPS
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -32,8 +32,8 @@ from services.engine.remote import (
 )
 from services.engine.remote_protocol import completion_body
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
-from tests.test_api import HELLO, accounts
-from tests.test_server import idle
+from tests.system.api.test_api import HELLO, accounts
+from tests.system.chat.test_server import idle
 
 LONG_ANSWER_TOKENS = 3000
 STOP_ROUNDS = 4

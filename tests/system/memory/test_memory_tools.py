@@ -39,7 +39,7 @@ from services.observability.report import report_text
 from services.observability.series import theil_sen_interval, thinned
 
 JEMALLOC = "libjemalloc.so.2"
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 SNAPSHOT_WAIT_SECONDS = 60
 
 
@@ -392,7 +392,7 @@ def test_pymalloc_counters_see_small_objects_in_arenas_outside_malloc() -> None:
         "tracemalloc.start()\n"  # its hooks wrap pymalloc, which then declines to report
         "print(json.dumps([before, after, pymalloc_counters()]))\n"
     )
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[3]
     run = subprocess.run([sys.executable, "-c", code], cwd=root, timeout=60, check=True, capture_output=True)
     before, after, traced = json.loads(run.stdout)
     assert after["pymalloc.allocated_bytes"] - before["pymalloc.allocated_bytes"] > 2.5 * MB
@@ -499,7 +499,7 @@ def test_app_probe_snapshots_this_process_with_its_mappings(tmp_path: Path) -> N
         "owner.store.words.update((str(i), str(-i)) for i in range(10, 310))\n"
         "snapshot(2)\n"
     )
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[3]
     subprocess.run([sys.executable, "-c", code], cwd=root, timeout=SNAPSHOT_WAIT_SECONDS, check=True)
     ((role, _pid),) = find_snapshots(tmp_path)
     assert role == "app"

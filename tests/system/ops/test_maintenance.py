@@ -185,7 +185,7 @@ def test_malloc_info_counts_what_the_program_holds(allocator: str) -> None:
         library = find_library(PRELOAD_LIBRARIES["jemalloc"])
         assert library is not None, "run scripts/setup.sh: it installs libjemalloc2"
         env["LD_PRELOAD"] = str(library)
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[3]
     result = subprocess.run([sys.executable, "-c", MALLOC_INFO_SCRIPT], cwd=root, env=env,
                             capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
     before, during, after = json.loads(result.stdout)

@@ -26,8 +26,8 @@ from harness.chat_client import ChatClient, sign_in
 from harness.fake_github import FakeGitHub
 from harness.server import ROOT, AppServer
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
-from tests.security.fuzzing import ServerLog, Surroundings, Victims, make_canary
-from tests.test_people import ADMIN, ALICE, BOB, accounts, stored_thread
+from tests.system.accounts.test_people import ADMIN, ALICE, BOB, accounts, stored_thread
+from tests.system.security.fuzzing import ServerLog, Surroundings, Victims, make_canary
 
 __all__ = ["ADMIN", "ALICE", "BOB", "accounts"]
 

@@ -14,7 +14,7 @@ import socketio
 from harness.chat_client import ChatClient, handshake
 from harness.server import AppServer
 from services.web.client_ids import handshake_problem
-from tests.security.conftest import ALICE
+from tests.system.security.conftest import ALICE
 
 in_loop = pytest.mark.asyncio(loop_scope="package")
 

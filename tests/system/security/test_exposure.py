@@ -18,7 +18,7 @@ import pytest
 from harness.server import ROOT, AppServer
 from services.config import Settings, SettingsError
 from services.history.database import create_engine, ensure_data_dir
-from tests.security.conftest import OPS_TOKEN
+from tests.system.security.conftest import OPS_TOKEN
 
 in_loop = pytest.mark.asyncio(loop_scope="package")
 

@@ -31,9 +31,9 @@ from schemathesis import GenerationMode
 
 from harness.server import AppServer
 from services.api.server import SERVED_PATHS, build_api_app
-from tests.security.conftest import Intact
-from tests.security.fuzzing import NESTING_DEPTHS, Deep, fuzz_settings, hostile_value
-from tests.test_people import accounts
+from tests.system.accounts.test_people import accounts
+from tests.system.security.conftest import Intact
+from tests.system.security.fuzzing import NESTING_DEPTHS, Deep, fuzz_settings, hostile_value
 
 URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 MAX_ANSWER_TOKENS = 4  # a drawn max_tokens of thousands would only make the run slow

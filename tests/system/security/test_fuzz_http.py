@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 
 from harness.chat_client import SOCKET_PATH, client_headers, handshake, new_address
 from harness.server import AppServer
-from tests.security.conftest import BobsConversation, Intact
-from tests.security.fuzzing import (
+from tests.system.security.conftest import BobsConversation, Intact
+from tests.system.security.fuzzing import (
     NESTING_DEPTHS,
     Deep,
     Victims,

@@ -32,8 +32,8 @@ from harness.server import AppServer
 from services.config import Settings
 from services.history.resume import chat_settings_of
 from services.web.client_ids import handshake_problem
-from tests.security.conftest import Intact
-from tests.security.fuzzing import (
+from tests.system.security.conftest import Intact
+from tests.system.security.fuzzing import (
     NESTING_DEPTHS,
     Deep,
     Victims,

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from harness.server import AppServer
-from tests.security.conftest import ALICE
+from tests.system.security.conftest import ALICE
 
 in_loop = pytest.mark.asyncio(loop_scope="package")
 

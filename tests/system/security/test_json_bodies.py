@@ -10,8 +10,8 @@ import pytest
 
 from harness.chat_client import ChatClient
 from harness.server import AppServer
-from tests.security.conftest import ALICE
-from tests.test_people import accounts
+from tests.system.accounts.test_people import accounts
+from tests.system.security.conftest import ALICE
 
 in_loop = pytest.mark.asyncio(loop_scope="package")
 

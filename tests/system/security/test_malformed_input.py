@@ -15,8 +15,8 @@ import pytest
 from harness.chat_client import ChatClient, handshake, user_message_payload
 from harness.server import AppServer
 from services.web.socket_events import event_problem, frame_problem
-from tests.security.conftest import BobsConversation, Intact
-from tests.security.fuzzing import deep_json
+from tests.system.security.conftest import BobsConversation, Intact
+from tests.system.security.fuzzing import deep_json
 
 in_loop = pytest.mark.asyncio(loop_scope="package")
 

@@ -12,8 +12,8 @@ import pytest
 
 from harness.fake_github import FakeGitHub, GitHubPerson, ProviderSignIn, sign_in_with_github
 from harness.server import AppServer
-from tests.security.conftest import ALLOWED_DOMAIN, ALLOWED_GITHUB_USER, GITHUB_ORG
-from tests.test_people import accounts
+from tests.system.accounts.test_people import accounts
+from tests.system.security.conftest import ALLOWED_DOMAIN, ALLOWED_GITHUB_USER, GITHUB_ORG
 
 in_loop = pytest.mark.asyncio(loop_scope="package")
 

@@ -10,7 +10,7 @@ import pytest
 
 from harness.chat_client import COOKIE_NAME, ChatClient
 from harness.server import AppServer
-from tests.security.conftest import PROXY_ADDRESS, PROXY_USER_HEADER
+from tests.system.security.conftest import PROXY_ADDRESS, PROXY_USER_HEADER
 
 in_loop = pytest.mark.asyncio(loop_scope="package")
 

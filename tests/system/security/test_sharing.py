@@ -10,8 +10,8 @@ import pytest
 
 from harness.chat_client import ChatClient
 from harness.server import AppServer
-from tests.security.conftest import ALICE, BOB
-from tests.test_people import stored_thread
+from tests.system.accounts.test_people import stored_thread
+from tests.system.security.conftest import ALICE, BOB
 
 in_loop = pytest.mark.asyncio(loop_scope="package")
 

@@ -15,7 +15,7 @@ import pytest
 from harness.chat_client import COOKIE_NAME, new_address
 from harness.server import AppServer
 from services.config import Settings
-from tests.security.conftest import ADMIN, accounts
+from tests.system.security.conftest import ADMIN, accounts
 
 in_loop = pytest.mark.asyncio(loop_scope="package")
 

@@ -18,7 +18,7 @@ import socketio
 
 from harness.chat_client import COOKIE_NAME, ChatClient, sign_in
 from harness.server import AppServer
-from tests.security.conftest import SIGN_IN_CHECK_SECONDS, accounts
+from tests.system.security.conftest import SIGN_IN_CHECK_SECONDS, accounts
 
 in_loop = pytest.mark.asyncio(loop_scope="package")
 

@@ -22,7 +22,7 @@ from harness.server import AppServer
 from services.history.resume import ANSWER_METADATA, history_from_steps
 from services.web.body_limit import limits_by_route
 from services.web.client_messages import MessageRefused, SocketRules, kept_settings, page_message
-from tests.test_people import accounts
+from tests.system.accounts.test_people import accounts
 
 in_loop = pytest.mark.asyncio(loop_scope="package")
 
