@@ -30,7 +30,7 @@ from services.config import Settings
 from services.history import conversations
 from services.history.database import POOL_SIZE, sqlite_path
 from services.history.migrations import CHAINLIT_COLUMNS, LATEST_VERSION, migrate
-from services.history.resume import ANSWER_METADATA, history_from_steps
+from services.history.resume import ANSWER_METADATA
 from services.history.service import History
 
 MB = 1024 * 1024
@@ -413,21 +413,6 @@ async def test_a_sweep_deletes_a_batch_a_round_until_the_cap_holds(
     assert await count(history, "threads", '"userIdentifier" = :who', who="hana") == 1
 
 
-def test_a_long_conversation_loses_its_oldest_turns_whole() -> None:
-    rows: list[tuple[str, str | None, str, str]] = [("start", None, "00", "run")]
-    for turn in range(4):
-        at = f"{turn + 1:02d}"
-        rows += [(f"u{turn}", None, at, "user_message"), (f"r{turn}", f"u{turn}", f"{at}.1", "run"),
-                 (f"a{turn}", f"r{turn}", f"{at}.2", "assistant_message")]  # fmt: skip
-    rows.append(("late", "r1", "09", "assistant_message"))  # turn 1's answer, begun after turn 3's
-    assert conversations.steps_before_last_turns(rows, 2) == sorted(
-        ["start", "u0", "r0", "a0", "u1", "r1", "a1", "late"]
-    )
-    assert conversations.steps_before_last_turns(rows, 4) == []
-    tied = [("x", None, "05", "user_message"), ("y", None, "05", "user_message"), ("z", "x", "06", "run")]
-    assert conversations.steps_before_last_turns(tied, 1) == ["x", "z"], "exactly one turn is left"
-
-
 async def new_long_thread(history: History, user_id: str, turns: int) -> tuple[str, list[str]]:
     """A conversation of `turns` turns stored as the app stores them (message, run, answer, a minute
     apart); returns its id and the answers' ids."""
@@ -482,38 +467,3 @@ async def test_the_length_cap_keeps_each_conversation_s_last_turns(
     assert await count(history, "feedbacks") == 1 and await count(history, "elements") == 0
     assert await count(history, "steps", '"threadId" = :id', id=short_one) == 6, "a short one is untouched"
     assert await conversations.trim_long_threads(engine, keep=2) == 0, "the cap holds"
-
-
-def test_rebuild_rules_match_the_live_history() -> None:
-    steps = [
-        {"type": "user_message", "output": "hello"},
-        {"type": "assistant_message", "output": "hi there", "metadata": json.dumps(ANSWER_METADATA)},
-        {"type": "user_message", "output": "/stats"},
-        {"type": "assistant_message", "output": "numbers", "metadata": {}},  # a report
-        {"type": "assistant_message", "output": "Task manually stopped.", "metadata": {}},
-        {"type": "user_message", "output": "x" * 50},  # over the limit: refused, never in history
-        {"type": "user_message", "output": ""},  # a file with no words: a summary request
-        {"type": "assistant_message", "output": "a summary", "metadata": ANSWER_METADATA},
-        {"type": "tool", "output": "«a.txt»: 10 tokens."},
-    ]
-    assert history_from_steps(steps, max_message_chars=40, document_name="a.txt") == [
-        {"role": "user", "content": "hello"},
-        {"role": "assistant", "content": "hi there"},
-        {"role": "user", "content": "Summarize «a.txt»."},
-        {"role": "assistant", "content": "a summary"},
-    ]
-
-
-def test_disconnected_session_waits_for_its_page_then_goes() -> None:
-    now = [0.0]
-    store = SessionStore(Settings.from_env({}), timer=lambda: now[0])
-    session = store.open("s", "alice")
-    session.history.append({"role": "user", "content": "kept"})
-    store.disconnect("s", keep_seconds=120)
-    now[0] = 100
-    assert store.expire() == 0 and store.awaiting_reconnect() == 1
-    assert store.open("s") is session and session.reconnect_deadline is None, "the page came back"
-    store.disconnect("s", keep_seconds=120)
-    now[0] = 221
-    assert store.expire() == 1 and len(store) == 0 and store.dropped_total["not_reconnected"] == 1
-    assert not session.history, "its state is freed"

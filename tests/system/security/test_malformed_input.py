@@ -14,7 +14,6 @@ import pytest
 
 from harness.chat_client import ChatClient, handshake, user_message_payload
 from harness.server import AppServer
-from services.web.socket_events import event_problem, frame_problem
 from tests.system.security.conftest import BobsConversation, Intact
 from tests.system.security.fuzzing import deep_json
 
@@ -67,22 +66,6 @@ MALFORMED_EVENTS: list[tuple[str, tuple[Any, ...]]] = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "args"), MALFORMED_EVENTS, ids=[f"{n}-{i}" for i, (n, _) in enumerate(MALFORMED_EVENTS)]
-)
-def test_events_the_page_never_sends_are_dropped(name: str, args: tuple[Any, ...]) -> None:
-    assert event_problem(name, args) is not None
-
-
-def test_the_pages_own_events_pass() -> None:
-    message = user_message_payload("Hi.", file_ids=[str(uuid.uuid4())])
-    settings = {"temperature": 0.5, "system_prompt": "Be brief."}
-    for name, args in [("client_message", (message,)), ("stop", ()), ("clear_session", ()),
-                       ("connection_successful", ()), ("window_message", ("ping",)),
-                       ("chat_settings_change", (settings,))]:  # fmt: skip
-        assert event_problem(name, args) is None, name
-
-
 @in_loop
 async def test_malformed_socket_traffic_is_dropped_without_a_traceback_or_a_session(
     target: AppServer, alice_cookie: str, intact: Intact
@@ -122,11 +105,6 @@ async def test_a_lone_surrogate_in_a_message_is_answered_and_stored(
     thread = (await page.http("GET", f"/project/thread/{page.thread_id}")).json()
     assert "Hello \ufffd there" in [step["output"] for step in thread["steps"]]
     assert not intact.problems(mark)
-
-
-def test_frames_python_socketio_cannot_decode_are_refused() -> None:
-    for frame in ("2[", "4", "9", b"\x00\x01", "2" + "[" * 5_000):
-        assert frame_problem("not-connected", frame) is not None, frame
 
 
 MULTIPART = "multipart/form-data; boundary=x"
