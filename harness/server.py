@@ -60,6 +60,10 @@ def stop_tree(
     return alive
 
 
+# Every start in this process, by log name: the test session reports how many servers it started.
+STARTED: list[str] = []
+
+
 class PortTakenError(RuntimeError):
     """Another process bound the server's port before Chainlit did."""
 
@@ -119,6 +123,7 @@ class AppServer:
             try:
                 if self.status().get("ready"):
                     self.engine_processes = psutil.Process(self.process.pid).children(recursive=True)
+                    STARTED.append(self.log_path.name)
                     return self
             except OSError:
                 pass
@@ -211,6 +216,7 @@ class VllmServer:
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
                     if response.status == 200:
+                        STARTED.append(self.log_path.name)
                         return self
             except OSError:
                 pass

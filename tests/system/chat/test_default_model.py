@@ -9,8 +9,13 @@ import pytest
 
 from harness.chat_client import ChatClient
 from harness.server import AppServer
+from tests.conftest import ServerPool
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+# The default server is shared (tests/conftest.py, ServerPool): the first test here needs the first
+# question the server ever gets, so this module runs first on it.
+FIRST_ON_ITS_SERVER = True
 
 QUESTIONS = (
     "What is the capital of France?",
@@ -34,7 +39,10 @@ async def first_token_seconds(server: AppServer, question: str) -> float:
 
 
 # First in this module: it needs the first question the server ever gets.
-async def test_the_first_question_after_start_is_close_to_a_warm_one(default_server: AppServer) -> None:
+async def test_the_first_question_after_start_is_close_to_a_warm_one(
+    default_server: AppServer, server_pool: ServerPool
+) -> None:
+    assert server_pool.users[id(default_server)] == [__name__], "no other module asked it anything yet"
     status = await default_server.astatus()
     warm_up = status["warm_up"]
     assert warm_up["seconds"] > 0 and warm_up["prompt_ttft_seconds"] and warm_up["decode_seconds_per_token"]

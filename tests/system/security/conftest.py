@@ -1,5 +1,6 @@
 """Real `chainlit run` servers (tiny model, SQLite) shared by the attack suite, one per distinct
-settings: every attack runs against the real routes and the real socket.
+settings (from the session's server pool): every attack runs against the real routes and the real
+socket.
 
 - `target`: password sign-in with people ALICE and BOB and the administrator ADMIN, GitHub sign-in
   too (against `fake_github`, with an allowlist), uvicorn trusting every X-Forwarded-For
@@ -25,7 +26,7 @@ import pytest
 from harness.chat_client import ChatClient, sign_in
 from harness.fake_github import FakeGitHub
 from harness.server import ROOT, AppServer
-from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
+from tests.conftest import TINY_MAX_MODEL_LEN, ServerPool, pooled, server_env
 from tests.system.accounts.test_people import ADMIN, ALICE, BOB, accounts, stored_thread
 from tests.system.security.fuzzing import ServerLog, Surroundings, Victims, make_canary
 
@@ -42,10 +43,10 @@ PROXY_ADDRESS = "127.0.0.2"  # the auth proxy of `proxied_target` (a loopback ad
 PROXY_USER_HEADER = "X-Auth-User"
 
 
-def tiny_env(model_dir: Path, data_dir: Path, **values: object) -> dict[str, str]:
+def tiny_env(model_dir: Path, **values: object) -> dict[str, str]:
     return server_env(
         MODEL=model_dir, MAX_MODEL_LEN=TINY_MAX_MODEL_LEN, MAX_NUM_BATCHED_TOKENS=4096, MAX_NEW_TOKENS=8,
-        DATA_DIR=data_dir, **values,
+        **values,
     )  # fmt: skip
 
 
@@ -62,51 +63,54 @@ def loosen(data_dir: Path) -> None:
         path.chmod(0o644)
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="session")
 def fake_github() -> Iterator[FakeGitHub]:
+    """For the session: its address is part of `target`'s settings, which the pool keys servers by."""
     github = FakeGitHub().start()
     yield github
     github.stop()
 
 
-@pytest.fixture(scope="package")
+def add_alice_and_bob(server: AppServer) -> None:
+    for name, password in (ALICE, BOB):
+        accounts(Path(server.env["DATA_DIR"]), "add", name, stdin=password + "\n")
+
+
+@pooled(scope="package")
 def target(
-    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, fake_github: FakeGitHub
-) -> Iterator[AppServer]:
-    data_dir = tmp_path_factory.mktemp("attacked-data")
-    loosen(data_dir)
+    server_pool: ServerPool,
+    tiny_model_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    fake_github: FakeGitHub,
+) -> AppServer:
+    def loosened_data_dir(server: AppServer) -> None:
+        data_dir = tmp_path_factory.mktemp("attacked-data")
+        loosen(data_dir)
+        server.env["DATA_DIR"] = str(data_dir)
+
     env = tiny_env(
-        tiny_model_dir, data_dir, AUTH_MODE="password", ADMIN_USERNAME=ADMIN[0],
+        tiny_model_dir, AUTH_MODE="password", ADMIN_USERNAME=ADMIN[0],
         ADMIN_PASSWORD=ADMIN[1], FORWARDED_ALLOW_IPS="*", SIGN_IN_CHECK_SECONDS=SIGN_IN_CHECK_SECONDS,
         OAUTH_ALLOWED_ORGS=GITHUB_ORG, OAUTH_ALLOWED_DOMAINS=ALLOWED_DOMAIN,
         OAUTH_ALLOWED_USERS=ALLOWED_GITHUB_USER, OPS_TOKEN=OPS_TOKEN, **fake_github.env(),
     )  # fmt: skip
-    server = AppServer(env, ARTIFACTS / "logs" / "security-server.log").start()
-    for name, password in (ALICE, BOB):
-        accounts(data_dir, "add", name, stdin=password + "\n")
-    yield server
-    assert not server.stop(), "engine processes outlived the server"
+    return server_pool.get(env, "security-server", loosened_data_dir, add_alice_and_bob)
 
 
-@pytest.fixture(scope="package")
-def local_target(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppServer]:
+@pooled(scope="package")
+def local_target(server_pool: ServerPool, tiny_model_dir: Path) -> AppServer:
     """The default install: no sign-in configured, bound to 127.0.0.1 (the local user)."""
-    env = tiny_env(tiny_model_dir, tmp_path_factory.mktemp("local-data"))
-    server = AppServer(env, ARTIFACTS / "logs" / "security-local-server.log").start()
-    yield server
-    assert not server.stop(), "engine processes outlived the server"
+    return server_pool.get(tiny_env(tiny_model_dir), "security-local-server")
 
 
-@pytest.fixture(scope="package")
-def proxied_target(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppServer]:
+@pooled(scope="package")
+def proxied_target(server_pool: ServerPool, tiny_model_dir: Path) -> AppServer:
     """Header sign-in: only PROXY_ADDRESS may name the user; uvicorn trusts every X-Forwarded-For."""
     env = tiny_env(
-        tiny_model_dir, tmp_path_factory.mktemp("proxied-data"), AUTH_MODE="header",
-        AUTH_HEADER=PROXY_USER_HEADER, AUTH_PROXY_ADDRESSES=PROXY_ADDRESS, FORWARDED_ALLOW_IPS="*",
+        tiny_model_dir, AUTH_MODE="header", AUTH_HEADER=PROXY_USER_HEADER, AUTH_PROXY_ADDRESSES=PROXY_ADDRESS,
+        FORWARDED_ALLOW_IPS="*",
     )  # fmt: skip
-    server = AppServer(env, ARTIFACTS / "logs" / "security-proxied-server.log").start()
-    yield server
-    assert not server.stop(), "engine processes outlived the server"
+    return server_pool.get(env, "security-proxied-server")
 
 
 # --- what the fuzz tests attack, and what they check stays intact -------------------------------
