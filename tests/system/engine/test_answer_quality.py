@@ -14,11 +14,9 @@ from __future__ import annotations
 import asyncio
 import tempfile
 from collections import deque
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 from prometheus_client import REGISTRY
 
 import services.engine.chat_engine as chat_engine_module
@@ -27,22 +25,16 @@ from services.chat.service import ChatService
 from services.chat.session import ChatSession
 from services.engine.chat_engine import ChatEngine, SamplingSettings
 from services.engine.errors import REPETITION_STOPPED, RepetitionError, report_failure
-from services.engine.lifespan import engine_lifespan
 from services.engine.loop_guard import LoopGuardConfig, RepetitionDetector
 from services.engine.stream_stats import StreamStats
 from tests.conftest import tiny_settings
 from tests.unit.test_loop_guard import LEGITIMATE, LOOPS
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+# The engine is the package's (conftest.py), on the package's event loop.
+pytestmark = pytest.mark.asyncio(loop_scope="package")
 
 QUESTION = [{"role": "user", "content": "Tell me a long story."}]
 LONG = SamplingSettings(temperature=0.0, top_p=1.0, max_new_tokens=2000)
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def engine(tiny_model_dir: Path) -> AsyncIterator[ChatEngine]:
-    async with engine_lifespan(tiny_settings(tiny_model_dir)) as engine:
-        yield engine
 
 
 @pytest.fixture

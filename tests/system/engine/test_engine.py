@@ -10,31 +10,24 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
 from bench.memory.shapes import distinct_size_prompts, sweep, worker_rss_mb
 from services.config import Settings
 from services.engine.allocators import PRELOAD_LIBRARIES
 from services.engine.chat_engine import ChatEngine, SamplingSettings
 from services.engine.errors import TokenBudgetError
-from services.engine.lifespan import engine_lifespan
 from services.engine.local import RPC_DIR_PREFIX
 from services.engine.processes import engine_processes
 from services.engine.stream_stats import StreamStats
 from services.engine.warmup import BATCH_SIZES, warm_up
 from tests.conftest import tiny_settings
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+# The engine is the package's (conftest.py), on the package's event loop.
+pytestmark = pytest.mark.asyncio(loop_scope="package")
 
 QUESTION = [{"role": "user", "content": "Tell me a long story."}]
 LONG = SamplingSettings(temperature=1.0, top_p=1.0, max_new_tokens=3000)
 SHORT = SamplingSettings(temperature=1.0, top_p=1.0, max_new_tokens=24)
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def engine(tiny_model_dir: Path) -> AsyncIterator[ChatEngine]:
-    async with engine_lifespan(tiny_settings(tiny_model_dir)) as engine:
-        yield engine
 
 
 @pytest.fixture
