@@ -28,6 +28,9 @@ in_loop = pytest.mark.asyncio(loop_scope="module")
 ADMIN = ("admin", "admin-password-1")
 ALICE = ("alice", "alice-password-1")
 BOB = ("bob", "bobs-password-11")
+# How long the server trusts what it last read of an account (the default is 30 s): a removal made by
+# the accounts command ends the account's sign-ins within this time.
+SIGN_IN_CHECK_SECONDS = 2
 LONG_TURN_WORDS = 300  # an earlier turn big enough to show in the next prompt's token count
 USER_STEP = '.step[data-step-type="user_message"]'
 
@@ -48,6 +51,7 @@ def people_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
         AUTH_MODE="password", ADMIN_USERNAME=ADMIN[0], ADMIN_PASSWORD=ADMIN[1],
         SIGN_IN_MAX_FAILURES=3, SIGN_IN_MAX_FAILURES_PER_ADDRESS=100, SIGN_IN_LOCKOUT_SECONDS=60,
         DATABASE_TIMEOUT_SECONDS=1, HISTORY_RETRY_SECONDS=1, DATA_DIR=data_dir,
+        SIGN_IN_CHECK_SECONDS=SIGN_IN_CHECK_SECONDS,
     )  # fmt: skip
     server = AppServer(env, ARTIFACTS / "logs" / "people-server.log").start()
     for name, password in (ALICE, BOB):
@@ -242,7 +246,7 @@ async def test_a_removed_account_is_signed_out(people_server: AppServer) -> None
     leaver = await signed_in(people_server, ("leaver", "leavers-password"))
     await leaver.close()
     accounts(data_dir(people_server), "remove", "leaver")
-    await asyncio.sleep(31)  # the sign-in check caches an answer for 30 s
+    await asyncio.sleep(SIGN_IN_CHECK_SECONDS + 1)  # the sign-in check caches an answer this long
     response = await leaver.http("POST", "/project/threads", json={"pagination": {"first": 5}, "filter": {}})
     assert response.status_code == 401
     with pytest.raises(SignInError):
