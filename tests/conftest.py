@@ -117,15 +117,16 @@ class ServerPool:
             self._stop(self.alive.popitem(last=False)[1])
 
 
-# Servers of the pool, by fixture name: `order_by_server` groups the modules that use each.
-POOLED_SERVERS: set[str] = set()
+# Fixtures that take their server from the pool, by name: the server group (`order_by_server`
+# runs each group's modules together). Fixtures of one group hand out the same server.
+POOLED_SERVERS: dict[str, str] = {}
 
 
-def pooled(function: Callable | None = None, *, scope: str = "module") -> Callable:
-    """A fixture that takes its server from the pool (its name goes in POOLED_SERVERS)."""
+def pooled(function: Callable | None = None, *, scope: str = "module", group: str = "") -> Callable:
+    """A fixture that takes its server from the pool (its name and group go in POOLED_SERVERS)."""
 
     def register(function: Callable) -> Callable:
-        POOLED_SERVERS.add(function.__name__)
+        POOLED_SERVERS[function.__name__] = group or function.__name__
         return pytest.fixture(scope=scope)(function)  # type: ignore[call-overload]
 
     return register(function) if function else register
@@ -205,26 +206,43 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def order_by_server(items: list[pytest.Item]) -> list[pytest.Item]:
     """Whole modules in a new order, each module's tests in theirs: unit tests first (they fail
     fastest), then the modules that use no pooled server (engines and servers of their own), then
-    those of each pooled server together, so that the pool starts each once and no pooled server
-    idles beside a test that measures. A module with FIRST_ON_ITS_SERVER = True comes first among
-    its server's modules."""
+    those of each server group together, so that the pool starts each server once and no pooled
+    server idles beside a test that measures.
+
+    A module belongs to the group most of its tests use. Groups run in the order of the last
+    module that uses each (then of the first): a group whose modules are spread over packages that
+    other groups use too (the password server: accounts/ and security/) runs next to the groups of
+    the package it ends in, so a module that needs two of them finds both alive. A module with
+    FIRST_ON_ITS_SERVER = True comes first among its group's modules."""
     modules: dict[str, list[pytest.Item]] = {}
     for item in items:
         modules.setdefault(item.nodeid.split("::")[0], []).append(item)
-    rank: dict[str, int] = {}
 
-    def server_of(tests: list[pytest.Item]) -> str | None:
-        names = [n for item in tests for n in getattr(item, "fixturenames", ()) if n in POOLED_SERVERS]
-        return max(sorted(set(names)), key=names.count) if names else None
+    def groups_of(tests: list[pytest.Item]) -> list[str]:
+        return [
+            POOLED_SERVERS[name]
+            for item in tests
+            for name in getattr(item, "fixturenames", ())
+            if name in POOLED_SERVERS
+        ]
+
+    seen: dict[str, list[int]] = {}  # group: indexes of the modules that use it
+    group_of: dict[str, str | None] = {}
+    for index, (path, tests) in enumerate(modules.items()):
+        names = groups_of(tests)
+        group_of[path] = max(sorted(set(names)), key=names.count) if names else None
+        for group in set(names):
+            seen.setdefault(group, []).append(index)
+    rank = {group: (max(indexes), min(indexes)) for group, indexes in seen.items()}
 
     keys = {}
     for index, (path, tests) in enumerate(modules.items()):
-        server = server_of(tests)
-        if server is None:
-            keys[path] = (0 if path.startswith("tests/unit/") else 1, 0, 0, index)
+        group = group_of[path]
+        if group is None:
+            keys[path] = (0 if path.startswith("tests/unit/") else 1, (0, 0), False, index)
         else:
             first = bool(getattr(getattr(tests[0], "module", None), "FIRST_ON_ITS_SERVER", False))
-            keys[path] = (2, rank.setdefault(server, len(rank)), not first, index)
+            keys[path] = (2, rank[group], not first, index)
     return [item for path in sorted(modules, key=keys.__getitem__) for item in modules[path]]
 
 
