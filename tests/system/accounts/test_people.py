@@ -9,7 +9,6 @@ import sqlite3
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -20,44 +19,25 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from harness.chat_client import ChatClient, SignInError, sign_in
 from harness.server import ROOT, AppServer
-from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
+from services.config import Settings
+from tests.conftest import ARTIFACTS
 from tests.system.browser.test_browser import ANSWER, CHROMIUM, CHROMIUM_ARGS, send_message, wait_for_session
+from tests.system.conftest import ADMIN, ALICE, BOB, accounts
 
 in_loop = pytest.mark.asyncio(loop_scope="module")
 
-ADMIN = ("admin", "admin-password-1")
-ALICE = ("alice", "alice-password-1")
-BOB = ("bob", "bobs-password-11")
-# How long the server trusts what it last read of an account (the default is 30 s): a removal made by
-# the accounts command ends the account's sign-ins within this time.
-SIGN_IN_CHECK_SECONDS = 2
 LONG_TURN_WORDS = 300  # an earlier turn big enough to show in the next prompt's token count
 USER_STEP = '.step[data-step-type="user_message"]'
 
 
-def accounts(data_dir: Path, *args: str, stdin: str = "") -> subprocess.CompletedProcess:
-    """`python -m services.accounts ...` on the server's database, as an operator runs it."""
-    env = {**os.environ, "DATA_DIR": str(data_dir)}
-    return subprocess.run([sys.executable, "-m", "services.accounts", *args], cwd=ROOT, env=env, input=stdin,
-                          capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
-
-
 @pytest.fixture(scope="module")
-def people_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppServer]:
-    data_dir = tmp_path_factory.mktemp("people-data")
-    env = server_env(
-        MODEL=tiny_model_dir, MAX_MODEL_LEN=TINY_MAX_MODEL_LEN, MAX_NUM_BATCHED_TOKENS=4096,
-        MAX_NEW_TOKENS=16,
-        AUTH_MODE="password", ADMIN_USERNAME=ADMIN[0], ADMIN_PASSWORD=ADMIN[1],
-        SIGN_IN_MAX_FAILURES=3, SIGN_IN_MAX_FAILURES_PER_ADDRESS=100, SIGN_IN_LOCKOUT_SECONDS=60,
-        DATABASE_TIMEOUT_SECONDS=1, HISTORY_RETRY_SECONDS=1, DATA_DIR=data_dir,
-        SIGN_IN_CHECK_SECONDS=SIGN_IN_CHECK_SECONDS,
-    )  # fmt: skip
-    server = AppServer(env, ARTIFACTS / "logs" / "people-server.log").start()
-    for name, password in (ALICE, BOB):
-        accounts(data_dir, "add", name, stdin=password + "\n")
-    yield server
-    assert not server.stop(), "engine processes outlived the server"
+def people_server(password_server: AppServer) -> AppServer:
+    """The password server (tests/system/conftest.py), shared with the attack suite."""
+    return password_server
+
+
+def settings_of(server: AppServer) -> Settings:
+    return Settings.from_env(server.env)
 
 
 def data_dir(server: AppServer) -> Path:
@@ -113,7 +93,7 @@ async def test_a_wrong_password_is_refused_and_repeated_failures_wait(people_ser
     with pytest.raises(SignInError) as wrong:
         await sign_in(people_server.base_url, "victim", "not the password")
     assert wrong.value.status == 401
-    for _ in range(2):
+    for _ in range(settings_of(people_server).sign_in_max_failures - 1):
         with pytest.raises(SignInError):
             await sign_in(people_server.base_url, "victim", "still wrong")
     with pytest.raises(SignInError) as waiting:
@@ -246,7 +226,7 @@ async def test_a_removed_account_is_signed_out(people_server: AppServer) -> None
     leaver = await signed_in(people_server, ("leaver", "leavers-password"))
     await leaver.close()
     accounts(data_dir(people_server), "remove", "leaver")
-    await asyncio.sleep(SIGN_IN_CHECK_SECONDS + 1)  # the sign-in check caches an answer this long
+    await asyncio.sleep(settings_of(people_server).sign_in_check_seconds + 1)  # the check's cached answer
     response = await leaver.http("POST", "/project/threads", json={"pagination": {"first": 5}, "filter": {}})
     assert response.status_code == 401
     with pytest.raises(SignInError):
@@ -264,7 +244,8 @@ async def test_a_locked_database_degrades_cleanly_and_saving_resumes(people_serv
     try:
         first = await alice.ask("During the trouble.")
         assert first.final, "chat keeps working"
-        await asyncio.sleep(2)  # the reply's write fails within DATABASE_TIMEOUT_SECONDS
+        # the reply's write fails within DATABASE_TIMEOUT_SECONDS
+        await asyncio.sleep(settings_of(people_server).database_timeout_seconds + 1)
         second = await alice.ask("Still in trouble.")
         assert second.final
         assert any("not being saved" in text for text in alice.notices()), alice.notices()
@@ -273,7 +254,8 @@ async def test_a_locked_database_degrades_cleanly_and_saving_resumes(people_serv
     finally:
         locker.rollback()
         locker.close()
-    await people_server.poll(lambda s: s["history"]["available"], timeout=10)
+    retry = settings_of(people_server).history_retry_seconds  # how often the database is tried again
+    await people_server.poll(lambda s: s["history"]["available"], timeout=2 * retry + 5)
     assert (await alice.ask("After the trouble.")).final is not None
     assert any("saved again" in text for text in alice.notices())
     thread = await stored_thread(alice, thread_id, steps=4)  # type: ignore[arg-type]

@@ -2,8 +2,9 @@
 settings (from the session's server pool): every attack runs against the real routes and the real
 socket.
 
-- `target`: password sign-in with people ALICE and BOB and the administrator ADMIN, GitHub sign-in
-  too (against `fake_github`, with an allowlist), uvicorn trusting every X-Forwarded-For
+- `target`: the password server the people tests share (tests/system/conftest.py): password
+  sign-in with people ALICE and BOB and the administrator ADMIN, GitHub sign-in too (against
+  `fake_github`, with an allowlist), uvicorn trusting every X-Forwarded-For
   (FORWARDED_ALLOW_IPS=*, as containers are often run);
 - `local_target`: nothing configured, on loopback: the one local user (the default install);
 - `proxied_target`: header sign-in behind an auth proxy at PROXY_ADDRESS, uvicorn trusting every
@@ -13,10 +14,8 @@ socket.
 from __future__ import annotations
 
 import asyncio
-import secrets
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,75 +25,41 @@ import pytest
 from harness.chat_client import ChatClient, sign_in
 from harness.fake_github import FakeGitHub
 from harness.server import ROOT, AppServer
-from tests.conftest import TINY_MAX_MODEL_LEN, ServerPool, pooled, server_env
-from tests.system.accounts.test_people import ADMIN, ALICE, BOB, accounts, stored_thread
+from tests.conftest import ServerPool, pooled
+from tests.system.accounts.test_people import stored_thread
+from tests.system.conftest import (
+    ADMIN,
+    ALICE,
+    ALLOWED_DOMAIN,
+    ALLOWED_GITHUB_USER,
+    BOB,
+    GITHUB_ORG,
+    OPS_TOKEN,
+    SIGN_IN_CHECK_SECONDS,
+    accounts,
+    shared_password_server,
+    tiny_env,
+)
 from tests.system.security.fuzzing import ServerLog, Surroundings, Victims, make_canary
 
-__all__ = ["ADMIN", "ALICE", "BOB", "accounts"]
+__all__ = [
+    "ADMIN", "ALICE", "ALLOWED_DOMAIN", "ALLOWED_GITHUB_USER", "BOB", "GITHUB_ORG", "OPS_TOKEN",
+    "SIGN_IN_CHECK_SECONDS", "accounts",
+]  # fmt: skip
 
-# A change made by the accounts command (another process) reaches the server's checks this late at
-# most; the default is 30 s, shortened here so the attacks on ended sign-ins run quickly.
-SIGN_IN_CHECK_SECONDS = 1
-
-GITHUB_ORG = "acme"  # members of this GitHub organisation may sign in
-ALLOWED_DOMAIN = "example.com"  # and people with a verified e-mail address here
-ALLOWED_GITHUB_USER = "github:carol-gh"  # and this one GitHub user
 PROXY_ADDRESS = "127.0.0.2"  # the auth proxy of `proxied_target` (a loopback address of its own)
 PROXY_USER_HEADER = "X-Auth-User"
 
 
-def tiny_env(model_dir: Path, **values: object) -> dict[str, str]:
-    return server_env(
-        MODEL=model_dir, MAX_MODEL_LEN=TINY_MAX_MODEL_LEN, MAX_NUM_BATCHED_TOKENS=4096, MAX_NEW_TOKENS=8,
-        **values,
-    )  # fmt: skip
-
-
-OPS_TOKEN = "security-ops-token"  # the operators' routes are guarded, as they must be in production
-
-
-def loosen(data_dir: Path) -> None:
-    """DATA_DIR and its files readable by everyone, as an older version or a careless copy left them."""
-    data_dir.chmod(0o755)
-    for name in ("chat.db", "chat.db-wal", "chat.db-shm"):
-        (data_dir / name).touch(0o644)
-    (data_dir / "auth-secret").write_text(secrets.token_urlsafe(48))
-    for path in data_dir.iterdir():
-        path.chmod(0o644)
-
-
-@pytest.fixture(scope="session")
-def fake_github() -> Iterator[FakeGitHub]:
-    """For the session: its address is part of `target`'s settings, which the pool keys servers by."""
-    github = FakeGitHub().start()
-    yield github
-    github.stop()
-
-
-def add_alice_and_bob(server: AppServer) -> None:
-    for name, password in (ALICE, BOB):
-        accounts(Path(server.env["DATA_DIR"]), "add", name, stdin=password + "\n")
-
-
-@pooled(scope="package")
+@pooled(scope="package", group="password")
 def target(
     server_pool: ServerPool,
     tiny_model_dir: Path,
     tmp_path_factory: pytest.TempPathFactory,
     fake_github: FakeGitHub,
 ) -> AppServer:
-    def loosened_data_dir(server: AppServer) -> None:
-        data_dir = tmp_path_factory.mktemp("attacked-data")
-        loosen(data_dir)
-        server.env["DATA_DIR"] = str(data_dir)
-
-    env = tiny_env(
-        tiny_model_dir, AUTH_MODE="password", ADMIN_USERNAME=ADMIN[0],
-        ADMIN_PASSWORD=ADMIN[1], FORWARDED_ALLOW_IPS="*", SIGN_IN_CHECK_SECONDS=SIGN_IN_CHECK_SECONDS,
-        OAUTH_ALLOWED_ORGS=GITHUB_ORG, OAUTH_ALLOWED_DOMAINS=ALLOWED_DOMAIN,
-        OAUTH_ALLOWED_USERS=ALLOWED_GITHUB_USER, OPS_TOKEN=OPS_TOKEN, **fake_github.env(),
-    )  # fmt: skip
-    return server_pool.get(env, "security-server", loosened_data_dir, add_alice_and_bob)
+    """The password server, shared with the people tests (tests/system/conftest.py)."""
+    return shared_password_server(server_pool, tiny_model_dir, tmp_path_factory, fake_github)
 
 
 @pooled(scope="package")
