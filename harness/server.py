@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import json
 import os
@@ -178,18 +177,6 @@ class AppServer:
         alive = stop_tree(self.process, self.engine_processes, sig, timeout)
         shutil.rmtree(self.env["CHAINLIT_APP_ROOT"], ignore_errors=True)
         return alive
-
-
-def start_together(*servers: AppServer, timeout: float = 300) -> None:
-    """Start `servers` at once, each in a thread of its own (their starts overlap: imports, engine
-    start and warm-up); if any fails, stop them all and raise its error."""
-    with concurrent.futures.ThreadPoolExecutor(len(servers)) as pool:
-        futures = [pool.submit(server.start, timeout) for server in servers]
-        errors = [error for future in futures if (error := future.exception()) is not None]
-    if errors:
-        for server in servers:
-            server.stop()
-        raise errors[0]
 
 
 class VllmServer:

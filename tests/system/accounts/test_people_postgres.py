@@ -12,7 +12,7 @@ import pytest
 
 from harness.chat_client import ChatClient
 from harness.postgres import PostgresCluster
-from harness.server import AppServer, start_together
+from harness.server import AppServer
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
 from tests.system.accounts.test_people import ADMIN, LONG_TURN_WORDS, prompt_tokens_of, stored_thread
 
@@ -28,11 +28,10 @@ def replicas(tiny_model_dir: Path, postgres: PostgresCluster) -> Iterator[tuple[
         DATABASE_URL=postgres.create_database("replicas"), CHAINLIT_AUTH_SECRET=secrets.token_urlsafe(48),
         DATABASE_TIMEOUT_SECONDS=1, HISTORY_RETRY_SECONDS=1,
     )  # fmt: skip
-    # Started together, as replicas are: both migrate the one database at once (its migrations take
-    # a lock first), and the starts overlap instead of following each other.
-    servers = [AppServer(dict(env), ARTIFACTS / "logs" / f"replica-{name}.log") for name in ("a", "b")]
-    start_together(*servers)
+    servers: list[AppServer] = []
     try:
+        for name in ("a", "b"):
+            servers.append(AppServer(dict(env), ARTIFACTS / "logs" / f"replica-{name}.log").start())
         yield servers[0], servers[1]
     finally:
         for server in servers:
