@@ -75,7 +75,10 @@ class AppServer:
         self.port = port or free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        self.env = {**os.environ, **env}
+        # Not the test process's sign-in secret: one that reached os.environ there (a test, or a Runtime
+        # started in process, sets CHAINLIT_AUTH_SECRET) must not become every later server's.
+        inherited = {key: value for key, value in os.environ.items() if key != "CHAINLIT_AUTH_SECRET"}
+        self.env = {**inherited, **env}
         self.process: subprocess.Popen | None = None
         self.engine_processes: list[psutil.Process] = []
 
