@@ -60,6 +60,10 @@ def stop_tree(
     return alive
 
 
+# Every start in this process, by log name: the test session reports how many servers it started.
+STARTED: list[str] = []
+
+
 class PortTakenError(RuntimeError):
     """Another process bound the server's port before Chainlit did."""
 
@@ -71,7 +75,10 @@ class AppServer:
         self.port = port or free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        self.env = {**os.environ, **env}
+        # Not the test process's sign-in secret: one that reached os.environ there (a test, or a Runtime
+        # started in process, sets CHAINLIT_AUTH_SECRET) must not become every later server's.
+        inherited = {key: value for key, value in os.environ.items() if key != "CHAINLIT_AUTH_SECRET"}
+        self.env = {**inherited, **env}
         self.process: subprocess.Popen | None = None
         self.engine_processes: list[psutil.Process] = []
 
@@ -119,6 +126,7 @@ class AppServer:
             try:
                 if self.status().get("ready"):
                     self.engine_processes = psutil.Process(self.process.pid).children(recursive=True)
+                    STARTED.append(self.log_path.name)
                     return self
             except OSError:
                 pass
@@ -211,6 +219,7 @@ class VllmServer:
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
                     if response.status == 200:
+                        STARTED.append(self.log_path.name)
                         return self
             except OSError:
                 pass

@@ -20,7 +20,7 @@ from cachetools import TTLCache
 
 Message = dict[str, str]
 # What an entry costs besides its ids (key, array header, the cache's links and dict slots:
-# ~475 bytes under tracemalloc in tests/test_leaks.py), in 4-byte ids: the bound then holds
+# ~475 bytes under tracemalloc in tests/system/memory/test_leaks.py), in 4-byte ids: the bound then holds
 # for short answers too, not only in ids.
 ENTRY_OVERHEAD_IDS = 128
 

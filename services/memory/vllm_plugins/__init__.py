@@ -9,7 +9,7 @@ start in the repository's folder. `register` puts this folder on sys.path
 before the engine starts; spawned processes inherit sys.path. An operator's
 `VLLM_PLUGINS` list that leaves out `vllm_chat_patches` switches them off.
 
-tests/test_patches.py notices when an upgraded vLLM no longer needs a workaround.
+tests/system/engine/test_patches.py notices when an upgraded vLLM no longer needs a workaround.
 """
 
 from __future__ import annotations

@@ -1,0 +1,102 @@
+"""The password-sign-in server that the people tests (accounts/) and the attack suite (security/)
+share, one configuration from the session's server pool: password sign-in with the administrator
+ADMIN and the people ALICE and BOB, GitHub sign-in too (against `fake_github`, with an allowlist),
+uvicorn trusting every X-Forwarded-For (FORWARDED_ALLOW_IPS=*, as containers are often run), the
+operators' routes guarded by OPS_TOKEN, and a DATA_DIR left loose before the start (the server
+must tighten it). Each test that signs in wrongly, ends sign-ins or adds people uses accounts and
+client addresses of its own, so the tests stay independent on the one server."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.fake_github import FakeGitHub
+from harness.server import ROOT, AppServer
+from tests.conftest import TINY_MAX_MODEL_LEN, ServerPool, pooled, server_env
+
+ADMIN = ("admin", "admin-password-1")
+ALICE = ("alice", "alice-password-1")
+BOB = ("bob", "bobs-password-11")
+
+# A change made by the accounts command (another process) reaches the server's checks this late at
+# most; the default is 30 s, shortened here so the tests of ended sign-ins run quickly.
+SIGN_IN_CHECK_SECONDS = 1
+
+GITHUB_ORG = "acme"  # members of this GitHub organisation may sign in
+ALLOWED_DOMAIN = "example.com"  # and people with a verified e-mail address here
+ALLOWED_GITHUB_USER = "github:carol-gh"  # and this one GitHub user
+OPS_TOKEN = "security-ops-token"  # the operators' routes are guarded, as they must be in production
+
+
+def accounts(data_dir: Path, *args: str, stdin: str = "") -> subprocess.CompletedProcess:
+    """`python -m services.accounts ...` on the server's database, as an operator runs it."""
+    env = {**os.environ, "DATA_DIR": str(data_dir)}
+    return subprocess.run([sys.executable, "-m", "services.accounts", *args], cwd=ROOT, env=env, input=stdin,
+                          capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+
+
+def tiny_env(model_dir: Path, **values: object) -> dict[str, str]:
+    return server_env(
+        MODEL=model_dir, MAX_MODEL_LEN=TINY_MAX_MODEL_LEN, MAX_NUM_BATCHED_TOKENS=4096, MAX_NEW_TOKENS=8,
+        **values,
+    )  # fmt: skip
+
+
+def loosen(data_dir: Path) -> None:
+    """DATA_DIR and its files readable by everyone, as an older version or a careless copy left them."""
+    data_dir.chmod(0o755)
+    for name in ("chat.db", "chat.db-wal", "chat.db-shm"):
+        (data_dir / name).touch(0o644)
+    (data_dir / "auth-secret").write_text(secrets.token_urlsafe(48))
+    for path in data_dir.iterdir():
+        path.chmod(0o644)
+
+
+@pytest.fixture(scope="session")
+def fake_github() -> Iterator[FakeGitHub]:
+    """For the session: its address is part of the password server's settings, which the pool keys
+    servers by."""
+    github = FakeGitHub().start()
+    yield github
+    github.stop()
+
+
+def add_alice_and_bob(server: AppServer) -> None:
+    for name, password in (ALICE, BOB):
+        accounts(Path(server.env["DATA_DIR"]), "add", name, stdin=password + "\n")
+
+
+def shared_password_server(
+    server_pool: ServerPool, model_dir: Path, tmp_path_factory: pytest.TempPathFactory, github: FakeGitHub
+) -> AppServer:
+    """The one running password server (started on first use)."""
+
+    def loosened_data_dir(server: AppServer) -> None:
+        data_dir = tmp_path_factory.mktemp("password-data")
+        loosen(data_dir)
+        server.env["DATA_DIR"] = str(data_dir)
+
+    env = tiny_env(
+        model_dir, AUTH_MODE="password", ADMIN_USERNAME=ADMIN[0], ADMIN_PASSWORD=ADMIN[1],
+        FORWARDED_ALLOW_IPS="*", SIGN_IN_CHECK_SECONDS=SIGN_IN_CHECK_SECONDS, OAUTH_ALLOWED_ORGS=GITHUB_ORG,
+        OAUTH_ALLOWED_DOMAINS=ALLOWED_DOMAIN, OAUTH_ALLOWED_USERS=ALLOWED_GITHUB_USER, OPS_TOKEN=OPS_TOKEN,
+        **github.env(),
+    )  # fmt: skip
+    return server_pool.get(env, "password-server", loosened_data_dir, add_alice_and_bob)
+
+
+@pooled(group="password")
+def password_server(
+    server_pool: ServerPool,
+    tiny_model_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    fake_github: FakeGitHub,
+) -> AppServer:
+    return shared_password_server(server_pool, tiny_model_dir, tmp_path_factory, fake_github)

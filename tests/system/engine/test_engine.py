@@ -1,0 +1,186 @@
+"""The real vLLM engine on the tiny model: streaming, concurrency, every abort route."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from bench.memory.shapes import distinct_size_prompts, sweep, worker_rss_mb
+from services.config import Settings
+from services.engine.backends.local import RPC_DIR_PREFIX, engine_processes
+from services.engine.chat_engine import ChatEngine, SamplingSettings
+from services.engine.errors import TokenBudgetError
+from services.engine.stream_stats import StreamStats
+from services.engine.warmup import BATCH_SIZES, warm_up
+from services.memory import PRELOAD_LIBRARIES
+from tests.conftest import tiny_settings
+
+# The engine is the package's (conftest.py), on the package's event loop.
+pytestmark = pytest.mark.asyncio(loop_scope="package")
+
+QUESTION = [{"role": "user", "content": "Tell me a long story."}]
+LONG = SamplingSettings(temperature=1.0, top_p=1.0, max_new_tokens=3000)
+SHORT = SamplingSettings(temperature=1.0, top_p=1.0, max_new_tokens=24)
+
+
+@pytest.fixture
+def finished(engine: ChatEngine) -> list[StreamStats]:
+    """Stats of every request that ends during the test."""
+    seen: list[StreamStats] = []
+    engine.on_finish(seen.append)
+    yield seen
+    engine._on_finish.remove(seen.append)
+
+
+async def collect(engine: ChatEngine, request_id: str, sampling: SamplingSettings = SHORT) -> str:
+    return "".join([delta async for delta in engine.generate(QUESTION, sampling, request_id)])
+
+
+async def wait_until_idle(engine: ChatEngine, timeout: float = 1.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while engine.unfinished_requests():
+        assert asyncio.get_running_loop().time() < deadline, "engine still holds requests"
+        await asyncio.sleep(0.01)
+
+
+async def test_streams_text_deltas(engine: ChatEngine, finished: list[StreamStats]) -> None:
+    deltas = [delta async for delta in engine.generate(QUESTION, SHORT, "stream-1")]
+    assert len(deltas) > 1, "the answer should arrive in several pieces"
+    assert finished[-1].finish_reason in ("length", "stop")
+    assert 0 < finished[-1].output_tokens <= SHORT.max_new_tokens
+    assert engine.unfinished_requests() == 0
+
+
+async def test_eight_concurrent_streams(engine: ChatEngine) -> None:
+    answers = await asyncio.gather(*(collect(engine, f"concurrent-{i}") for i in range(8)))
+    assert all(answers)
+    assert engine.unfinished_requests() == 0
+
+
+async def start_long_stream(engine: ChatEngine, request_id: str) -> tuple[AsyncIterator[str], list[str]]:
+    stream = engine.generate(QUESTION, LONG, request_id)
+    received = [await anext(stream) for _ in range(3)]
+    assert engine.unfinished_requests() == 1
+    return stream, received
+
+
+async def test_explicit_abort_ends_the_stream(engine: ChatEngine, finished: list[StreamStats]) -> None:
+    stream, _ = await start_long_stream(engine, "abort-explicit")
+    await engine.abort("abort-explicit")
+    rest = [delta async for delta in stream]  # the stream ends on its own
+    assert len(rest) < LONG.max_new_tokens
+    assert finished[-1].finish_reason == "abort"
+    await wait_until_idle(engine)
+
+
+async def test_task_cancellation_aborts(engine: ChatEngine, finished: list[StreamStats]) -> None:
+    started = asyncio.Event()
+
+    async def consume() -> None:
+        async for _ in engine.generate(QUESTION, LONG, "abort-cancel"):
+            started.set()
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(started.wait(), 30)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert finished[-1].finish_reason == "abort"
+    await wait_until_idle(engine)
+
+
+async def test_early_close_aborts(engine: ChatEngine, finished: list[StreamStats]) -> None:
+    stream, _ = await start_long_stream(engine, "abort-close")
+    await stream.aclose()
+    assert finished[-1].finish_reason == "abort"
+    await wait_until_idle(engine)
+
+
+async def test_consumer_exception_aborts(engine: ChatEngine) -> None:
+    with pytest.raises(RuntimeError, match="consumer failed"):
+        stream = engine.generate(QUESTION, LONG, "abort-exception")
+        async with contextlib.aclosing(stream):
+            async for _ in stream:
+                raise RuntimeError("consumer failed")
+    await wait_until_idle(engine)
+
+
+async def test_engine_still_serves_after_aborts(engine: ChatEngine) -> None:
+    for i in range(3):
+        stream, _ = await start_long_stream(engine, f"churn-{i}")
+        await stream.aclose()
+    assert await collect(engine, "after-aborts")
+    assert engine.unfinished_requests() == 0
+
+
+async def test_prompt_beyond_context_is_refused(engine: ChatEngine) -> None:
+    huge = [{"role": "user", "content": "word " * 5000}]
+    with pytest.raises(TokenBudgetError, match="exceeds the model's maximum context length"):
+        await anext(engine.generate(huge, SHORT, "too-long"))
+    assert engine.unfinished_requests() == 0
+
+
+async def test_answer_budget_is_capped_by_context(engine: ChatEngine, finished: list[StreamStats]) -> None:
+    prompt_tokens = len(engine.encode_chat(QUESTION))
+    await collect(engine, "capped", SamplingSettings(1.0, 1.0, max_new_tokens=100_000))
+    assert finished[-1].output_tokens <= engine.max_model_len - prompt_tokens
+
+
+async def test_engine_processes_start_with_the_configured_allocator(engine: ChatEngine) -> None:
+    # vLLM spawns its processes from this environment; their own /proc/<pid>/environ cannot be
+    # read back (setproctitle overwrites it), but the preloaded malloc shows in their mappings.
+    settings = Settings()
+    processes = engine_processes()
+    assert len(processes) >= 2, "EngineCore and a worker"
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(settings.engine_onednn_cache_capacity)
+    assert os.environ["ENGINE_ONEDNN_MM_CACHE"] == str(settings.engine_onednn_mm_cache)
+    preloaded = PRELOAD_LIBRARIES.get(settings.engine_allocator)
+    for process in processes:
+        maps = Path(f"/proc/{process.pid}/maps").read_text()
+        for name in PRELOAD_LIBRARIES.values():
+            assert (name in maps) == (name == preloaded), f"{process.name()} maps {name}: {name in maps}"
+    if settings.engine_allocator == "glibc":  # without it glibc's threshold drifts up to 32 MB
+        assert os.environ["MALLOC_MMAP_THRESHOLD_"] == str(settings.engine_mmap_threshold_bytes)
+
+
+async def test_vllm_s_temp_files_stay_in_the_engine_s_private_folder(engine: ChatEngine) -> None:
+    # The worker's rendezvous file (torch's FileStore) and the ZMQ sockets go where the app removes
+    # them on shutdown; this process and its later children keep the session's temp folder.
+    folders = list(Path(tempfile.gettempdir()).glob(f"{RPC_DIR_PREFIX}*"))
+    assert len(folders) == 1, folders
+    names = [path.name for path in folders[0].iterdir()]
+    assert any(name.startswith("vllm_dist_") for name in names), names
+    assert not list(Path(tempfile.gettempdir()).glob("vllm_dist_*"))
+    assert os.environ["TMPDIR"] == tempfile.gettempdir()
+    assert "VLLM_RPC_BASE_PATH" not in os.environ
+
+
+async def test_new_batch_sizes_do_not_grow_the_worker(engine: ChatEngine) -> None:
+    # Every prefill below has a batch size the worker has not seen, and each compiles oneDNN
+    # primitives. With oneDNN's default cache (ENGINE_ONEDNN_CACHE_CAPACITY=1024) the worker grew
+    # 184 MB over these 160 sizes; with the capped cache it stays where the warm-up left it.
+    prompts = distinct_size_prompts(engine, 200, first_words=600)
+    await sweep(engine, prompts[:40], "sizes-warm")
+    before = worker_rss_mb()
+    await sweep(engine, prompts[40:], "sizes")
+    growth = worker_rss_mb() - before
+    assert growth < 30, f"the worker grew {growth:.0f} MB over 160 new batch sizes"
+    assert engine.unfinished_requests() == 0
+
+
+async def test_warm_up_doubles_its_batches_until_one_is_too_slow_for_the_reading_pace(
+    engine: ChatEngine, tiny_model_dir: Path
+) -> None:
+    """Up to the largest batch admission may run, so the worker's kernels for it exist before users."""
+    settings = tiny_settings(tiny_model_dir)
+    assert max(engine.warm_up_report.decode_seconds_per_token) == min(max(BATCH_SIZES), settings.max_num_seqs)
+    strict = await warm_up(engine, settings.replace(reading_pace_tokens_per_second=1e6))  # no batch keeps it
+    assert len(strict.decode_seconds_per_token) == 1
+    unpaced = await warm_up(engine, settings.replace(reading_pace_tokens_per_second=0))  # admits all at once
+    assert max(unpaced.decode_seconds_per_token) == min(max(BATCH_SIZES), settings.max_num_seqs)
