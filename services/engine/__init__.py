@@ -16,8 +16,7 @@ needs one module (the orphan guard, `backends/local/processes.py`) loads only th
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from services import lazy_exports
 
 # Each name outside code uses -> "module:attribute" inside this package.
 _EXPORTS = {
@@ -52,16 +51,4 @@ _EXPORTS = {
 }
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    """Import the module that defines `name` on first use (PEP 562)."""
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, attribute = _EXPORTS[name].split(":")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), attribute)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

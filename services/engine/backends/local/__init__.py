@@ -14,8 +14,7 @@ Names are imported on first use, so the orphan guard's process loads only its ow
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from services import lazy_exports
 
 # Each name outside code uses -> "module:attribute" inside this package.
 _EXPORTS = {
@@ -34,16 +33,4 @@ _EXPORTS = {
 }
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    """Import the module that defines `name` on first use (PEP 562)."""
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, attribute = _EXPORTS[name].split(":")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), attribute)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
