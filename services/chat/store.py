@@ -172,8 +172,14 @@ class SessionStore:
         return len(self._sessions)
 
     def awaiting_reconnect(self) -> int:
-        """Sessions whose page went away, kept until their reconnect deadline."""
-        return sum(1 for s in self._sessions.values() if s.reconnect_deadline is not None)
+        """Sessions whose page went away and may still come back: past its deadline a session no
+        longer counts (Chainlit drops its own copy then), though the next expiry round frees it."""
+        now = self.timer()
+        return sum(
+            1
+            for s in self._sessions.values()
+            if s.reconnect_deadline is not None and s.reconnect_deadline > now
+        )
 
     def turns_in_flight(self) -> int:
         return sum(1 for s in self._sessions.values() if s.busy)

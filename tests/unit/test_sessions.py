@@ -122,6 +122,7 @@ async def test_a_page_that_went_away_makes_room_first_and_is_dropped_after_its_w
     assert store.get("gone") is None and store.get("idle") is not None
     store.disconnect("idle", keep_seconds=120)
     clock.now += 121
+    assert store.awaiting_reconnect() == 0, "past its window it is not awaited, even before the round"
     assert store.expire() == 1 and store.get("idle") is None
     assert store.dropped_total["not_reconnected"] == 1 and store.dropped_total["evicted"] == 1
 
