@@ -180,7 +180,18 @@ class EngineSettings:
         "(tokenizers' own default is 10,000, ~4 MB a copy, filled slowly for hours); 0 turns the cache off.",
         0,
     )
-    cache_dir: str = setting(default_cache_dir(), "CACHE_DIR", "Where the prepared default model is kept.")
+    cache_dir: str = setting(
+        default_cache_dir(), "CACHE_DIR", "The prepared default model and the warm-up's speeds are kept here."
+    )
+    warm_up_reuse_hours: float = setting(
+        24.0,
+        "WARM_UP_REUSE_HOURS",
+        "A restart with the same model files, engine options, versions, CPU and cores takes the decode "
+        "speeds a warm-up measured this recently (kept in CACHE_DIR) instead of measuring them again; "
+        "every batch size still runs once, with short answers, to prepare its kernels. Admission "
+        "corrects the speeds from live decoding either way. 0 = measure at every start.",
+        0,
+    )
 
     # --- remote engine: vLLM servers instead of the in-process engine -----------
     engine_urls: str = setting(

@@ -13,6 +13,7 @@ from services.engine.backends.remote import remote_engine_lifespan
 from services.engine.chat_engine import ChatEngine
 from services.engine.loop_guard import LoopGuardConfig
 from services.engine.warmup import WarmUpReport, warm_up
+from services.engine.warmup_record import WarmUpRecords, record_key
 from services.memory import WordCacheBound
 
 logger = logging.getLogger(__name__)
@@ -41,5 +42,13 @@ async def engine_lifespan(settings: Settings) -> AsyncIterator[ChatEngine]:
             warm_up_report=WarmUpReport(),
         )
         # Ready only after the first shapes ran once (warmup.py); what it measured stays with the engine.
-        await warm_up(engine, settings, engine.warm_up_report)
+        # The in-process engine's decode speeds are kept for the next start (warmup_record.py); vLLM
+        # servers elsewhere are measured every time.
+        reuse_hours = 0 if settings.engine_url_list else settings.warm_up_reuse_hours
+        records = WarmUpRecords(settings.cache_dir, reuse_hours)
+        key = record_key(settings, max_model_len)
+        known = records.find(key)
+        await warm_up(engine, settings, engine.warm_up_report, known)
+        if known is None:
+            records.save(key, engine.warm_up_report.decode_seconds_per_token)
         yield engine

@@ -33,6 +33,7 @@ PROMPT_TOKENS = (48, 320, 1024)
 # (BENCHMARKS.md, bursts).
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 BATCH_ANSWER_TOKENS = 32  # the first few overlap the others' prefill; the rest measure decoding
+KERNEL_FILL_ANSWER_TOKENS = 3  # with known speeds: the first token from the prefill, two decode steps
 WORDS = (
     "apple", "river", "mountain", "cloud", "stone", "garden", "window", "paper", "music", "silver",
     "forest", "candle", "bridge", "ocean", "letter", "market", "winter", "summer", "yellow", "purple",
@@ -47,12 +48,14 @@ class WarmUpReport:
     seconds: float = 0.0
     prompt_ttft_seconds: dict[int, float] = field(default_factory=dict)  # prompt tokens: first token
     decode_seconds_per_token: dict[int, float] = field(default_factory=dict)  # batch size: per stream
+    decode_age_seconds: float = 0.0  # how old the decode speeds are: > 0 when taken from a record
 
     def summary(self) -> dict[str, Any]:
         return {
             "seconds": round(self.seconds, 2),
             "prompt_ttft_seconds": {n: round(s, 3) for n, s in self.prompt_ttft_seconds.items()},
             "decode_seconds_per_token": {n: round(s, 4) for n, s in self.decode_seconds_per_token.items()},
+            "decode_age_seconds": round(self.decode_age_seconds),
         }
 
 
@@ -96,11 +99,18 @@ async def _decode_batch(engine: ChatEngine, texts: list[str], sampling: Sampling
     return decode_seconds_per_token(batch) if any(len(times) > 1 for times in batch) else None
 
 
-async def warm_up(engine: ChatEngine, settings: Settings, report: WarmUpReport | None = None) -> WarmUpReport:
+async def warm_up(
+    engine: ChatEngine,
+    settings: Settings,
+    report: WarmUpReport | None = None,
+    known: tuple[dict[int, float], float] | None = None,
+) -> WarmUpReport:
     """Run the warm-up pass; return what it measured into `report` (logged, and shown in /status).
 
     Requests are sampled as the service samples by default (TEMPERATURE, TOP_P): vLLM compiles its
-    CPU sampler (torch.compile) on the first sampled request.
+    CPU sampler (torch.compile) on the first sampled request. `known` is decode speeds measured by
+    an earlier start and their age (warmup_record.py): each of its batch sizes then runs with
+    answers just long enough to decode at that size, and nothing is measured.
     """
     started = time.monotonic()
     rng = random.Random(0)
@@ -113,6 +123,13 @@ async def warm_up(engine: ChatEngine, settings: Settings, report: WarmUpReport |
         report.prompt_ttft_seconds[tokens] = (times[1] if len(times) > 1 else time.monotonic()) - times[0]
     pace = settings.reading_pace_tokens_per_second * settings.reading_pace_headroom
     slowest = 1 / pace if pace > 0 else math.inf  # no pace: admission may run MAX_NUM_SEQS at once
+    if known is not None:
+        speeds, report.decode_age_seconds = known
+        fill = SamplingSettings(settings.temperature, settings.top_p, KERNEL_FILL_ANSWER_TOKENS)
+        for size in sorted(speeds):
+            await _decode_batch(engine, [filler(rng, engine, 24) for _ in range(size)], fill)
+        report.decode_seconds_per_token = dict(speeds)
+        return _finish(report, started)
     for size in sorted({min(s, settings.max_num_seqs) for s in BATCH_SIZES}):
         per_token = await _decode_batch(
             engine, [filler(rng, engine, 24) for _ in range(size)], batch_sampling
@@ -121,6 +138,10 @@ async def warm_up(engine: ChatEngine, settings: Settings, report: WarmUpReport |
             report.decode_seconds_per_token[size] = per_token
             if per_token > slowest:  # admission will not run this many at once: no larger batches
                 break
+    return _finish(report, started)
+
+
+def _finish(report: WarmUpReport, started: float) -> WarmUpReport:
     report.seconds = time.monotonic() - started
     logger.info("warm-up took %.1f s: %s", report.seconds, report.summary())
     return report

@@ -17,7 +17,8 @@ from services.engine.backends.local import RPC_DIR_PREFIX, engine_processes
 from services.engine.chat_engine import ChatEngine, SamplingSettings
 from services.engine.errors import TokenBudgetError
 from services.engine.stream_stats import StreamStats
-from services.engine.warmup import BATCH_SIZES, warm_up
+from services.engine.warmup import BATCH_SIZES, KERNEL_FILL_ANSWER_TOKENS, warm_up
+from services.engine.warmup_record import WarmUpRecords, record_key
 from services.memory import PRELOAD_LIBRARIES
 from tests.conftest import tiny_settings
 
@@ -184,3 +185,25 @@ async def test_warm_up_doubles_its_batches_until_one_is_too_slow_for_the_reading
     assert len(strict.decode_seconds_per_token) == 1
     unpaced = await warm_up(engine, settings.replace(reading_pace_tokens_per_second=0))  # admits all at once
     assert max(unpaced.decode_seconds_per_token) == min(max(BATCH_SIZES), settings.max_num_seqs)
+
+
+async def test_a_restart_takes_the_kept_speeds_and_still_runs_every_batch_size(
+    engine: ChatEngine, tiny_model_dir: Path, tmp_path: Path, finished: list[StreamStats]
+) -> None:
+    """What one start measured, the next start with the same key takes (warmup_record.py), and its
+    warm-up still sends each batch size through the worker once, with short answers."""
+    settings = tiny_settings(tiny_model_dir)
+    records = WarmUpRecords(str(tmp_path), settings.warm_up_reuse_hours)
+    key = record_key(settings, engine.max_model_len)
+    measured = await warm_up(engine, settings)
+    records.save(key, measured.decode_seconds_per_token)
+    finished.clear()
+    known = records.find(key)
+    assert known is not None and known[0] == measured.decode_seconds_per_token
+    again = await warm_up(engine, settings, known=known)
+    assert again.decode_seconds_per_token == measured.decode_seconds_per_token
+    assert again.summary()["decode_age_seconds"] == round(known[1])
+    prompts = len(again.prompt_ttft_seconds)
+    answers = [stats.output_tokens for stats in finished[prompts:]]
+    assert len(answers) == sum(measured.decode_seconds_per_token), "every batch size ran once"
+    assert max(answers) <= KERNEL_FILL_ANSWER_TOKENS
