@@ -108,6 +108,14 @@ class ServerPool:
             raise
         return server
 
+    def stop(self, server: AppServer, sig: int) -> list:
+        """Stop a pooled server now with `sig` (a test of how the app stops, on a server its group's
+        other tests are done with); return the engine processes it left. A later user gets a new one."""
+        for key, alive in list(self.alive.items()):
+            if alive is server:
+                del self.alive[key]
+        return server.stop(sig)
+
     def _stop(self, server: AppServer) -> None:
         leftovers = server.stop()
         self.leftovers += [f"{server.log_path.name}: {process}" for process in leftovers]
@@ -213,7 +221,8 @@ def order_by_server(items: list[pytest.Item]) -> list[pytest.Item]:
     module that uses each (then of the first): a group whose modules are spread over packages that
     other groups use too (the password server: accounts/ and security/) runs next to the groups of
     the package it ends in, so a module that needs two of them finds both alive. A module with
-    FIRST_ON_ITS_SERVER = True comes first among its group's modules."""
+    FIRST_ON_ITS_SERVER = True comes first among its group's modules, one with LAST_ON_ITS_SERVER =
+    True (it stops the server) last."""
     modules: dict[str, list[pytest.Item]] = {}
     for item in items:
         modules.setdefault(item.nodeid.split("::")[0], []).append(item)
@@ -241,8 +250,10 @@ def order_by_server(items: list[pytest.Item]) -> list[pytest.Item]:
         if group is None:
             keys[path] = (0 if path.startswith("tests/unit/") else 1, (0, 0), False, index)
         else:
-            first = bool(getattr(getattr(tests[0], "module", None), "FIRST_ON_ITS_SERVER", False))
-            keys[path] = (2, rank[group], not first, index)
+            module = getattr(tests[0], "module", None)
+            place = 0 if getattr(module, "FIRST_ON_ITS_SERVER", False) else 1
+            place = 2 if getattr(module, "LAST_ON_ITS_SERVER", False) else place
+            keys[path] = (2, rank[group], place, index)
     return [item for path in sorted(modules, key=keys.__getitem__) for item in modules[path]]
 
 

@@ -20,7 +20,6 @@ from bench.documents.corpus import (
     new_session,
     sections_of_document,
 )
-from bench.documents.legacy_summaries import LOOP_GUARD_OFF
 from bench.documents.quality_metrics import Coverage, distinct_ngram_ratio, identify_language
 from services.chat.service import ChatService
 from services.config import Settings
@@ -48,8 +47,7 @@ async def sweep(ids: set[str] | None, pairs_text: str) -> dict[str, Any]:
     pairs = parse_pairs(pairs_text)
     docs, skipped = load_documents(ids)
     results: dict[str, Any] = {"machine_before": machine_info(), "skipped": skipped, "runs": []}
-    async with engine_lifespan(settings) as engine:
-        engine.loop_guard = LOOP_GUARD_OFF
+    async with engine_lifespan(settings.replace(loop_guard_min_tokens=0)) as engine:  # the guard off
         guard = LoopGuardConfig.from_settings(settings)
         for doc in docs:
             doc["sections"] = sections_of_document(engine, doc)

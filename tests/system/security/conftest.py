@@ -6,7 +6,8 @@ socket.
   sign-in with people ALICE and BOB and the administrator ADMIN, GitHub sign-in too (against
   `fake_github`, with an allowlist), uvicorn trusting every X-Forwarded-For
   (FORWARDED_ALLOW_IPS=*, as containers are often run);
-- `local_target`: nothing configured, on loopback: the one local user (the default install);
+- `local_target`: nothing configured, on loopback: the one local user (the default install), the
+  tiny server of the chat tests;
 - `proxied_target`: header sign-in behind an auth proxy at PROXY_ADDRESS, uvicorn trusting every
   X-Forwarded-For.
 """
@@ -25,7 +26,7 @@ import pytest
 from harness.chat_client import ChatClient, sign_in
 from harness.fake_github import FakeGitHub
 from harness.server import ROOT, AppServer
-from tests.conftest import ServerPool, pooled
+from tests.conftest import ServerPool, pooled, tiny_server_env
 from tests.system.accounts.test_people import stored_thread
 from tests.system.conftest import (
     ADMIN,
@@ -62,10 +63,11 @@ def target(
     return shared_password_server(server_pool, tiny_model_dir, tmp_path_factory, fake_github)
 
 
-@pooled(scope="package")
+@pooled(scope="package", group="tiny_server")
 def local_target(server_pool: ServerPool, tiny_model_dir: Path) -> AppServer:
-    """The default install: no sign-in configured, bound to 127.0.0.1 (the local user)."""
-    return server_pool.get(tiny_env(tiny_model_dir), "security-local-server")
+    """The default install: no sign-in configured, bound to 127.0.0.1 (the local user); the tiny
+    server the chat tests use."""
+    return server_pool.get(tiny_server_env(tiny_model_dir), "tiny-server")
 
 
 @pooled(scope="package")
