@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from cachetools import TTLCache
 
 from services.admission.refusals import (
+    CAPACITY,
+    RESENT_EARLY,
     USER_CONCURRENT_TURNS,
     USER_DOCUMENTS_PER_HOUR,
     USER_MESSAGES_PER_MINUTE,
@@ -47,6 +49,7 @@ class UserUsage:
     tokens: deque[tuple[int, int]] = field(default_factory=deque)  # (second, tokens), last minute only
     documents: deque[float] = field(default_factory=deque)  # upload times, last hour only
     messages: deque[float] = field(default_factory=deque)  # message times, last minute only
+    told_until: float = 0.0  # a capacity refusal asked them to try again at this time
 
     def tokens_since(self, moment: float) -> int:
         return sum(count for second, count in self.tokens if second >= moment)
@@ -152,12 +155,27 @@ class UserLimits:
         if count > 0:
             usage.add_tokens(self.clock(), count)
 
+    def told(self, usage: UserUsage, refusal: Refused) -> None:
+        """The person was refused for capacity and told when to try again: until then their messages
+        get that answer at once, without new work (`count_message`)."""
+        if refusal.reason in CAPACITY and refusal.retry_after_seconds:
+            usage.told_until = self.clock() + refusal.retry_after_seconds
+
     def count_message(self, usage: UserUsage) -> None:
-        """Count one chat message; raise Refused (not counted) when the minute already holds the limit."""
+        """Count one chat message; raise Refused (not counted) before the time a capacity refusal gave
+        and when the minute already holds the limit."""
+        now = self.clock()
+        if now < usage.told_until:
+            wait = usage.told_until - now
+            raise Refused(
+                RESENT_EARLY,
+                f"The service is still busy: please try again in ~{rounded_seconds(wait)}, as your last "
+                "message was told. This one was not sent.",
+                wait,
+            )
         limit = self.settings.user_messages_per_minute
         if not limit:
             return
-        now = self.clock()
         while usage.messages and usage.messages[0] <= now - MESSAGE_WINDOW_SECONDS:
             usage.messages.popleft()
         if len(usage.messages) >= limit:

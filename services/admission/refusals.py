@@ -13,10 +13,12 @@ USER_TOKENS_PER_MINUTE = "user_tokens_per_minute"
 USER_DOCUMENTS_PER_HOUR = "user_documents_per_hour"
 USER_MESSAGES_PER_MINUTE = "user_messages_per_minute"
 SESSIONS_FULL = "sessions_full"
+RESENT_EARLY = "resent_early"  # a chat message sent before the time a capacity refusal gave
 REASONS = (
     QUEUE_FULL, WAIT_TOO_LONG, ENGINE_QUEUE_FULL, USER_CONCURRENT_TURNS,
-    USER_TOKENS_PER_MINUTE, USER_DOCUMENTS_PER_HOUR, USER_MESSAGES_PER_MINUTE, SESSIONS_FULL,
+    USER_TOKENS_PER_MINUTE, USER_DOCUMENTS_PER_HOUR, USER_MESSAGES_PER_MINUTE, SESSIONS_FULL, RESENT_EARLY,
 )  # fmt: skip
+CAPACITY = (QUEUE_FULL, WAIT_TOO_LONG, ENGINE_QUEUE_FULL)  # the service is full, not the person's share
 
 
 class Refused(RuntimeError):

@@ -96,6 +96,7 @@ class Admission:
             "service_seconds": {kind: round(value, 2) for kind, value in line.service_seconds.items()},
             "seconds_per_token_by_batch": self.capacity.seconds_per_token(),
             "slowdown_vs_warm_up": round(self.capacity.slowdown, 2),
+            "chat_wait_promised_vs_actual": line.promises.status(),
             "stream_pace": line.pace.status(),
             "users_tracked": len(self.limits),
         }
@@ -137,15 +138,22 @@ class Admission:
         the engine refuses the request for its own full queue before its first token.
         """
         turn_of = self.turn(user_key) if user_key is not None else contextlib.nullcontext(current_turn())
-        async with turn_of as turn, self.line.place(work, owner=turn) as ticket:
-            slot = Slot(self, ticket, turn)
+        async with turn_of as turn:
             try:
-                yield slot
-            except Exception as error:
-                if slot.tokens or not is_engine_busy(error):
-                    raise
-                ahead = len(self.line.waiting)
-                raise self.line.refuse(ENGINE_QUEUE_FULL, ahead, self.line.estimate_seconds(ahead)) from error
+                async with self.line.place(work, owner=turn) as ticket:
+                    slot = Slot(self, ticket, turn)
+                    try:
+                        yield slot
+                    except Exception as error:
+                        if slot.tokens or not is_engine_busy(error):
+                            raise
+                        ahead = len(self.line.waiting)
+                        wait = self.line.estimate_seconds(ahead)
+                        raise self.line.refuse(ENGINE_QUEUE_FULL, ahead, wait) from error
+            except Refused as refusal:
+                if turn is not None and turn.usage is not None:
+                    self.limits.told(turn.usage, refusal)  # resending earlier gets this answer at once
+                raise
 
     def feedback(self, turn: TurnContext, show: Show) -> WaitingFeedback:
         """Status updates for a waiting turn (none when admission is off: nothing waits)."""

@@ -1,11 +1,10 @@
 """Our waiting line in front of the engine: admit while the running limit allows, chat first, bounded.
 
 Requests beyond the running limit (capacity.py, capped by pace.py) wait here, not inside vLLM,
-so that they can be counted, shown to their user with a place and an
-estimate, and refused at once when the queue is full or the wait too long.
-ADMISSION_QUEUE_MAX bounds the chat turns waiting; document parts wait besides
-them (each summary has at most SUMMARY_CONCURRENCY parts in flight, and each
-person a few turns, so they are bounded by the sessions).
+so that they can be counted, shown to their user with a place and an estimate (corrected by how
+late recent turns ran: promises.py), and refused at once when the queue is full or the wait too
+long. ADMISSION_QUEUE_MAX bounds the chat turns waiting; document parts wait besides them (each
+summary has at most SUMMARY_CONCURRENCY parts in flight, and each person a few turns).
 A request is one of three kinds of work: a chat turn, a document part, or an
 API request (which holds a chat slot; vLLM's layer streams it, so its tokens are
 not seen here). Order: chat turns by arrival; document parts as if they had
@@ -34,6 +33,7 @@ from dataclasses import dataclass, field
 
 from services.admission.capacity import DecodeCapacity
 from services.admission.pace import StreamPace
+from services.admission.promises import WaitPromises
 from services.admission.refusals import QUEUE_FULL, WAIT_TOO_LONG, Refused, busy
 from services.config import Settings
 
@@ -64,6 +64,7 @@ class _Ticket:
     admitted: asyncio.Event = field(default_factory=asyncio.Event)
     admitted_at: float | None = None
     released: bool = False
+    promised: float = 0.0  # the wait it was told when it took its place (a chat turn's)
 
     def order(self) -> tuple[float, int]:
         return self.key, self.seq
@@ -101,6 +102,7 @@ class WaitingLine:
         self.admitted_total = 0
         self.waited_seconds_total = 0.0
         self.service_seconds = first_service_seconds(settings)
+        self.promises = WaitPromises(clock)  # chat turns' promised and actual waits
         self.completed: Counter[str] = Counter()  # requests released, by kind
         self._epoch = clock()
         self._numbers = itertools.count()
@@ -189,6 +191,7 @@ class WaitingLine:
             measured = self.completed[CHAT] >= MEASURED_AFTER
             if estimate > self.settings.admission_max_wait_seconds and (measured or ahead >= self.limit):
                 raise self.refuse(WAIT_TOO_LONG, ahead, estimate)
+            ticket.promised = estimate
         self.waiting.insert(ahead, ticket)
         self.waiting_by_kind[ticket.kind] += 1
         self.admit_waiting()  # those ahead may be parts over the documents' share
@@ -223,6 +226,8 @@ class WaitingLine:
             self.pace.token(ticket)
         if ticket in self._prefilling:
             self._prefilling.discard(ticket)
+            if ticket.kind == CHAT:  # its first token: was the promise kept?
+                self.promises.keep(ticket.promised, self.clock() - ticket.entered_at)
             self.admit_waiting()
 
     def _release(self, ticket: _Ticket) -> None:
@@ -273,7 +278,8 @@ class WaitingLine:
 
         Replays the slots: each running request frees its slot after what its kind usually takes,
         minus what it has run already; each request ahead takes the earliest free slot and holds it
-        for its kind's service time (measured per kind). The estimate counts down as requests age.
+        for its kind's service time (measured per kind). The estimate counts down as requests age;
+        it adds how late recent chat turns ran (promises.py).
         """
         now = self.clock()
         free_at = sorted(
@@ -291,4 +297,4 @@ class WaitingLine:
                 continue  # over the documents' share: it waits for a part, not for a slot
             documents += ticket.kind == DOCUMENT
             heapq.heappush(free_at, heapq.heappop(free_at) + self.service_seconds[ticket.kind])
-        return free_at[0]
+        return free_at[0] + self.promises.late_seconds

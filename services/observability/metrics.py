@@ -22,11 +22,11 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from services.admission.refusals import REASONS, SESSIONS_FULL
 from services.admission.service import Admission
 from services.chat.store import SessionStore
 from services.config import Settings
 from services.engine import ChatEngine, StreamStats
+from services.observability.admission_metrics import admission_metrics
 from services.observability.maintenance import Maintenance
 from services.observability.memory import PROCESS_KINDS, MemorySample
 from services.observability.series import SampleRing
@@ -173,38 +173,8 @@ class ServiceCollector(Collector):
         for reason, count in sessions.dropped_total.items():
             dropped.add_metric([reason], count)
         yield dropped
-        yield from _admission_metrics(running.admission, sessions.refused_total)
+        yield from admission_metrics(running.admission, sessions.refused_total)
         yield from _maintenance_metrics(running.maintenance, parts.settings.leak_alarm_mb_per_hour)
-
-
-def _admission_metrics(admission: Admission, sessions_refused: int) -> Iterator[Metric]:
-    line = admission.line
-    refusals = CounterMetricFamily(
-        "chat_admission_refusals",
-        "Turns and requests refused at once (queue full, wait too long, engine queue full, per-user "
-        "limits, sessions full), by reason.",
-        labels=["reason"],
-    )
-    for reason in REASONS:
-        refusals.add_metric([reason], sessions_refused if reason == SESSIONS_FULL else line.refusals[reason])
-    yield refusals
-    running = GaugeMetricFamily(
-        "chat_admission_running", "Requests admitted to the engine, by kind.", labels=["kind"]
-    )
-    for kind, count in sorted(line.running.items()):
-        running.add_metric([kind], count)
-    yield running
-    if line.enabled:
-        yield _gauge(
-            "chat_admission_running_limit", "Requests allowed to run at once (reading pace).", line.limit
-        )
-    yield _gauge("chat_admission_waiting", "Requests waiting in our queue.", len(line.waiting))
-    yield _counter("chat_admission_admitted", "Requests admitted to the engine.", line.admitted_total)
-    yield _counter(
-        "chat_admission_wait_seconds",
-        "Seconds admitted requests waited in our queue, summed.",
-        line.waited_seconds_total,
-    )
 
 
 def _maintenance_metrics(maintenance: Maintenance, alarm_mb_per_hour: float) -> Iterator[Metric]:

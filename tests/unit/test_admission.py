@@ -14,6 +14,7 @@ from services.admission.capacity import DecodeCapacity
 from services.admission.context import TurnContext
 from services.admission.feedback import QUIET_SECONDS, WaitingFeedback, status_text
 from services.admission.limits import UserLimits, user_key
+from services.admission.promises import MAX_KEPT, MIN_TURNS, PROMISE_WINDOW_SECONDS, WaitPromises
 from services.admission.refusals import Refused, rounded_seconds
 from services.admission.service import Admission
 from services.admission.waiting_line import API, CHAT, DOCUMENT, WaitingLine
@@ -289,6 +290,53 @@ async def test_service_times_are_measured_per_kind_and_feed_the_estimate() -> No
     assert line.service_seconds[CHAT] > 15, "a slow chat turn raised the measured service time"
     assert line.estimate_seconds(0) == 0  # nothing running, nothing ahead
     assert rounded_seconds(8.2) == "9 s" and rounded_seconds(41) == "45 s" and rounded_seconds(61) == "2 min"
+
+
+@aio
+async def test_turns_that_get_their_first_token_later_than_promised_make_estimates_longer() -> None:
+    clock = Clock()
+    line = line_with(1, clock, admission_max_wait_seconds=40, max_prefilling_requests=4)
+    queue = Queue(line, clock)
+    for index in range(3):  # turns measured: the estimate alone decides
+        await queue.submit(f"m{index}", CHAT)
+        clock.now += 20
+        await queue.finish(f"m{index}")
+    await queue.submit("running", CHAT)
+    await queue.submit("waiting", CHAT, after_seconds=0)
+    told = line.estimate_seconds(0)
+    assert line.waiting[0].promised == pytest.approx(told) and told > 0, "the wait it was told is kept"
+    clock.now += told + 30  # the running turn's first token comes 30 s after its promise of none
+    line.note_token(queue.places["running"])
+    assert line.promises.status()["actual_p50"] == pytest.approx(told + 30, abs=0.01)
+    await queue.finish("running")
+    clock.now += 1
+    line.note_token(queue.places["waiting"])  # 31 s later than it was told
+    assert line.promises.late_seconds == 0, "two late turns are not yet a trend"
+    line.promises.keep(5.0, 40.0)
+    status = line.promises.status()
+    assert status["turns"] == MIN_TURNS and status["late_seconds"] > 25, status
+    assert status["actual_p95"] > status["promised_p95"]
+    estimate = line.estimate_seconds(0)
+    assert estimate > 40, "the next turn's estimate carries the lateness"
+    with pytest.raises(Refused, match="busy") as refused:
+        async with line.place(CHAT):  # behind the running turn: ~20 s of its own, too long with it
+            pass
+    assert refused.value.reason == "wait_too_long"
+    clock.now += PROMISE_WINDOW_SECONDS + 1  # the late turns age out: estimates are the line's own
+    assert line.promises.late_seconds == 0 and line.estimate_seconds(0) < 40
+    await queue.finish("waiting")
+
+
+def test_promises_are_bounded_and_need_a_few_turns() -> None:
+    clock = Clock()
+    promises = WaitPromises(clock)
+    promises.keep(1.0, 50.0)
+    assert promises.late_seconds == 0, "one late turn is not a trend"
+    for _ in range(MAX_KEPT * 2):
+        promises.keep(1.0, 2.0)
+    assert len(promises._recent()) == MAX_KEPT
+    assert promises.late_seconds == pytest.approx(1.0)
+    assert promises.status()["promised_p50"] == 1.0 and promises.status()["actual_p99"] == 2.0
 
 
 # --- the capacity model ----------------------------------------------------------------------
@@ -698,6 +746,39 @@ async def test_a_persons_chat_and_api_requests_share_one_turn_limit_and_token_bu
     assert admission.limits.usage(user_key("alice")).tokens_since(0) == 5
     assert admission.limits.usage(user_key("bob")).tokens_since(0) == 7
     assert admission.line.running_total == 0 and not admission.overloaded, "no refusal for capacity"
+
+
+@aio
+async def test_a_message_resent_before_the_time_a_refusal_gave_gets_that_answer_without_new_work() -> None:
+    admission = shared_admission(1, admission_queue_max=0)  # the running turn fills the service
+    requests = Requests(admission)
+    await requests.start("alice", requests.chat)
+    clock = Clock()
+    admission.limits.clock = clock
+    with pytest.raises(Refused) as full:
+        async with admission.turn(user_key("bob")), admission.admit(CHAT):
+            pass
+    assert full.value.reason == "queue_full" and full.value.retry_after_seconds > 5
+    turns_before = admission.line.admitted_total
+    for _ in range(20):  # a storm of resends: each told at once, nothing counted, nothing queued
+        with pytest.raises(Refused, match="not sent") as early:
+            admission.message(user_key("bob"))
+        assert early.value.reason == "resent_early"
+    assert early.value.retry_after_seconds == pytest.approx(full.value.retry_after_seconds)
+    assert admission.line.refusals["resent_early"] == 20 and admission.line.admitted_total == turns_before
+    assert not admission.limits.usage(user_key("bob")).messages, "not counted against the message rate"
+    admission.message(user_key("carol"))  # someone else is not paced
+    clock.now += full.value.retry_after_seconds
+    admission.message(user_key("bob"))  # at the time given: a message like any other
+    await requests.finish("alice")
+
+
+def test_a_refusal_of_a_persons_own_share_does_not_pace_their_messages() -> None:
+    clock = Clock()
+    limits = UserLimits(settings(), clock)
+    usage = limits.usage("u")
+    limits.told(usage, Refused("user_documents_per_hour", "an hour of documents", 3000))
+    limits.count_message(usage)  # a question without a document is still welcome
 
 
 @aio
