@@ -101,4 +101,4 @@ async def stop_turn() -> None:
 
 @cl.on_chat_end
 async def end_chat() -> None:
-    chat.chat_end(chainlit_config.project.session_timeout)
+    await chat.chat_end(chainlit_config.project.session_timeout)

@@ -56,7 +56,8 @@ class SessionStore:
         self.settings = settings
         self.timer = timer
         self._sessions: OrderedDict[str, ChatSession] = OrderedDict()  # least recently used first
-        self.dropped_total: dict[str, int] = {"evicted": 0, "expired": 0, "closed": 0, "not_reconnected": 0}
+        reasons = ("evicted", "expired", "closed", "not_reconnected", "reconnect_bound")
+        self.dropped_total: dict[str, int] = dict.fromkeys(reasons, 0)
         self.refused_total = 0
 
     # --- lifecycle -----------------------------------------------------------
@@ -120,14 +121,24 @@ class SessionStore:
         if (session := self._sessions.get(session_id)) is not None:
             self._cancel_turn(session, "stopped")
 
-    def disconnect(self, session_id: str, keep_seconds: float) -> None:
+    def disconnect(self, session_id: str, keep_seconds: float) -> list[str]:
         """The page went away: cancel the running turn now (aborting its engine request), but keep
-        the conversation `keep_seconds` (Chainlit's session_timeout) for the page to reconnect."""
+        the conversation `keep_seconds` (Chainlit's session_timeout) for the page to reconnect.
+        Returns the ids of sessions dropped because more than MAX_SESSIONS_AWAITING_RECONNECT waited
+        (the longest gone first): the page framework's copies go too."""
         session = self._sessions.get(session_id)
         if session is None:
-            return
+            return []
         self._cancel_turn(session, "disconnected")
-        session.reconnect_deadline = self.timer() + keep_seconds
+        now = self.timer()
+        session.reconnect_deadline = now + keep_seconds
+        gone = [s for s in self._sessions.values() if s.reconnect_deadline and s.reconnect_deadline > now]
+        over = len(gone) - self.settings.max_sessions_awaiting_reconnect
+        dropped = sorted(gone, key=lambda s: s.reconnect_deadline or 0)[: max(0, over)]
+        for stale in dropped:
+            del self._sessions[stale.session_id]
+            self._release(stale, "reconnect_bound")
+        return [stale.session_id for stale in dropped]
 
     def expire(self) -> int:
         """Drop sessions idle past the TTL and disconnected ones not back in time; return how many.

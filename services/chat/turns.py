@@ -184,13 +184,14 @@ class ChatTurns:
         """Stop pressed: cancel the running turn (aborting its engine request)."""
         self.sessions.stop(session_id)
 
-    def end(self, session_id: str, cleared: bool, keep_seconds: float) -> None:
+    def end(self, session_id: str, cleared: bool, keep_seconds: float) -> list[str]:
         """The page went away: cancel its running turn now. The conversation stays `keep_seconds` so a
-        reconnecting page continues where it was; "New chat" (`cleared`) ends it now."""
+        reconnecting page continues where it was; "New chat" (`cleared`) ends it now. Returns the
+        sessions dropped for the bound on those awaiting their page (SessionStore.disconnect)."""
         if cleared:
             self.sessions.close(session_id)
-        else:
-            self.sessions.disconnect(session_id, keep_seconds)
+            return []
+        return self.sessions.disconnect(session_id, keep_seconds)
 
     async def _run_turn(
         self, page: Page, session: ChatSession, text: str, files: Files, reply: Reply

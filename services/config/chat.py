@@ -88,6 +88,13 @@ class ChatSettings:
     max_sessions: int = setting(
         1000, "MAX_SESSIONS", "Sessions kept at once; the least recently used is evicted.", 1
     )
+    max_sessions_awaiting_reconnect: int = setting(
+        200,
+        "MAX_SESSIONS_AWAITING_RECONNECT",
+        "Sessions whose page went away kept for its return (Chainlit's session_timeout) at most; beyond "
+        "it the longest gone are dropped at once, Chainlit's copy too (a storm of closed tabs).",
+        0,
+    )
     session_ttl_seconds: float = setting(
         3600.0, "SESSION_TTL_SECONDS", "Idle time after which a session is dropped.", 1
     )

@@ -25,6 +25,15 @@ def forget_chat_context(session_id: str) -> None:
     chat_contexts.pop(session_id, None)
 
 
+async def drop_chainlit_session(session_id: str) -> None:
+    """Chainlit's copy of a session whose page is not coming back: its entries and its files folder
+    (what Chainlit's own session_timeout would clear later)."""
+    user_sessions.pop(session_id, None)
+    forget_chat_context(session_id)
+    if (session := WebsocketSession.get_by_id(session_id)) is not None:
+        await session.delete()
+
+
 def current_user_identifier() -> str | None:
     """The signed-in user of the Chainlit session being served; None when anonymous or outside one.
 

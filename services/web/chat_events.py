@@ -14,7 +14,7 @@ from services.accounts.sign_in import SignIn
 from services.chat.turns import ChatTurns
 from services.history.resume import is_command
 from services.runtime import Runtime
-from services.web.chainlit_state import forget_chat_context
+from services.web.chainlit_state import drop_chainlit_session, forget_chat_context
 from services.web.chat_page import ChainlitPage
 from services.web.key_chat import answer_key_command
 
@@ -58,14 +58,18 @@ class ChatEvents:
         if (serving := self.runtime.running()) is not None:
             serving.turns.stop(cl.context.session.id)
 
-    def chat_end(self, keep_seconds: float) -> None:
+    async def chat_end(self, keep_seconds: float) -> None:
         """Chainlit does not cancel a running on_message task on disconnect: this cancels it at once
         (aborting its engine request). The conversation stays `keep_seconds` (Chainlit's
         session_timeout) so a reconnecting page continues where it was; "New chat" (clear_session)
-        ends it now, when that event is handled before the disconnect (the page sends both at once)."""
+        ends it now, when that event is handled before the disconnect (the page sends both at once).
+        Sessions dropped for the bound on those awaiting their page lose Chainlit's copy now."""
+        dropped: list[str] = []
         if (serving := self.runtime.running()) is not None:
-            serving.turns.end(cl.context.session.id, cl.context.session.to_clear, keep_seconds)
+            dropped = serving.turns.end(cl.context.session.id, cl.context.session.to_clear, keep_seconds)
         forget_chat_context(cl.context.session.id)
+        for session_id in dropped:
+            await drop_chainlit_session(session_id)
 
     async def _show_stats(self) -> None:
         if await self.sign_in.role_of(cl.user_session.get("user")) != "admin" or not self.sign_in.required:

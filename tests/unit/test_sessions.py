@@ -127,6 +127,22 @@ async def test_a_page_that_went_away_makes_room_first_and_is_dropped_after_its_w
     assert store.dropped_total["not_reconnected"] == 1 and store.dropped_total["evicted"] == 1
 
 
+async def test_pages_awaited_are_bounded_and_the_longest_gone_are_dropped_first() -> None:
+    clock = Clock()
+    store, _, _ = make_store(clock, max_sessions=100, max_sessions_awaiting_reconnect=3)
+    for index in range(6):
+        store.open(f"tab-{index}")
+    dropped = []
+    for index in range(5):  # five tabs close, a second apart
+        clock.now += 1
+        dropped += store.disconnect(f"tab-{index}", keep_seconds=120)
+    assert dropped == ["tab-0", "tab-1"], "the longest gone go first, the newest three wait"
+    assert store.awaiting_reconnect() == 3 and len(store) == 4
+    assert store.get("tab-5") is not None, "an open page is never dropped for the bound"
+    assert store.dropped_total["reconnect_bound"] == 2
+    assert store.disconnect("unknown", keep_seconds=120) == []
+
+
 async def test_ttl_expiry_cancels_the_turn_and_frees_state() -> None:
     clock = Clock()
     store, chat, engine = make_store(clock, session_ttl_seconds=60)
