@@ -4,12 +4,18 @@ Run by bench/load/overload.py (one Locust process per arm); by hand:
     .venv/bin/locust -f bench/load/overload_users.py --headless -u 50 -r 5 -t 10m \
         --host http://127.0.0.1:8000 --turns-csv turns.csv
 
-Each user is a person of their own (an X-Forwarded-For address the app trusts from loopback). A
-session sends 1..3 turns with a few seconds of thought between them; a share of turns upload a
-document (most fit the context and are summarized in one pass, some need map-reduce parts) and ask
-for its summary, the rest are short questions. After a refused turn the person waits 5-15 s
-before the next one. One CSV row per finished turn records what the person saw and when:
-refusal and how fast it came, status updates (place in line), first token, tokens, the end.
+Each user is a person of their own (an X-Forwarded-For address the app trusts from loopback). How
+they behave is the --pattern:
+    patient  sessions of 1..3 turns, 1-3 s of thought between turns; a share of turns upload a
+             document (most fit the context and are summarized in one pass, some need map-reduce
+             parts) and ask for its summary, the rest are short questions; after a refused turn
+             the person waits 5-15 s
+    storm    one session, the next message 0.1-0.5 s after every answer or refusal
+    think    one session, 2-8 s of thought after every answer or refusal
+--leave-after-first-token makes that share of turns close their page at their first token (the
+next turn opens a new one). One CSV row per finished turn records what the person saw and when:
+refusal and how fast it came, status updates (place in line), first token, tokens, the end, and
+for a session's first turn how long its page took to open (connect until the chat started).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from typing import Any
 
 import httpx
 import socketio
-from locust import User, between, events, task
+from locust import User, events, task
 
 from harness.chat_client import (
     client_headers,
@@ -42,8 +48,10 @@ PROMPTS_FILE = Path(__file__).resolve().parents[1] / "data" / "prompts.json"
 TURN_COLUMNS = (
     "user", "kind", "sent_unix", "outcome", "refused_reason", "told_seconds", "ttft_seconds",
     "first_signal_seconds", "max_silence_seconds", "tokens", "stream_seconds", "total_seconds",
-    "connection_lost_seconds",
+    "connection_lost_seconds", "connect_seconds",
 )  # fmt: skip
+PATTERNS = ("patient", "storm", "think")
+THINK_SECONDS = {"patient": (1.0, 3.0), "storm": (0.1, 0.5), "think": (2.0, 8.0)}
 SINGLE_PASS_WORDS = (800, 1200, 1800, 2500)
 MAP_REDUCE_WORDS = 7000  # over the 8,192-token context: summarized in parts
 
@@ -59,6 +67,10 @@ def add_options(parser: Any) -> None:
     group.add_argument("--max-new-tokens", type=int, default=64, help="Answer budget each session sets.")
     group.add_argument(
         "--turn-timeout", type=float, default=300.0, help="Seconds before a turn counts as unfinished."
+    )
+    group.add_argument("--pattern", choices=PATTERNS, default="patient", help="How people resend.")
+    group.add_argument(
+        "--leave-after-first-token", type=float, default=0.0, help="Share of turns whose page closes then."
     )
 
 
@@ -89,6 +101,8 @@ class Turn:
     refused: str | None = None
     failed: bool = False
     connection_lost_at: float | None = None  # the server closed the socket before the turn ended
+    leave_at_first_token: bool = False  # the person closes the page as the answer starts
+    connect_seconds: float | None = None  # the session's first turn: how long its page took to open
     done: threading.Event = field(default_factory=threading.Event)
 
 
@@ -100,8 +114,10 @@ class Person:
         self.session_id = str(uuid.uuid4())
         self.sio = socketio.Client(reconnection=False)
         self.turn: Turn | None = None
+        self.chat_started = threading.Event()  # the app sent the chat's settings panel
         for name in ("stream_start", "stream_token", "new_message", "update_message", "delete_message"):
             self.sio.on(name, self._handler(name))
+        self.sio.on("chat_settings", lambda *_: self.chat_started.set())
         self.sio.on("disconnect", self._lost)
 
     def _lost(self, *_: Any) -> None:
@@ -131,6 +147,8 @@ class Person:
         )
         if name == "stream_start" and answer:
             turn.answer_id, turn.first_token_at, turn.last_token_at, turn.pieces = data["id"], now, now, 1
+            if turn.leave_at_first_token:
+                turn.done.set()
         elif name == "stream_token" and data.get("id") == turn.answer_id:
             turn.pieces, turn.last_token_at = turn.pieces + 1, now
         elif name in ("new_message", "update_message") and answer:
@@ -146,8 +164,11 @@ class Person:
         """This person's address, and the sign-in cookie of the local user when the app asks for one."""
         return client_headers(self.address, local_cookie(self.base_url))
 
-    def connect(self) -> None:
-        connect_sync(self.sio, self.base_url, self.session_id, self.address)
+    def connect(self, timeout: float) -> float | None:
+        """Open the page; seconds until the chat started (None: not within `timeout`)."""
+        started = time.monotonic()
+        connect_sync(self.sio, self.base_url, self.session_id, self.address, timeout=timeout)
+        return time.monotonic() - started if self.chat_started.wait(timeout) else None
 
     def upload(self, name: str, data: bytes) -> str:
         response = httpx.post(
@@ -157,8 +178,8 @@ class Person:
         response.raise_for_status()
         return response.json()["id"]
 
-    def send(self, text: str, file_ids: list[str] | None = None) -> Turn:
-        self.turn = Turn(sent_at=time.monotonic())
+    def send(self, text: str, leave: bool = False, file_ids: list[str] | None = None) -> Turn:
+        self.turn = Turn(sent_at=time.monotonic(), leave_at_first_token=leave)
         self.sio.emit("client_message", user_message_payload(text, file_ids))
         return self.turn
 
@@ -172,6 +193,7 @@ def turn_row(turn: Turn, user: int, kind: str, timeout: float) -> dict[str, Any]
     """What the person saw, as one CSV row (times in seconds from sending)."""
     outcome = (
         "refused" if turn.refused else "failed" if turn.failed else "answered" if turn.final_at
+        else "left" if turn.leave_at_first_token and turn.first_token_at
         else "connection_lost" if turn.connection_lost_at else "timeout"
     )  # fmt: skip
     until = turn.first_token_at or turn.final_at or turn.connection_lost_at or turn.sent_at + timeout
@@ -192,14 +214,18 @@ def turn_row(turn: Turn, user: int, kind: str, timeout: float) -> dict[str, Any]
         "connection_lost_seconds": (
             round(turn.connection_lost_at - turn.sent_at, 3) if turn.connection_lost_at else ""
         ),
+        "connect_seconds": round(turn.connect_seconds, 3) if turn.connect_seconds is not None else "",
     }  # fmt: skip
 
 
 class Chatter(User):
-    """A person: sessions of a few turns, mostly questions, sometimes a document."""
+    """A person: sessions of a few turns, mostly questions, sometimes a document (--pattern)."""
 
-    wait_time = between(1.0, 3.0)
     _numbers = itertools.count(1)
+
+    def wait_time(self) -> float:
+        """Thought before the next turn, by the pattern."""
+        return self.rng.uniform(*THINK_SECONDS[self.options.pattern])
 
     def __init__(self, environment: Any) -> None:
         super().__init__(environment)
@@ -218,20 +244,26 @@ class Chatter(User):
 
     @task
     def one_turn(self) -> None:
+        patient = self.options.pattern == "patient"
+        connect_seconds = None
         if self.person is None:
             person = Person(self.host, self.address)
-            person.connect()  # a failure is Locust's error; the next task tries a new session
+            # A failure is Locust's error; the next task tries a new session.
+            connect_seconds = person.connect(self.options.turn_timeout)
             person.sio.emit("chat_settings_change", {"max_new_tokens": self.options.max_new_tokens})
-            self.person, self.turns_left = person, self.rng.randint(1, 3)
+            self.person, self.turns_left = person, self.rng.randint(1, 3) if patient else 1_000_000
         document = self.rng.random() < self.options.document_fraction
-        turn = self._document_turn() if document else self.person.send(self.rng.choice(self.questions))
+        leave = self.rng.random() < self.options.leave_after_first_token
+        turn = self._document_turn() if document else self.person.send(self.rng.choice(self.questions), leave)
+        turn.connect_seconds = connect_seconds
         turn.done.wait(self.options.turn_timeout)
         row = turn_row(turn, self.number, "document" if document else "chat", self.options.turn_timeout)
         turn_log.write_row([row.get(column, "") for column in TURN_COLUMNS])
         self.turns_left -= 1
-        if turn.refused:
+        if turn.refused and patient:
             time.sleep(min(30.0, self.rng.uniform(5, 15)))
-        if self.turns_left <= 0 or not turn.done.is_set() or turn.connection_lost_at:
+        left = turn.leave_at_first_token and turn.first_token_at is not None
+        if self.turns_left <= 0 or not turn.done.is_set() or turn.connection_lost_at or left:
             self.person.close()
             self.person = None
 
@@ -241,4 +273,4 @@ class Chatter(User):
         words = MAP_REDUCE_WORDS if in_parts else self.rng.choice(SINGLE_PASS_WORDS)
         text = long_document(words, seed=self.rng.randrange(1_000_000))
         file_id = self.person.upload(f"report-{words}.txt", text.encode())
-        return self.person.send("Summarize this document.", [file_id])
+        return self.person.send("Summarize this document.", file_ids=[file_id])
