@@ -26,8 +26,10 @@ bench/results/load/overload-summary-<date-time>.json and overload-ttft-<date-tim
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
+import sqlite3
 import subprocess
 import sys
 import time
@@ -60,13 +62,14 @@ class Arm:
     pattern: str = "patient"
     documents: bool = True
     leave_after_first_token: float = 0.0
+    max_new_tokens: int = 64  # the answer budget each page sets; 0 = the app's default (MAX_NEW_TOKENS)
 
 
 ARMS = {
     "fcfs": Arm(FCFS_SETTINGS),
     "managed": Arm({}),
-    "storm": Arm({}, "storm", documents=False, leave_after_first_token=0.2),
-    "think": Arm({}, "think", documents=False, leave_after_first_token=0.2),
+    "storm": Arm({}, "storm", documents=False, leave_after_first_token=0.2, max_new_tokens=0),
+    "think": Arm({}, "think", documents=False, leave_after_first_token=0.2, max_new_tokens=0),
 }
 PATIENT_ARM = "managed"  # the storm arms' tokens are compared with this one's
 COUNTERS = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total", "chat_admission_refusals_total")
@@ -114,6 +117,20 @@ def tree_rss_mb(server: AppServer) -> float:
     return total / 2**20
 
 
+def stored_rows(server: AppServer) -> dict[str, int]:
+    """Conversations and steps (messages) in the app's SQLite database."""
+    path = Path(server.env["DATA_DIR"]) / "chat.db"
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        tables = ("threads", "steps")
+        return {table: db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] for table in tables}
+
+
+def app_cpu_seconds(server: AppServer) -> float:
+    """CPU time of the app's own process (not vLLM's)."""
+    times = psutil.Process(server.process.pid).cpu_times()
+    return times.user + times.system
+
+
 def after_load(server: AppServer) -> dict[str, Any]:
     """What the app holds once the people left and SETTLE_SECONDS passed."""
     time.sleep(SETTLE_SECONDS)
@@ -136,6 +153,7 @@ def locust_command(arm: Arm, options: argparse.Namespace, server: AppServer, out
         "--host", server.base_url, "--turns-csv", str(out / f"turns-{name}.csv"), "--stop-timeout", "5",
         "--only-summary", "--document-fraction", str(documents), "--turn-timeout", str(options.turn_timeout),
         "--pattern", arm.pattern, "--leave-after-first-token", str(arm.leave_after_first_token),
+        "--max-new-tokens", str(arm.max_new_tokens),
         "--logfile", str(out / f"locust-{name}.log"),
     ]  # fmt: skip
 
@@ -148,7 +166,8 @@ def run_arm(name: str, options: argparse.Namespace, out: Path) -> dict[str, Any]
     start_seconds = time.monotonic() - started
     try:
         warm_up = server.status().get("warm_up")
-        rss_before = tree_rss_mb(server)
+        rss_before, rows_before = tree_rss_mb(server), stored_rows(server)
+        cpu_before = app_cpu_seconds(server)
         before, began = scrape(server.base_url), time.monotonic()
         with (out / f"locust-{name}.out").open("wb") as log:
             subprocess.run(
@@ -156,11 +175,17 @@ def run_arm(name: str, options: argparse.Namespace, out: Path) -> dict[str, Any]
                 stderr=subprocess.STDOUT, timeout=options.duration + 180,
             )  # fmt: skip
         after, elapsed = scrape(server.base_url), time.monotonic() - began
+        cpu, rows = app_cpu_seconds(server) - cpu_before, stored_rows(server)
         status = server.status()
         held = after_load(server)
     finally:
         server.stop()
     summary = summarize(read_turns(out / f"turns-{name}.csv"), options.turn_timeout, elapsed)
+    asked = max(1, summary["turns"])
+    summary["app_cost_per_turn"] = {
+        "cpu_ms": round(1000 * cpu / asked, 1),
+        **{f"{table}_stored": round((rows[table] - rows_before[table]) / asked, 2) for table in rows},
+    }
     generated = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
     prompted = after["vllm:prompt_tokens_total"] - before["vllm:prompt_tokens_total"]
     summary.update(

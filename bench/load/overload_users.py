@@ -64,7 +64,9 @@ def add_options(parser: Any) -> None:
         "--document-fraction", type=float, default=0.1, help="Share of turns that are documents."
     )
     group.add_argument("--map-reduce-fraction", type=float, default=0.2, help="Share of documents in parts.")
-    group.add_argument("--max-new-tokens", type=int, default=64, help="Answer budget each session sets.")
+    group.add_argument(
+        "--max-new-tokens", type=int, default=64, help="Answer budget each page sets (0: the app's)."
+    )
     group.add_argument(
         "--turn-timeout", type=float, default=300.0, help="Seconds before a turn counts as unfinished."
     )
@@ -250,7 +252,8 @@ class Chatter(User):
             person = Person(self.host, self.address)
             # A failure is Locust's error; the next task tries a new session.
             connect_seconds = person.connect(self.options.turn_timeout)
-            person.sio.emit("chat_settings_change", {"max_new_tokens": self.options.max_new_tokens})
+            if self.options.max_new_tokens:
+                person.sio.emit("chat_settings_change", {"max_new_tokens": self.options.max_new_tokens})
             self.person, self.turns_left = person, self.rng.randint(1, 3) if patient else 1_000_000
         document = self.rng.random() < self.options.document_fraction
         leave = self.rng.random() < self.options.leave_after_first_token

@@ -161,10 +161,12 @@ class UserLimits:
         if refusal.reason in CAPACITY and refusal.retry_after_seconds:
             usage.told_until = self.clock() + refusal.retry_after_seconds
 
-    def count_message(self, usage: UserUsage) -> None:
+    def count_message(self, usage: UserUsage, service_full: bool = True) -> None:
         """Count one chat message; raise Refused (not counted) before the time a capacity refusal gave
-        and when the minute already holds the limit."""
+        while the service is still full, and when the minute already holds the limit."""
         now = self.clock()
+        if not service_full:
+            usage.told_until = 0.0
         if now < usage.told_until:
             wait = usage.told_until - now
             raise Refused(

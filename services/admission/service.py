@@ -103,9 +103,12 @@ class Admission:
 
     def message(self, user_key: str) -> None:
         """Count a chat message of `user_key` (any message, a command too); raise Refused over the
-        per-user message rate."""
+        per-user message rate, and while the service is still full before the time a capacity refusal
+        gave them."""
+        line = self.line
+        full = bool(line.waiting) or line.running_total >= line.limit
         try:
-            self.limits.count_message(self.limits.usage(user_key))
+            self.limits.count_message(self.limits.usage(user_key), service_full=full)
         except Refused as refusal:
             self.line.refusals[refusal.reason] += 1
             raise

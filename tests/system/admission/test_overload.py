@@ -139,6 +139,10 @@ async def test_a_full_queue_refuses_at_once_and_the_service_keeps_serving(small_
         assert re.search(
             r"busy: about \d+ requests? ahead of yours\. Please try again in ~\d+ (s|min)", refused.final
         )
+        sent = time.monotonic()
+        early = await fourth.ask("Now?", timeout=10)  # resent at once: the same answer, no new work
+        assert early.refused == "resent_early" and early.done_at - sent < 1.0, early.final
+        assert "This one was not sent" in early.final
         assert len(queued.status) >= 2, "the waiting turn saw its place, updated"
         assert "you are next in line" in queued.status[-1][1]
         await first.stop()
@@ -153,6 +157,7 @@ async def test_a_full_queue_refuses_at_once_and_the_service_keeps_serving(small_
         assert all(reply.first_token_at for reply in running)
     metrics = await asyncio.to_thread(scrape, small_server)
     assert metrics["chat_admission_refusals_total{reason=queue_full}"] >= 1
+    assert metrics["chat_admission_refusals_total{reason=resent_early}"] >= 1
 
 
 @aio
