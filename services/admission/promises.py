@@ -29,12 +29,10 @@ class WaitPromises:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self._kept: deque[tuple[float, float, float]] = deque(maxlen=MAX_KEPT)  # at, promised, actual
-        self.kept_total = 0
 
     def keep(self, promised: float, actual: float) -> None:
         """A turn promised `promised` seconds of wait got its first token after `actual` seconds."""
         self._kept.append((self.clock(), promised, actual))
-        self.kept_total += 1
 
     def _recent(self) -> list[tuple[float, float, float]]:
         horizon = self.clock() - PROMISE_WINDOW_SECONDS
