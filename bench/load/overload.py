@@ -397,7 +397,7 @@ def plot(out: Path, names: list[str]) -> Path:
             color="gray",
             linestyle="--",
             linewidth=1,
-            label="10 s target (P95)",
+            label=f"{MAX_WAIT_SECONDS:.0f} s: ADMISSION_MAX_WAIT_SECONDS",
         )
         axis.set_yscale("log")
         axis.set_title(name)
