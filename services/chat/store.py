@@ -130,9 +130,8 @@ class SessionStore:
         if session is None:
             return []
         self._cancel_turn(session, "disconnected")
-        now = self.timer()
-        session.reconnect_deadline = now + keep_seconds
-        gone = [s for s in self._sessions.values() if s.reconnect_deadline and s.reconnect_deadline > now]
+        session.reconnect_deadline = self.timer() + keep_seconds
+        gone = self._awaiting_reconnect()
         over = len(gone) - self.settings.max_sessions_awaiting_reconnect
         dropped = sorted(gone, key=lambda s: s.reconnect_deadline or 0)[: max(0, over)]
         for stale in dropped:
@@ -185,12 +184,15 @@ class SessionStore:
     def awaiting_reconnect(self) -> int:
         """Sessions whose page went away and may still come back: past its deadline a session no
         longer counts (Chainlit drops its own copy then), though the next expiry round frees it."""
+        return len(self._awaiting_reconnect())
+
+    def _awaiting_reconnect(self) -> list[ChatSession]:
         now = self.timer()
-        return sum(
-            1
+        return [
+            s
             for s in self._sessions.values()
             if s.reconnect_deadline is not None and s.reconnect_deadline > now
-        )
+        ]
 
     def turns_in_flight(self) -> int:
         return sum(1 for s in self._sessions.values() if s.busy)

@@ -43,12 +43,11 @@ async def engine_lifespan(settings: Settings) -> AsyncIterator[ChatEngine]:
         )
         # Ready only after the first shapes ran once (warmup.py); what it measured stays with the engine.
         # The in-process engine's decode speeds are kept for the next start (warmup_record.py); vLLM
-        # servers elsewhere are measured every time.
-        reuse_hours = 0 if settings.engine_url_list else settings.warm_up_reuse_hours
-        records = WarmUpRecords(settings.cache_dir, reuse_hours)
-        key = record_key(settings, max_model_len)
-        known = records.find(key)
+        # servers elsewhere are measured every time (and their app need not import vLLM for a key).
+        records = WarmUpRecords(settings.cache_dir, settings.warm_up_reuse_hours)
+        key = None if settings.engine_url_list else record_key(settings, max_model_len)
+        known = records.find(key) if key else None
         await warm_up(engine, settings, engine.warm_up_report, known)
-        if known is None:
+        if key and known is None:
             records.save(key, engine.warm_up_report.decode_seconds_per_token)
         yield engine
