@@ -10,24 +10,21 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 from playwright.sync_api import sync_playwright
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness.browser import ANSWER, USER_STEP, browser_page, send_message, sign_in_on_page, wait_for_session
 from harness.chat_client import ChatClient, SignInError, sign_in
 from harness.server import ROOT, AppServer
 from services.config import Settings
 from tests.conftest import ARTIFACTS
-from tests.system.browser.test_browser import ANSWER, CHROMIUM, CHROMIUM_ARGS, send_message, wait_for_session
 from tests.system.conftest import ADMIN, ALICE, BOB, accounts
 
 in_loop = pytest.mark.asyncio(loop_scope="module")
 
 LONG_TURN_WORDS = 300  # an earlier turn big enough to show in the next prompt's token count
-USER_STEP = '.step[data-step-type="user_message"]'
 
 
 @pytest.fixture(scope="module")
@@ -281,34 +278,6 @@ def test_a_public_address_without_sign_in_refuses_to_start(tmp_path: Path) -> No
 
 
 # --- the page, in a real browser ----------------------------------------------------
-def browser_page(playwright: Any, blocked: list[str] | None = None) -> tuple[Any, Any]:
-    """Chromium with every request to a non-loopback address blocked (and recorded in `blocked`)."""
-    if not Path(CHROMIUM).exists():
-        pytest.fail("Debian's chromium is missing: run scripts/setup.sh --test")
-    browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-    context = browser.new_context(viewport={"width": 1100, "height": 760})
-
-    def only_loopback(route: Any) -> None:
-        host = urlsplit(route.request.url).hostname or ""
-        if route.request.url.startswith(("data:", "blob:")) or host in ("127.0.0.1", "localhost", "::1"):
-            route.continue_()
-        else:
-            if blocked is not None:
-                blocked.append(route.request.url)
-            route.abort()
-
-    context.route("**/*", only_loopback)
-    return browser, context.new_page()
-
-
-def sign_in_on_page(page: Any, server: AppServer, who: tuple[str, str]) -> None:
-    page.goto(server.base_url)
-    page.locator("#email").wait_for(timeout=30_000)
-    page.locator("#email").fill(who[0])
-    page.locator("#password").fill(who[1])
-    page.locator("#password").press("Enter")
-
-
 def test_browser_signs_in_chats_reloads_and_continues(people_server: AppServer) -> None:
     blocked: list[str] = []
     screenshots = ARTIFACTS / "screenshots"

@@ -2,59 +2,23 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import Page, sync_playwright
 
+from harness.browser import ANSWER, browser_page, open_chat, send_message
 from harness.documents import long_document
 from harness.server import AppServer
 from tests.conftest import ARTIFACTS
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
-ANSWER = '.step[data-step-type="assistant_message"] .message-content'
-# Everything the app's Content-Security-Policy blocks on the page (it must block nothing of its own).
-RECORD_CSP_VIOLATIONS = """
-    window.cspViolations = [];
-    document.addEventListener("securitypolicyviolation",
-        (e) => window.cspViolations.push(`${e.violatedDirective} ${e.blockedURI}`));
-"""
-
 
 @pytest.fixture
-def page(tmp_path: Path):
-    if not Path(CHROMIUM).exists():
-        pytest.fail("Debian's chromium is missing: run scripts/setup.sh --test")
+def page():
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        context = browser.new_context(viewport={"width": 1100, "height": 760})
-        context.add_init_script(RECORD_CSP_VIOLATIONS)
-        yield context.new_page()
-        context.close()
+        browser, page = browser_page(playwright)
+        yield page
         browser.close()
-
-
-def wait_for_session(page: Page) -> None:
-    """Wait until the server's chat session exists. The chat settings come from on_chat_start, after any
-    sign-in redirect: the page can show its input first, then go to /login and back (a message typed
-    in between is lost), and an upload sent before the session exists is refused ("Session not found")."""
-    page.locator("#chat-settings-open-modal").wait_for(timeout=30_000)
-
-
-def open_chat(page: Page, url: str) -> None:
-    page.goto(url)
-    wait_for_session(page)
-
-
-def send_message(page: Page, text: str) -> None:
-    page.locator("#chat-input").fill(text)
-    expect(page.locator("#chat-submit")).to_be_enabled(timeout=10_000)
-    page.locator("#chat-submit").click()
 
 
 def record_answer_lengths(page: Page) -> None:

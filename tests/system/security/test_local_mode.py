@@ -14,9 +14,9 @@ import pytest
 import socketio
 from playwright.sync_api import sync_playwright
 
+from harness.browser import ANSWER, CHROMIUM, CHROMIUM_ARGS, send_message, wait_for_session
 from harness.chat_client import COOKIE_NAME, SOCKET_PATH, ChatClient, handshake, sign_in
 from harness.server import AppServer
-from tests.system.browser.test_browser import ANSWER, CHROMIUM, CHROMIUM_ARGS, send_message, wait_for_session
 
 in_loop = pytest.mark.asyncio(loop_scope="package")
 

@@ -1,0 +1,86 @@
+"""A real headless Chromium (Debian's) for the browser tests: launching it with only loopback reachable,
+signing in on the page, sending a message and waiting for the chat session."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from harness.server import AppServer
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+ANSWER = '.step[data-step-type="assistant_message"] .message-content'
+USER_STEP = '.step[data-step-type="user_message"]'
+# Everything the app's Content-Security-Policy blocks on the page (it must block nothing of its own).
+RECORD_CSP_VIOLATIONS = """
+    window.cspViolations = [];
+    document.addEventListener("securitypolicyviolation",
+        (e) => window.cspViolations.push(`${e.violatedDirective} ${e.blockedURI}`));
+"""
+
+
+class ChromiumMissingError(RuntimeError):
+    """Debian's chromium is not installed."""
+
+
+def browser_page(playwright: Any, blocked: list[str] | None = None) -> tuple[Any, Any]:
+    """Chromium with every request to a non-loopback address blocked (and recorded in `blocked`)."""
+    if not Path(CHROMIUM).exists():
+        raise ChromiumMissingError("Debian's chromium is missing: run scripts/setup.sh --test")
+    browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    context = browser.new_context(viewport={"width": 1100, "height": 760})
+    context.add_init_script(RECORD_CSP_VIOLATIONS)
+
+    def only_loopback(route: Any) -> None:
+        host = urlsplit(route.request.url).hostname or ""
+        if route.request.url.startswith(("data:", "blob:")) or host in ("127.0.0.1", "localhost", "::1"):
+            route.continue_()
+        else:
+            if blocked is not None:
+                blocked.append(route.request.url)
+            route.abort()
+
+    context.route("**/*", only_loopback)
+    return browser, context.new_page()
+
+
+def wait_for_session(page: Any) -> None:
+    """Wait until the server's chat session exists. The chat settings come from on_chat_start, after any
+    sign-in redirect: the page can show its input first, then go to /login and back (a message typed
+    in between is lost), and an upload sent before the session exists is refused ("Session not found")."""
+    page.locator("#chat-settings-open-modal").wait_for(timeout=30_000)
+
+
+def open_chat(page: Any, url: str) -> None:
+    page.goto(url)
+    wait_for_session(page)
+
+
+def sign_in_on_page(page: Any, server: AppServer, who: tuple[str, str]) -> None:
+    """Fill the password form (the page must still wait for the session when the sign-in is right)."""
+    page.goto(server.base_url)
+    page.locator("#email").wait_for(timeout=30_000)
+    page.locator("#email").fill(who[0])
+    page.locator("#password").fill(who[1])
+    page.locator("#password").press("Enter")
+
+
+def send_message(page: Any, text: str) -> None:
+    from playwright.sync_api import expect
+
+    page.locator("#chat-input").fill(text)
+    expect(page.locator("#chat-submit")).to_be_enabled(timeout=10_000)
+    page.locator("#chat-submit").click()
+
+
+def wait_for_answer(page: Any, timeout_ms: int = 60_000) -> str:
+    """Wait until the newest answer has finished (the stop button turns back into send); its text."""
+    page.locator(ANSWER).first.wait_for(timeout=timeout_ms)
+    page.locator("#chat-submit").wait_for(timeout=timeout_ms)
+    return page.locator(ANSWER).last.inner_text()
