@@ -79,11 +79,9 @@ class LdapDirectory:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.timeout = settings.ldap_timeout_seconds
-        url = settings.ldap_url
-        tls = None
-        if url.lower().startswith("ldaps://") or settings.ldap_start_tls:
-            tls = Tls(validate=ssl.CERT_REQUIRED, ca_certs_file=settings.ldap_ca_file or None)
-        self.server = Server(url, get_info=NONE, connect_timeout=self.timeout, tls=tls)
+        self.tls = None
+        if settings.ldap_url.lower().startswith("ldaps://") or settings.ldap_start_tls:
+            self.tls = Tls(validate=ssl.CERT_REQUIRED, ca_certs_file=settings.ldap_ca_file or None)
 
     @property
     def can_recheck(self) -> bool:
@@ -114,7 +112,10 @@ class LdapDirectory:
     def _bound(self, dn: str, password: str) -> Iterator[Connection]:
         """A connection (TLS started when asked) on which a bind as `dn` was tried (see `.bound`);
         closed on the way out. LDAPException when the directory cannot be reached."""
-        connection = Connection(self.server, user=dn, password=password, authentication=SIMPLE,
+        # A Server per connection: ldap3's Server marks an address it failed to reach as unusable
+        # and keeps refusing it after the directory is back.
+        server = Server(self.settings.ldap_url, get_info=NONE, connect_timeout=self.timeout, tls=self.tls)
+        connection = Connection(server, user=dn, password=password, authentication=SIMPLE,
                                 receive_timeout=math.ceil(self.timeout), raise_exceptions=False)  # fmt: skip
         try:
             connection.open()

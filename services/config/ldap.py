@@ -96,13 +96,8 @@ def check_ldap(settings: LdapSettings, auth_mode: str) -> None:
         flt = s.ldap_user_filter
         if flt.count(USERNAME_PLACEHOLDER) != 1 or not (flt.startswith("(") and flt.endswith(")")):
             raise SettingsError("LDAP_USER_FILTER must be a parenthesised filter containing {username} once")
-    for name, dn in (
-        ("LDAP_BIND_DN", s.ldap_bind_dn),
-        ("LDAP_USER_SEARCH_BASE", s.ldap_user_search_base),
-        ("LDAP_ADMIN_GROUP_DN", s.ldap_admin_group_dn),
-        ("LDAP_USER_DN_TEMPLATE", s.ldap_user_dn_template.replace(USERNAME_PLACEHOLDER, "x")),
-    ):
-        _check_dn(name, dn)
+    for name in ("LDAP_BIND_DN", "LDAP_USER_SEARCH_BASE", "LDAP_ADMIN_GROUP_DN", "LDAP_USER_DN_TEMPLATE"):
+        _check_dn(name, getattr(s, name.lower()))
     if s.ldap_ca_file and not _readable(s.ldap_ca_file):
         raise SettingsError(f"LDAP_CA_FILE={s.ldap_ca_file!r} cannot be read")
 
@@ -110,7 +105,7 @@ def check_ldap(settings: LdapSettings, auth_mode: str) -> None:
 def _check_dn(name: str, dn: str) -> None:
     try:
         if dn:
-            parse_dn(dn)
+            parse_dn(dn.replace(USERNAME_PLACEHOLDER, "x"))
     except LDAPInvalidDnError:
         raise SettingsError(f"{name}={dn!r} is not a DN (attribute=value,...)") from None
 
