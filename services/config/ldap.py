@@ -21,7 +21,9 @@ class LdapSettings:
         "",
         "LDAP_URL",
         "LDAP mode: the directory, ldap://host[:port] or ldaps://host[:port]. Beyond loopback use "
-        "ldaps:// or LDAP_START_TLS=true: people's passwords cross the network.",
+        "ldaps:// or LDAP_START_TLS=true: people's passwords cross the network. The other LDAP_* "
+        "settings: docs/settings.md.",
+        tier="essential",
     )
     ldap_user_dn_template: str = setting(
         "",
