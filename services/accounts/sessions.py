@@ -141,6 +141,12 @@ class Sessions:
         logger.info("signed %s out of every session", identifier)
         return True
 
+    def moved_to(self, identifier: str, generation: int) -> None:
+        """This process just gave the account `generation` (LDAP: a role the directory changed): its
+        new sign-in must not meet the generation read before."""
+        self._floor[identifier] = max(generation, self._floor.get(identifier, 0))
+        self._seen.pop(identifier, None)
+
     async def _state(self, identifier: str) -> AccountState | None:
         """The account as last read (at most SIGN_IN_CHECK_SECONDS ago), with this process's own
         sign-outs applied at once; None when the database cannot answer."""

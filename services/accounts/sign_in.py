@@ -182,8 +182,10 @@ class SignIn:
     async def ldap_password(self, username: str, password: str) -> User | None:
         """Chainlit's password_auth_callback in LDAP mode: the directory decides (ldap_sign_in.py)."""
         assert self.ldap is not None
-        signed = await self.ldap.sign_in(username, password, client_address(), refuse)
-        return self.sessions.stamp(*signed) if signed is not None else None
+        if (signed := await self.ldap.sign_in(username, password, client_address(), refuse)) is None:
+            return None
+        self.sessions.moved_to(signed[0].identifier, signed[1])
+        return self.sessions.stamp(*signed)
 
     async def header(self, headers: Mapping[str, str]) -> User | None:
         """Chainlit's header_auth_callback: the local user (local mode) or the proxy's user (header mode).
