@@ -7,14 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
+import pytest_asyncio
 
 from harness.slapd import ADMINS_GROUP, GROUPS, PEOPLE, READER_DN, Slapd, binds_of, user_dn
 from services.accounts.ldap_directory import DirectoryUnavailable, LdapDirectory
 from services.accounts.ldap_sign_in import LdapSignIn
 from services.accounts.limits import SignInLimiter
+from services.accounts.store import AccountStore
 from services.config import Settings
+from services.history.database import create_engine
+from services.history.migrations import migrate
 from tests.conftest import LDAP_PEOPLE, LDAP_READER_PASSWORD
 
 in_loop = pytest.mark.asyncio(loop_scope="module")
@@ -136,3 +142,78 @@ async def test_a_directory_that_is_down_is_unavailable_and_not_counted(slapd: Sl
     finally:
         slapd.start()
     assert await sign_in.sign_in("alice", LDAP_PEOPLE["alice"], "10.0.0.3", Refusals()) is not None
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def store(tmp_path: Path) -> AsyncIterator[AccountStore]:
+    engine = create_engine(Settings.from_env({"DATA_DIR": str(tmp_path)}))
+    await migrate(engine)
+    yield AccountStore(engine)
+    await engine.dispose()
+
+
+def with_store(directory: Slapd, store: AccountStore, check_seconds: float = 30) -> LdapSignIn:
+    return LdapSignIn(
+        LdapDirectory(settings(directory)), store, SignInLimiter(5, 20, 25, 900, 300), check_seconds
+    )
+
+
+@in_loop
+async def test_the_role_follows_the_group_and_a_change_ends_older_sign_ins(
+    slapd: Slapd, store: AccountStore
+) -> None:
+    sign_in = with_store(slapd, store)
+    name, password = new_person(slapd)
+    slapd.add_to_admins(name)
+    first = await sign_in.sign_in(name, password, "10.0.1.1", Refusals())
+    assert first is not None and first[0].metadata["role"] == "admin" and first[1] == 0
+    assert (await store.get(f"ldap:{name}")).role == "admin"  # type: ignore[union-attr]
+    again = await sign_in.sign_in(name, password, "10.0.1.1", Refusals())
+    assert again is not None and again[1] == 0, "the same role keeps the sign-ins"
+    slapd.remove_from_admins(name)
+    demoted = await sign_in.sign_in(name, password, "10.0.1.1", Refusals())
+    assert demoted is not None and demoted[0].metadata["role"] == "user" and demoted[1] == 1
+    assert (await store.get(f"ldap:{name}")).role == "user"  # type: ignore[union-attr]
+
+
+@in_loop
+async def test_a_linked_identity_signs_in_as_its_account_and_keeps_its_role(
+    slapd: Slapd, store: AccountStore
+) -> None:
+    sign_in = with_store(slapd, store)
+    name, password = new_person(slapd)
+    await store.add("carol", "carols-local-password", "admin")
+    await store.link("carol", f"ldap:{name}")
+    signed = await sign_in.sign_in(name, password, "10.0.1.2", Refusals())
+    assert signed is not None and (signed[0].identifier, signed[0].metadata["role"]) == ("carol", "admin")
+    await store.add("spare", "spare-password-1", "admin")  # carol is not the last administrator
+    await store.remove("carol")
+    assert await sign_in.sign_in(name, password, "10.0.1.2", Refusals()) is None, (
+        "linked to a removed account"
+    )
+
+
+@in_loop
+async def test_an_account_an_administrator_removed_stays_refused(slapd: Slapd, store: AccountStore) -> None:
+    sign_in = with_store(slapd, store)
+    name, password = new_person(slapd)
+    assert await sign_in.sign_in(name, password, "10.0.1.3", Refusals()) is not None
+    await store.remove(f"ldap:{name}")
+    assert await sign_in.sign_in(name, password, "10.0.1.3", Refusals()) is None
+
+
+@in_loop
+async def test_a_signed_in_person_is_checked_against_the_directory(slapd: Slapd, store: AccountStore) -> None:
+    sign_in = with_store(slapd, store, check_seconds=0)
+    name, password = new_person(slapd)
+    signed = await sign_in.sign_in(name, password, "10.0.1.4", Refusals())
+    assert signed is not None and await sign_in.session_problem(signed[0]) is None
+    slapd.add_to_admins(name)
+    assert "role in the directory changed" in (await sign_in.session_problem(signed[0]) or "")
+    slapd.delete_person(name)
+    assert "no longer in the directory" in (await sign_in.session_problem(signed[0]) or "")
+    slapd.stop()
+    try:
+        assert await sign_in.session_problem(signed[0]) is None, "a directory that is down ends no one"
+    finally:
+        slapd.start()
