@@ -1,13 +1,14 @@
 """Asking an LDAP directory who someone is (ldap3): bind as the person with their password, then read
 whether they are in the administrators' group.
 
-Each question opens its own connection and closes it: nothing is cached, so no password, no bind
-result and no group membership outlives the question. A name is checked against a strict pattern
+Each question opens its own connection and closes it, and nothing here is cached: no password and
+no bind result outlives the question (ldap_sign_in.py keeps only a person's last re-check answer,
+present or gone and which group, for SIGN_IN_CHECK_SECONDS). A name is checked against a strict pattern
 before it is used, and escaped all the same where it goes into a DN (escape_rdn) or a filter
 (escape_filter_chars). An empty password is refused before any connection: many servers answer a
 simple bind with a DN and no password as an unauthenticated success (RFC 4513 5.1.2).
-ldap3 is synchronous: each question runs in a worker thread, bounded by LDAP_TIMEOUT_SECONDS
-(ldap3 takes whole seconds for answers: the setting is rounded up there).
+ldap3 is synchronous: each question runs in one of a few threads of its own, bounded by
+LDAP_TIMEOUT_SECONDS (ldap3 takes whole seconds for answers: the setting is rounded up there).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import math
 import re
 import ssl
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ldap3 import BASE, NONE, SIMPLE, SUBTREE, Connection, Server, Tls
@@ -34,6 +36,7 @@ logger = logging.getLogger(__name__)
 # with a letter or digit. No `*`, `(`, `)`, `\`, `,`, `=`, `+`, spaces or controls ever reach a DN
 # or a filter, however they would be escaped.
 LDAP_NAME = re.compile(r"^[a-z0-9][a-z0-9._@-]{0,63}$")
+MAX_QUESTIONS_AT_ONCE = 4  # more sign-ins wait their turn (each is bounded by LDAP_TIMEOUT_SECONDS)
 INVALID_CREDENTIALS = 49
 NO_SUCH_OBJECT = 32
 
@@ -79,6 +82,8 @@ class LdapDirectory:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.timeout = settings.ldap_timeout_seconds
+        # Its own few threads: a slow directory holds these, not the loop's default pool.
+        self._threads = ThreadPoolExecutor(max_workers=MAX_QUESTIONS_AT_ONCE, thread_name_prefix="ldap")
         self.tls = None
         if settings.ldap_url.lower().startswith("ldaps://") or settings.ldap_start_tls:
             self.tls = Tls(validate=ssl.CERT_REQUIRED, ca_certs_file=settings.ldap_ca_file or None)
@@ -102,7 +107,8 @@ class LdapDirectory:
 
     async def _in_thread(self, question, *args):  # type: ignore[no-untyped-def]
         try:
-            return await asyncio.wait_for(asyncio.to_thread(question, *args), self.timeout * 3)
+            asked = asyncio.get_running_loop().run_in_executor(self._threads, question, *args)
+            return await asyncio.wait_for(asked, self.timeout * 3)
         except DirectoryUnavailable:
             raise
         except Exception as error:  # LDAPException, OSError, a timeout, or ldap3 tripping on an answer
