@@ -48,6 +48,13 @@ if sign_in.mode == "password":
         return await sign_in.password(username, password)
 
 
+if sign_in.mode == "ldap":  # the same form, answered by the directory
+
+    @cl.password_auth_callback
+    async def ldap_sign_in(username: str, password: str) -> cl.User | None:
+        return await sign_in.ldap_password(username, password)
+
+
 if sign_in.mode in ("local", "header"):  # local: the one local user, without a login form
 
     @cl.header_auth_callback

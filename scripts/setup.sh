@@ -88,6 +88,14 @@ if [[ "$WITH_TEST" == 1 ]]; then
     echo "[setup] installing Debian's postgresql for the database tests"
     apt_install postgresql
   fi
+  # The LDAP sign-in tests start a throwaway slapd of their own (harness/slapd.py, a private config
+  # on a free port). Debian's postinst may start the system's slapd: stop it, the tests never use it.
+  ldap_debs=$(missing_debs slapd ldap-utils)
+  if [[ -n "${ldap_debs// /}" ]]; then
+    echo "[setup] installing Debian's" $ldap_debs "for the LDAP sign-in tests"
+    apt_install $ldap_debs
+    if command -v invoke-rc.d >/dev/null 2>&1; then invoke-rc.d slapd stop >/dev/null 2>&1 || true; fi
+  fi
   if ! command -v npm >/dev/null 2>&1; then
     echo "[setup] installing Debian's npm for the page's font and styles"
     apt_install npm

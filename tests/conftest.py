@@ -18,6 +18,7 @@ import pytest
 
 from harness.postgres import PostgresCluster
 from harness.server import ROOT, STARTED, AppServer
+from harness.slapd import Slapd
 from harness.tiny_model import build_tiny_model
 from services.config import Settings
 from services.config.engine import default_cache_dir
@@ -176,6 +177,23 @@ def postgres() -> Iterator[PostgresCluster]:
     cluster = PostgresCluster().start()
     yield cluster
     cluster.remove()
+
+
+LDAP_READER_PASSWORD = "reader-secret-4f9a"  # the directory's service account (search, re-checks)
+LDAP_PEOPLE = {"alice": "alice-ldap-secret-1", "bob": "bob-ldap-secret-2", "root": "root-ldap-secret-3"}
+LDAP_ADMINS = ["root"]  # members of cn=admins
+
+
+@pytest.fixture(scope="session")
+def slapd() -> Iterator[Slapd]:
+    """A throwaway OpenLDAP directory (Debian's slapd) on a free loopback port, for the session:
+    LDAP_PEOPLE under ou=people, LDAP_ADMINS in cn=admins (harness/slapd.py)."""
+    directory = Slapd(LDAP_READER_PASSWORD).start()
+    try:
+        directory.load(LDAP_PEOPLE, LDAP_ADMINS)
+        yield directory
+    finally:
+        directory.remove()
 
 
 # Each test session gets a temp folder of its own (TMPDIR, inherited by every server and

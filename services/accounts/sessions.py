@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,8 +59,12 @@ class Sessions:
         lifetime_seconds: float,
         check_seconds: float,
         clock: Callable[[], float] = time.time,
+        recheck: Callable[[User], Awaitable[str | None]] | None = None,
     ) -> None:
+        """`recheck`: asked last, when the account's own checks pass (LDAP: is the person still in the
+        directory, in the same group?)."""
         self.mode = mode
+        self.recheck = recheck
         self.accounts = accounts
         self.lifetime_seconds = lifetime_seconds
         self._clock = clock
@@ -106,7 +110,7 @@ class Sessions:
             return "This account was removed."
         if user.metadata[CLAIM]["generation"] != state.generation:
             return f"This sign-in has ended (signed out, or the password or role changed). {SIGN_IN_AGAIN}"
-        return None
+        return await self.recheck(user) if self.recheck is not None else None
 
     async def token_problem(self, token: str | None) -> str | None:
         """`problem` for a raw token; None also for no token or one Chainlit itself will refuse."""
@@ -136,6 +140,12 @@ class Sessions:
         self._seen.pop(identifier, None)
         logger.info("signed %s out of every session", identifier)
         return True
+
+    def moved_to(self, identifier: str, generation: int) -> None:
+        """This process just gave the account `generation` (LDAP: a role the directory changed): its
+        new sign-in must not meet the generation read before."""
+        self._floor[identifier] = max(generation, self._floor.get(identifier, 0))
+        self._seen.pop(identifier, None)
 
     async def _state(self, identifier: str) -> AccountState | None:
         """The account as last read (at most SIGN_IN_CHECK_SECONDS ago), with this process's own

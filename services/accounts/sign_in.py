@@ -8,6 +8,7 @@ and the bind address):
              a loopback name (services/accounts/local.py), or with the install's token;
 - password:  accounts in the database (argon2), limited failed attempts;
 - header:    a user name in AUTH_HEADER, trusted only from a TCP peer in AUTH_PROXY_ADDRESSES;
+- ldap:      people in an LDAP directory, through the password form (ldap_sign_in.py);
 - oauth:     Chainlit's OAuth providers (their own OAUTH_* variables), with or without password; a
              provider's user is `<provider>:<name>` and needs the allowlist or a link (oauth.py);
 - anonymous: ALLOW_ANONYMOUS=true on a public address: no sign-in, nothing stored.
@@ -27,6 +28,7 @@ from chainlit.user import User
 
 from services.accounts import local
 from services.accounts.addresses import in_networks, is_loopback, networks
+from services.accounts.ldap_sign_in import ldap_sign_in_for
 from services.accounts.limits import SignInLimiter
 from services.accounts.local import LOCAL_USER
 from services.accounts.oauth import GitHubOrgs, OAuthAllowlist, OAuthGate, OrgMember, github_api_url
@@ -83,6 +85,7 @@ def refusal(host: str) -> str:
         "                       or one is generated and printed);\n"
         "                       manage them with python -m services.accounts\n"
         "  AUTH_MODE=header     behind an auth proxy: AUTH_HEADER + AUTH_PROXY_ADDRESSES\n"
+        "  AUTH_MODE=ldap       people in an LDAP directory: LDAP_URL + LDAP_USER_DN_TEMPLATE (see README)\n"
         "  OAUTH_<PROVIDER>_CLIENT_ID + _CLIENT_SECRET   Chainlit's OAuth providers (see README)\n"
         "  ALLOW_ANONYMOUS=true serve everyone anonymously, on purpose (nothing is stored)\n"
         "or bind to 127.0.0.1 (the default)."
@@ -91,7 +94,7 @@ def refusal(host: str) -> str:
 
 def resolve_mode(settings: Settings, bind_host: str, oauth_providers: list[str]) -> str:
     """The sign-in mode; raises SettingsError (with what to do) for a public address without sign-in."""
-    if settings.auth_mode in ("password", "header"):
+    if settings.auth_mode in ("password", "header", "ldap"):
         return settings.auth_mode
     if oauth_providers:
         return "oauth"
@@ -125,9 +128,11 @@ class SignIn:
             settings.sign_in_max_failures_per_account, settings.sign_in_window_seconds,
             settings.sign_in_lockout_seconds,
         )  # fmt: skip
+        self.ldap = ldap_sign_in_for(settings, mode, accounts, self.limiter)
         self.sessions = Sessions(
-            mode, accounts, settings.sign_in_lifetime_seconds, settings.sign_in_check_seconds
-        )
+            mode, accounts, settings.sign_in_lifetime_seconds, settings.sign_in_check_seconds,
+            recheck=self.ldap.session_problem if self.ldap else None,
+        )  # fmt: skip
 
     @property
     def required(self) -> bool:
@@ -173,6 +178,14 @@ class SignIn:
             logger.exception("could not upgrade the password hash of %s", identifier)
         user = User(identifier=identifier, metadata={"role": account.role, "provider": "password"})
         return self.sessions.stamp(user, account.generation)
+
+    async def ldap_password(self, username: str, password: str) -> User | None:
+        """Chainlit's password_auth_callback in LDAP mode: the directory decides (ldap_sign_in.py)."""
+        assert self.ldap is not None
+        if (signed := await self.ldap.sign_in(username, password, client_address(), refuse)) is None:
+            return None
+        self.sessions.moved_to(signed[0].identifier, signed[1])
+        return self.sessions.stamp(*signed)
 
     async def header(self, headers: Mapping[str, str]) -> User | None:
         """Chainlit's header_auth_callback: the local user (local mode) or the proxy's user (header mode).

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from services.config.fields import setting
 
-AUTH_MODES = ("none", "password", "header")
+AUTH_MODES = ("none", "password", "header", "ldap")
 
 
 @dataclass(frozen=True)
@@ -18,7 +18,8 @@ class AccountSettings:
         "AUTH_MODE",
         "none = no sign-in (on a loopback address: one local user, history kept; elsewhere the app "
         "refuses to start unless ALLOW_ANONYMOUS=true); password = accounts in the database; header = "
-        "a user name set by a trusted auth proxy (AUTH_HEADER, AUTH_PROXY_ADDRESSES).",
+        "a user name set by a trusted auth proxy (AUTH_HEADER, AUTH_PROXY_ADDRESSES); ldap = people in an "
+        "LDAP directory (LDAP_URL and the LDAP_* settings).",
         tier="essential",
     )
     admin_username: str = setting(

@@ -31,6 +31,7 @@ from services.config.documents import DocumentSettings
 from services.config.engine import ENGINE_ALLOCATORS, EngineSettings
 from services.config.fields import SettingsError, parse
 from services.config.history import HistorySettings
+from services.config.ldap import LdapSettings, check_ldap
 from services.config.observability import ObservabilitySettings
 from services.config.reference import Section, write_generated
 from services.config.web import WebSettings, parse_origins
@@ -47,6 +48,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("Overload and fair share", AdmissionSettings),
     Section("OpenAI-compatible API", ApiSettings),
     Section("Sign-in", AccountSettings),
+    Section("LDAP sign-in", LdapSettings),
     Section("Stored conversations", HistorySettings),
     Section("Operations", ObservabilitySettings),
     Section("Requests and sizes", WebSettings),
@@ -62,6 +64,7 @@ class Settings(
     WebSettings,
     ApiSettings,
     AdmissionSettings,
+    LdapSettings,
     AccountSettings,
     HistorySettings,
     ObservabilitySettings,
@@ -133,6 +136,7 @@ class Settings(
             raise SettingsError("ADMIN_USERNAME and ADMIN_PASSWORD are set together (or neither)")
         if self.database_url and not self.database_url.startswith(("postgresql", "postgres", "sqlite")):
             raise SettingsError("DATABASE_URL must start with postgresql:// (or sqlite:///path)")
+        check_ldap(self, self.auth_mode)
 
     def non_default(self) -> dict[str, Any]:
         """Settings that differ from the defaults, secrets redacted (for the start-up log)."""
