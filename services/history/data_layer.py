@@ -15,6 +15,8 @@ What this subclass changes, and why:
   later pastes stored ids into an `IN ('...')` list, so an id with a quote would be SQL;
 - a step is only ever updated within its own conversation (`step_upsert`): the browser chooses a
   user message's id, so Chainlit's upsert let anyone move another person's message into their own;
+- the writes under way to each conversation are counted, so cutting it back (an edit, a regenerate:
+  branches.py) waits for an aborted answer's last write, which Chainlit sends as a task of its own;
 - deleting a conversation also deletes its stored document; new feedback is counted for /metrics;
 - a conversation's name is cut to MAX_THREAD_NAME_CHARS (Chainlit names a conversation after its
   first message), and the sidebar's list is one bounded statement per page that loads no messages
@@ -24,6 +26,7 @@ What this subclass changes, and why:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import contextvars
 import json
@@ -129,6 +132,9 @@ class ChatDataLayer(SQLAlchemyDataLayer):
         self.feedback = feedback
         self.settings = settings
         self._slots = asyncio.Semaphore(STATEMENT_SLOTS)
+        self._writing: collections.Counter[str] = (
+            collections.Counter()
+        )  # conversation id -> step writes under way (no zeros)
 
     async def execute_sql(self, query: str, parameters: dict) -> list[dict[str, Any]] | int | None:
         """Chainlit's execute_sql (rows, a row count, or None on failure), through the breaker."""
@@ -174,11 +180,25 @@ class ChatDataLayer(SQLAlchemyDataLayer):
 
     @queue_until_user_message()
     async def create_step(self, step_dict: Any) -> None:
-        if not is_uuid(step_dict.get("threadId")):
+        thread_id = step_dict.get("threadId")
+        if not is_uuid(thread_id):
             return
-        with _unit_of_work():
-            await self.update_thread(step_dict["threadId"])
-            await self.execute_sql(*step_upsert(step_dict))
+        self._writing[thread_id] += 1
+        try:
+            with _unit_of_work():
+                await self.update_thread(thread_id)
+                await self.execute_sql(*step_upsert(step_dict))
+        finally:
+            self._writing[thread_id] -= 1
+            if not self._writing[thread_id]:
+                del self._writing[thread_id]
+
+    async def writes_done(self, thread_id: str, timeout_seconds: float) -> None:
+        """Wait, at most `timeout_seconds`, until no step is being written to this conversation."""
+        await asyncio.sleep(0)  # writes sent as tasks just before start (and count) first
+        deadline = asyncio.get_running_loop().time() + timeout_seconds
+        while self._writing.get(thread_id) and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)
 
     async def delete_thread(self, thread_id: str) -> None:
         with _unit_of_work() as unit:

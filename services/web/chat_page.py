@@ -18,6 +18,9 @@ from services.history.resume import ANSWER_METADATA
 from services.web.chainlit_state import current_user_identifier, forget_chat_context
 from services.web.chat_feedback import StatusMessage, notice, session_user_key, summary_progress
 
+REGENERATE_ACTION = "regenerate"  # the action's name: app.py's @cl.action_callback
+OFFERED_KEY = "regenerate_action"  # Chainlit's user session: the Regenerate button shown, to take away
+
 
 class ChainlitPage:
     """One tab's chat, read from Chainlit's context of the event being handled."""
@@ -83,3 +86,19 @@ class ChainlitPage:
 
     def forget(self) -> None:
         forget_chat_context(cl.context.session.id)
+
+    async def offer_regenerate(self, answer_id: str | None) -> None:
+        """The Regenerate button on the answer `answer_id` only: the one shown before is taken away."""
+        offered = cl.user_session.get(OFFERED_KEY)
+        if isinstance(offered, cl.Action):
+            await offered.remove()
+        action = None
+        if answer_id is not None:
+            action = cl.Action(name=REGENERATE_ACTION, payload={"answer_id": answer_id}, label="Regenerate",
+                               tooltip="Answer the last message again", icon="refresh-cw")  # fmt: skip
+            await action.send(for_id=answer_id)
+        cl.user_session.set(OFFERED_KEY, action)
+
+    async def remove_messages(self, ids: list[str]) -> None:
+        for step_id in ids:
+            await cl.context.emitter.delete_step({"id": step_id})  # type: ignore[typeddict-item]

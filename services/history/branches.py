@@ -1,0 +1,59 @@
+"""A stored conversation cut back to a branch point: an edited message keeps its place and gets its
+new text, and everything stored after it goes (answers, notices, their feedback and elements); a
+regenerated answer goes with everything after it.
+
+Stored messages are ordered by `createdAt` (Chainlit's UTC ISO text, which sorts as time). Every
+statement names the conversation, so a step id from a client never reaches another one's rows.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+OWNED_USER_MESSAGE = (
+    'SELECT 1 FROM steps s JOIN threads t ON t."id" = s."threadId" WHERE s."id" = :id '
+    'AND s."threadId" = :thread AND s."type" = \'user_message\' AND t."userIdentifier" = :who'
+)
+# The steps cut: from the branch point's time on, in its conversation; {keep} spares the point itself.
+CUT = 'FROM steps WHERE "threadId" = :thread AND "createdAt" >= :at{keep}'
+KEEP_POINT = ' AND "id" <> :id'
+
+
+async def user_message_owned(engine: AsyncEngine, thread_id: str, user: str, step_id: str) -> bool:
+    """Whether `step_id` is a message `user` sent, stored in their conversation `thread_id`."""
+    async with engine.connect() as connection:
+        found = await connection.execute(
+            text(OWNED_USER_MESSAGE), {"id": step_id, "thread": thread_id, "who": user}
+        )
+        return found.first() is not None
+
+
+async def cut(
+    engine: AsyncEngine, thread_id: str, step_id: str, keep_step: bool, new_text: str | None
+) -> list[str]:
+    """Delete the conversation's steps from `step_id` on (after it when `keep_step`, which then gets
+    `new_text`), with their feedback and elements, in one transaction; return the ids deleted (none
+    when `step_id` is not stored in this conversation)."""
+    async with engine.begin() as connection:
+        point = {"id": step_id, "thread": thread_id}
+        row = (
+            await connection.execute(
+                text('SELECT "createdAt" FROM steps WHERE "id" = :id AND "threadId" = :thread'), point
+            )
+        ).first()
+        if row is None or not row[0]:
+            return []
+        where = CUT.format(keep=KEEP_POINT if keep_step else "")
+        bound = {**point, "at": row[0]}
+        ids = [found[0] for found in await connection.execute(text(f'SELECT "id" {where}'), bound)]
+        for table in ("feedbacks", "elements"):
+            owned = f'DELETE FROM {table} WHERE "forId" IN (SELECT "id" {where})'
+            await connection.execute(text(owned), bound)
+        await connection.execute(text(f"DELETE {where}"), bound)
+        if keep_step and new_text is not None:
+            await connection.execute(
+                text('UPDATE steps SET "output" = :output WHERE "id" = :id AND "threadId" = :thread'),
+                {**point, "output": new_text},
+            )
+        return ids
