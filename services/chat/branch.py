@@ -3,6 +3,8 @@
 after it, and a regenerate drops the last exchange to answer its message again.
 
 Every change to a session's history goes through here, so `history` and `history_ids` stay aligned.
+Code that clears the history, or adds to it while it is below its bound, without this module gets
+unknown ids (None) for what it added; adding to a full history without it would shift the ids.
 """
 
 from __future__ import annotations
