@@ -15,6 +15,7 @@ import pytest
 from sqlalchemy import text
 
 from services.admission.service import Admission
+from services.admission.waiting_line import CHAT
 from services.chat import branch, rewinds
 from services.chat.service import ChatService
 from services.chat.session import ChatSession
@@ -39,7 +40,9 @@ class PromptEngine(WordEngine):
         self.prompts: list[list[dict[str, str]]] = []
         self.samplings: list[SamplingSettings] = []
 
-    async def generate(self, messages, sampling: SamplingSettings, request_id: str) -> AsyncIterator[str]:
+    async def generate(
+        self, messages, sampling: SamplingSettings, request_id: str, **options: Any
+    ) -> AsyncIterator[str]:
         self.prompts.append([dict(m) for m in messages])
         self.samplings.append(sampling)
         async for delta in super().generate(messages, sampling, request_id):
@@ -261,3 +264,35 @@ async def test_the_stored_conversation_is_cut_in_its_own_thread_only(tmp_path: P
     async with engine.connect() as connection:
         assert (await connection.execute(text("SELECT COUNT(*) FROM feedbacks"))).scalar() == 0
     await engine.dispose()
+
+
+@pytest.mark.asyncio(loop_scope="function")
+async def test_an_edit_and_a_regenerate_wait_in_line_like_any_turn_and_are_told_where_they_stand() -> None:
+    engine = PromptEngine()
+    settings = Settings.from_env({}).replace(
+        max_new_tokens=3, max_model_len=400, admission_max_wait_seconds=600
+    )
+    admission = Admission(settings, EngineLoad(), max_running=1)
+    chat = ChatService(admission.engine(engine, CHAT), settings)  # type: ignore[arg-type]  (as runtime.py builds it)
+    turns = ChatTurns(SessionStore(settings), admission, chat, NothingKept())
+    page, busy = FakePage(), FakePage()
+    busy.session_id = "tab-2"
+    turns.sessions.update_settings(turns.sessions.open(busy.session_id), {"max_new_tokens": 250})
+    message_id = await answered(turns, page, "question")
+    again = (
+        lambda: rewinds.edit(turns, page, message_id, "edited"),
+        lambda: rewinds.regenerate(turns, page, page.replies[-1].id),
+    )
+    for rewind in again:
+        engine_busy = asyncio.create_task(turns.answer(busy, "a long one", [], new_id()))  # 2.5 s
+        await asyncio.sleep(0.05)
+        waiting = asyncio.create_task(rewind())
+        await asyncio.sleep(2.0)  # the first status comes after feedback.QUIET_SECONDS
+        assert not waiting.done() and any(kind == "status" and text for kind, text in page.shown), page.shown
+        await asyncio.gather(engine_busy, waiting)
+        page.shown.clear()
+    session = turns.sessions.get(page.session_id)
+    assert session is not None and session.history[0]["content"] == "edited" and len(session.history) == 2
+    assert len(engine.prompts) == 5 and engine.prompts[-1] == engine.prompts[-3], (
+        "regenerated: the same prompt"
+    )
