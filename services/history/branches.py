@@ -1,6 +1,7 @@
 """A stored conversation cut back to a branch point: an edited message keeps its place and gets its
 new text, and everything stored after it goes (answers, notices, their feedback and elements); a
-regenerated answer goes with everything after it.
+regenerated answer goes with everything after it. A conversation named after the edited message (as
+Chainlit names it after its first one) takes the new text as its name, so the old text is nowhere.
 
 Stored messages are ordered by `createdAt` (Chainlit's UTC ISO text, which sorts as time). Every
 statement names the conversation, so a step id from a client never reaches another one's rows.
@@ -30,16 +31,17 @@ async def user_message_owned(engine: AsyncEngine, thread_id: str, user: str, ste
 
 
 async def cut(
-    engine: AsyncEngine, thread_id: str, step_id: str, keep_step: bool, new_text: str | None
+    engine: AsyncEngine, thread_id: str, step_id: str, keep_step: bool, new_text: str | None, name_chars: int
 ) -> list[str]:
     """Delete the conversation's steps from `step_id` on (after it when `keep_step`, which then gets
-    `new_text`), with their feedback and elements, in one transaction; return the ids deleted (none
-    when `step_id` is not stored in this conversation)."""
+    `new_text`; names are cut to `name_chars`), with their feedback and elements, in one transaction;
+    return the ids deleted (none when `step_id` is not stored in this conversation)."""
     async with engine.begin() as connection:
         point = {"id": step_id, "thread": thread_id}
         row = (
             await connection.execute(
-                text('SELECT "createdAt" FROM steps WHERE "id" = :id AND "threadId" = :thread'), point
+                text('SELECT "createdAt", "output" FROM steps WHERE "id" = :id AND "threadId" = :thread'),
+                point,
             )
         ).first()
         if row is None or not row[0]:
@@ -55,5 +57,9 @@ async def cut(
             await connection.execute(
                 text('UPDATE steps SET "output" = :output WHERE "id" = :id AND "threadId" = :thread'),
                 {**point, "output": new_text},
+            )
+            renamed = {"thread": thread_id, "old": (row[1] or "")[:name_chars], "new": new_text[:name_chars]}
+            await connection.execute(
+                text('UPDATE threads SET "name" = :new WHERE "id" = :thread AND "name" = :old'), renamed
             )
         return ids

@@ -150,7 +150,8 @@ class History:
         if not self.available or self.layer is None:
             return None
         await self.layer.writes_done(thread_id, self.settings.database_timeout_seconds)
-        cut = await self._guarded(branches.cut(self.engine, thread_id, step_id, keep_step, text))  # type: ignore[arg-type]
+        names = self.settings.max_thread_name_chars
+        cut = await self._guarded(branches.cut(self.engine, thread_id, step_id, keep_step, text, names))  # type: ignore[arg-type]
         return None if cut is FAILED else cut
 
     def notice_for(self, session: ChatSession) -> str | None:

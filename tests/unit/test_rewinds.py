@@ -214,6 +214,11 @@ async def test_regenerate_of_the_answer_being_streamed_aborts_it() -> None:
     assert session.history_ids[1] == page.replies[-1].id != streaming
 
 
+async def names(engine) -> dict[str, str]:
+    async with engine.connect() as connection:
+        return {row[0]: row[1] for row in await connection.execute(text('SELECT "id", "name" FROM threads'))}
+
+
 async def stored_steps(engine, thread_id: str) -> list[tuple[str, str]]:
     async with engine.connect() as connection:
         rows = await connection.execute(
@@ -230,9 +235,11 @@ async def test_the_stored_conversation_is_cut_in_its_own_thread_only(tmp_path: P
     mine, theirs = new_id(), new_id()
     async with engine.begin() as connection:
         for thread, who in ((mine, "alice"), (theirs, "bob")):
-            await connection.execute(
-                text('INSERT INTO threads ("id", "userIdentifier", "createdAt") VALUES (:id, :who, :at)'),
-                {"id": thread, "who": who, "at": "2026-12-05T10:00:00Z"},
+            insert = (
+                'INSERT INTO threads ("id", "userIdentifier", "name", "createdAt") VALUES (:id, :who, :n, :t)'
+            )
+            await connection.execute(  # named after its first message, as Chainlit names it
+                text(insert), {"id": thread, "who": who, "n": "u1", "t": "2026-12-05T10:00:00Z"}
             )
         for n, (step, kind) in enumerate((("u1", "user_message"), ("a1", "assistant_message"),
                                           ("u2", "user_message"), ("a2", "assistant_message"))):  # fmt: skip
@@ -251,8 +258,8 @@ async def test_the_stored_conversation_is_cut_in_its_own_thread_only(tmp_path: P
     assert not await branches.user_message_owned(engine, mine, "bob", f"u2-{mine}")
     assert not await branches.user_message_owned(engine, mine, "alice", f"u2-{theirs}")
     assert not await branches.user_message_owned(engine, mine, "alice", f"a2-{mine}")
-    assert await branches.cut(engine, mine, f"u2-{theirs}", True, "x") == [], "another thread's step: nothing"
-    cut = await branches.cut(engine, mine, f"u2-{mine}", True, "edited")
+    assert await branches.cut(engine, mine, f"u2-{theirs}", True, "x", 9) == [], "another thread's: nothing"
+    cut = await branches.cut(engine, mine, f"u2-{mine}", True, "edited", 9)
     assert cut == [f"a2-{mine}"]
     assert await stored_steps(engine, mine) == [
         (f"u1-{mine}", "u1"),
@@ -260,7 +267,13 @@ async def test_the_stored_conversation_is_cut_in_its_own_thread_only(tmp_path: P
         (f"u2-{mine}", "edited"),
     ]
     assert len(await stored_steps(engine, theirs)) == 4
-    assert await branches.cut(engine, mine, f"a1-{mine}", False, None) == [f"a1-{mine}", f"u2-{mine}"]
+    assert await branches.cut(engine, mine, f"a1-{mine}", False, None, 9) == [f"a1-{mine}", f"u2-{mine}"]
+    await branches.cut(engine, mine, f"u1-{mine}", True, "a new first message", 9)
+    assert await names(engine) == {mine: "a new fir", theirs: "u1"}, "named after the edited first message"
+    async with engine.begin() as connection:
+        await connection.execute(text('UPDATE threads SET "name" = \'Given\' WHERE "id" = :id'), {"id": mine})
+    await branches.cut(engine, mine, f"u1-{mine}", True, "and again", 9)
+    assert await names(engine) == {mine: "Given", theirs: "u1"}, "a name the person gave stays"
     async with engine.connect() as connection:
         assert (await connection.execute(text("SELECT COUNT(*) FROM feedbacks"))).scalar() == 0
     await engine.dispose()
