@@ -154,6 +154,7 @@ class Reply:
     status: list[tuple[float, str]] = field(default_factory=list)  # (when, text) of status updates
     status_removed_at: float | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    earlier: set[str] = field(default_factory=set)  # messages seen before it was asked: never this one
 
     @property
     def streamed_text(self) -> str:
@@ -239,7 +240,11 @@ class ChatClient:
         reply = self._reply
         if name in ("new_message", "update_message", "stream_start") and isinstance(data, dict):
             self.messages[data["id"]] = data
-        if reply is None or reply.done.is_set():
+        if (
+            reply is None
+            or reply.done.is_set()
+            or (isinstance(data, dict) and data.get("id") in reply.earlier)
+        ):
             return
         now = time.monotonic()
         if self._on_status(reply, name, data, now):
@@ -305,7 +310,7 @@ class ChatClient:
         return reply
 
     def _expect_reply(self) -> Reply:
-        self._reply = Reply(sent_at=time.monotonic())
+        self._reply = Reply(sent_at=time.monotonic(), earlier=set(self.messages))
         self._status_ids.clear()
         return self._reply
 

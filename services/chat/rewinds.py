@@ -44,6 +44,7 @@ async def edit(turns: ChatTurns, page: Page, message_id: str, text: str) -> None
             await page.error(UNSAVED)
             return False
         branch.rewind(session, {message_id, *cut_ids})
+        await page.show_edited(message_id, text)
         return True
 
     await turns.run(page, session, Asked(text, message_id=message_id, cut=cut))

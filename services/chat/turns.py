@@ -112,6 +112,8 @@ class Page(Protocol):
 
     async def remove_messages(self, ids: list[str]) -> None: ...
 
+    async def show_edited(self, message_id: str, text: str) -> None: ...
+
 
 class ChatTurns:
     """Every chat page event of the service, over its sessions, admission, chat and kept history."""

@@ -102,3 +102,7 @@ class ChainlitPage:
     async def remove_messages(self, ids: list[str]) -> None:
         for step_id in ids:
             await cl.context.emitter.delete_step({"id": step_id})  # type: ignore[typeddict-item]
+
+    async def show_edited(self, message_id: str, text: str) -> None:
+        """The page truncates its chat at an edited message but keeps showing its old text until told."""
+        await cl.context.emitter.update_step({"id": message_id, "output": text})  # type: ignore[typeddict-item]

@@ -102,6 +102,9 @@ class FakePage:
     async def remove_messages(self, ids: list[str]) -> None:
         self.shown.append(("removed", ids))
 
+    async def show_edited(self, message_id: str, text: str) -> None:
+        self.shown.append(("edited", text))
+
 
 def make_turns(**changes: Any) -> tuple[ChatTurns, WordEngine]:
     engine = WordEngine()

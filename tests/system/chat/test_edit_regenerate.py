@@ -53,6 +53,16 @@ async def thread_when(client: ChatClient, thread_id: str, holds: Any, timeout: f
     )
 
 
+async def button_on(client: ChatClient, answer_id: str | None, timeout: float = 10) -> dict[str, Any]:
+    """The Regenerate button, once the server shows it on `answer_id` (it comes after the answer)."""
+    for _ in range(int(timeout / 0.05)):
+        shown = client.regenerate_action()
+        if shown is not None and shown["forId"] == answer_id:
+            return shown
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no Regenerate button on {answer_id}: {client.actions}")
+
+
 def said(steps: list[dict], kind: str) -> list[str]:
     return [s["output"] for s in steps if s["type"] == kind]
 
@@ -146,9 +156,9 @@ async def test_regenerate_replaces_the_last_answer_only(password_server: AppServ
     alice, bob = await signed_in(password_server, ALICE), await signed_in(password_server, BOB)
     first = await alice.ask("Name a colour.")
     second = await alice.ask("Name a fruit.")
-    shown = alice.regenerate_action()
-    assert shown is not None and shown["forId"] == second.message_id, "the button is on the last answer"
-    assert shown["payload"] == {"answer_id": second.message_id} and len(alice.actions) == 1
+    shown = await button_on(alice, second.message_id)
+    assert shown["payload"] == {"answer_id": second.message_id}
+    assert len(alice.actions) == 1, "the button left the older answer"
     stale = {
         **shown,
         "id": str(uuid.uuid4()),
@@ -171,8 +181,6 @@ async def test_regenerate_replaces_the_last_answer_only(password_server: AppServ
     )
     assert said(thread["steps"], "user_message") == ["Name a colour.", "Name a fruit."]
     assert second.final not in [s["output"] for s in thread["steps"] if s["id"] == second.message_id]
-    await password_server.poll(lambda s: s["turns_in_flight"] == 0, 10)
-    moved = alice.regenerate_action()
-    assert moved is not None and moved["forId"] == again.message_id
+    await button_on(alice, again.message_id)
     await alice.close()
     await bob.close()
