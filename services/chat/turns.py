@@ -32,8 +32,10 @@ Files = list[tuple[str, str]]  # uploads of one message: (path on disk, name)
 @dataclass(frozen=True)
 class Asked:
     """What a turn answers: a message's text, uploads and stored id. `cut` runs first, inside the turn
-    (after the turn it replaces ended), and calls the turn off by returning False; `sampling`
-    replaces the session's for this answer (services/chat/rewinds.py: edit and regenerate)."""
+    (after the turn it replaces ended), and calls the turn off by returning False; such a turn does
+    not come through the page framework's message handler, so its answer gets a run of its own
+    (`Page.run`). `sampling` replaces the session's for this answer (services/chat/rewinds.py: edit
+    and regenerate)."""
 
     text: str
     files: Files = field(default_factory=list)
@@ -114,6 +116,10 @@ class Page(Protocol):
 
     async def show_edited(self, message_id: str, text: str) -> None: ...
 
+    def run(self, message_id: str | None) -> contextlib.AbstractAsyncContextManager[Any]:
+        """The run an answer belongs to, as the message handler makes one (its answer gets feedback)."""
+        ...
+
 
 class ChatTurns:
     """Every chat page event of the service, over its sessions, admission, chat and kept history."""
@@ -174,7 +180,7 @@ class ChatTurns:
         # services/web/socket_guard.py refuses them before Chainlit stores them.
         await self._tell_history_state(page, session)
         try:
-            if await self._run_turn(page, session, asked, page.reply()):
+            if await self._run_turn(page, session, asked):
                 await self._offer_regenerate(page, session)
         finally:
             # Also after a cancellation: a late reply.update() re-adds the session to
@@ -194,35 +200,43 @@ class ChatTurns:
             return []
         return self.sessions.disconnect(session_id, keep_seconds)
 
-    async def _run_turn(self, page: Page, session: ChatSession, asked: Asked, reply: Reply) -> bool:
-        """Answer into `reply`, streaming; refusals and failures end up in the reply. False when
-        `asked.cut` called the turn off."""
-        person, files = page.person(), asked.files
+    async def _run_turn(self, page: Page, session: ChatSession, asked: Asked) -> bool:
+        """The turn, in its order; False when `asked.cut` called it off."""
         async with self.sessions.turn(session) as request_id:
-            session.running_turn = (asked.message_id, reply.id, asked.text)
+            session.running_turn = (asked.message_id, None, asked.text)
             if asked.cut is not None and not await asked.cut():
                 return False
-            try:
-                async with self.admission.turn(person, documents=len(files)) as turn:
-                    stream = await self._open_stream(page, session, asked, request_id, reply.id)
-                    if stream is not None:
-                        await _stream_into(reply, stream, self.admission.feedback(turn, page.status()))
-            except Refused as refusal:  # the service is full, or a per-user limit: say when to retry
-                self.chat.attachments.discard(files)
-                reply.content += ("\n\n" if reply.content else "") + f"⏳ {refusal}"
-                reply.metadata = {"refused": refusal.reason}
-            except asyncio.CancelledError:
-                if reply.content:
-                    await asyncio.shield(reply.update())
-                raise
-            except Exception as error:  # one error shape for every failure of a turn
-                if isinstance(error, RepetitionError):  # show what the history keeps: no repetition
-                    reply.content = error.kept_text
-                if not reply.content:
-                    reply.metadata = {}  # nothing the model said: not part of its history
-                reply.content += ("\n\n" if reply.content else "") + f"⚠️ {report_failure(error, request_id)}"
-            await reply.send()
+            async with page.run(asked.message_id) if asked.cut else contextlib.nullcontext():
+                reply = page.reply()
+                session.running_turn = (asked.message_id, reply.id, asked.text)
+                await self._answer(page, session, asked, reply, request_id)
         return True
+
+    async def _answer(
+        self, page: Page, session: ChatSession, asked: Asked, reply: Reply, request_id: str
+    ) -> None:
+        """Answer into `reply`, streaming; refusals and failures end up in the reply."""
+        person, files = page.person(), asked.files
+        try:
+            async with self.admission.turn(person, documents=len(files)) as turn:
+                stream = await self._open_stream(page, session, asked, request_id, reply.id)
+                if stream is not None:
+                    await _stream_into(reply, stream, self.admission.feedback(turn, page.status()))
+        except Refused as refusal:  # the service is full, or a per-user limit: say when to retry
+            self.chat.attachments.discard(files)
+            reply.content += ("\n\n" if reply.content else "") + f"⏳ {refusal}"
+            reply.metadata = {"refused": refusal.reason}
+        except asyncio.CancelledError:
+            if reply.content:
+                await asyncio.shield(reply.update())
+            raise
+        except Exception as error:  # one error shape for every failure of a turn
+            if isinstance(error, RepetitionError):  # show what the history keeps: no repetition
+                reply.content = error.kept_text
+            if not reply.content:
+                reply.metadata = {}  # nothing the model said: not part of its history
+            reply.content += ("\n\n" if reply.content else "") + f"⚠️ {report_failure(error, request_id)}"
+        await reply.send()
 
     async def _offer_regenerate(self, page: Page, session: ChatSession) -> None:
         last = branch.last_turn(session)

@@ -1,6 +1,7 @@
 """A stored conversation cut back to a branch point: an edited message keeps its place and gets its
 new text, and everything stored after it goes (answers, notices, their feedback and elements); a
-regenerated answer goes with everything after it. A conversation named after the edited message (as
+regenerated answer goes with everything after it, from the run it belongs to (Chainlit makes a run
+step under the user's message, and the answer inside it). A conversation named after the edited message (as
 Chainlit names it after its first one) takes the new text as its name, so the old text is nowhere.
 
 Stored messages are ordered by `createdAt` (Chainlit's UTC ISO text, which sorts as time). Every
@@ -9,8 +10,8 @@ statement names the conversation, so a step id from a client never reaches anoth
 
 from __future__ import annotations
 
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy import Row, text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 OWNED_USER_MESSAGE = (
     'SELECT 1 FROM steps s JOIN threads t ON t."id" = s."threadId" WHERE s."id" = :id '
@@ -30,6 +31,19 @@ async def user_message_owned(engine: AsyncEngine, thread_id: str, user: str, ste
         return found.first() is not None
 
 
+async def _point(connection: AsyncConnection, thread_id: str, step_id: str, keep_step: bool) -> Row | None:
+    """The step to cut from ("id", "createdAt", "output"): `step_id`, or the run it belongs to when
+    it goes itself (an answer and its run); None when it is not stored in this conversation."""
+    where = 'FROM steps WHERE "id" = :id AND "threadId" = :thread'
+    found = (await connection.execute(text(f'SELECT "id", "createdAt", "output", "parentId" {where}'),
+                                      {"id": step_id, "thread": thread_id})).first()  # fmt: skip
+    if found is None or keep_step or not found[3]:
+        return found
+    run = (await connection.execute(text(f'SELECT "id", "createdAt", "output" {where} AND "type" = \'run\''),
+                                    {"id": found[3], "thread": thread_id})).first()  # fmt: skip
+    return run or found
+
+
 async def cut(
     engine: AsyncEngine, thread_id: str, step_id: str, keep_step: bool, new_text: str | None, name_chars: int
 ) -> list[str]:
@@ -37,17 +51,11 @@ async def cut(
     `new_text`; names are cut to `name_chars`), with their feedback and elements, in one transaction;
     return the ids deleted (none when `step_id` is not stored in this conversation)."""
     async with engine.begin() as connection:
-        point = {"id": step_id, "thread": thread_id}
-        row = (
-            await connection.execute(
-                text('SELECT "createdAt", "output" FROM steps WHERE "id" = :id AND "threadId" = :thread'),
-                point,
-            )
-        ).first()
-        if row is None or not row[0]:
+        point = await _point(connection, thread_id, step_id, keep_step)
+        if point is None or not point[1]:
             return []
         where = CUT.format(keep=KEEP_POINT if keep_step else "")
-        bound = {**point, "at": row[0]}
+        bound = {"id": point[0], "thread": thread_id, "at": point[1]}
         ids = [found[0] for found in await connection.execute(text(f'SELECT "id" {where}'), bound)]
         for table in ("feedbacks", "elements"):
             owned = f'DELETE FROM {table} WHERE "forId" IN (SELECT "id" {where})'
@@ -56,9 +64,13 @@ async def cut(
         if keep_step and new_text is not None:
             await connection.execute(
                 text('UPDATE steps SET "output" = :output WHERE "id" = :id AND "threadId" = :thread'),
-                {**point, "output": new_text},
+                {**bound, "output": new_text},
             )
-            renamed = {"thread": thread_id, "old": (row[1] or "")[:name_chars], "new": new_text[:name_chars]}
+            renamed = {
+                "thread": thread_id,
+                "old": (point[2] or "")[:name_chars],
+                "new": new_text[:name_chars],
+            }
             await connection.execute(
                 text('UPDATE threads SET "name" = :new WHERE "id" = :thread AND "name" = :old'), renamed
             )

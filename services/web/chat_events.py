@@ -61,8 +61,12 @@ class ChatEvents:
     async def edit(self, message_id: str, text: str) -> None:
         """An edited message (its id and text checked by services/web/socket_guard.py): answered again
         in place of what followed it."""
-        if not await self._sign_in_ended():
-            await rewinds.edit(self._turns(), self.page, message_id, text)
+        if await self._sign_in_ended():
+            return
+        if is_key_command(text) or is_command(text):  # said to the service, not the model: sent anew
+            await self.page.error("A command cannot be edited in: send it as a new message.")
+            return
+        await rewinds.edit(self._turns(), self.page, message_id, text)
 
     async def regenerate(self, action: cl.Action) -> None:
         """The Regenerate button: its payload is the client's, checked here and by rewinds.regenerate.

@@ -103,6 +103,11 @@ class ChainlitPage:
         for step_id in ids:
             await cl.context.emitter.delete_step({"id": step_id})  # type: ignore[typeddict-item]
 
+    def run(self, message_id: str | None) -> cl.Step:
+        """Chainlit's run of an answer (as its on_message wrapper makes one, under the user's message):
+        the page shows feedback buttons on a run's last answer."""
+        return cl.Step(name="on_message", type="run", parent_id=message_id)
+
     async def show_edited(self, message_id: str, text: str) -> None:
         """The page truncates its chat at an edited message but keeps showing its old text until told."""
         await cl.context.emitter.update_step({"id": message_id, "output": text})  # type: ignore[typeddict-item]

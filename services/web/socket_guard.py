@@ -93,7 +93,7 @@ class SocketGuard:
         session = WebsocketSession.get(sid)
         if session is None:
             return None
-        context = init_ws_context(session)
+        ws = init_ws_context(session)
         try:
             if not chainlit_config.features.edit_message:
                 raise MessageRefused(MALFORMED, "Editing messages is not enabled here.")
@@ -102,13 +102,13 @@ class SocketGuard:
         except (Refused, MessageRefused) as refusal:
             await tell_refusal(refusal)
             return None
-        await context.emitter.task_start()
+        await ws.emitter.task_start()
         try:
             await self.edit(edit["message"]["id"], edit["message"]["output"])
         except asyncio.CancelledError:  # Stop or a disconnect ended the turn (its answer is aborted)
             pass
         finally:
-            await context.emitter.task_end()
+            await ws.emitter.task_end()
         return None
 
     async def chat_settings_change(self, handler: Handler, sid: str, values: Any) -> Any:

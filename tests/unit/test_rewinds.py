@@ -309,3 +309,31 @@ async def test_an_edit_and_a_regenerate_wait_in_line_like_any_turn_and_are_told_
     assert len(engine.prompts) == 5 and engine.prompts[-1] == engine.prompts[-3], (
         "regenerated: the same prompt"
     )
+
+
+@pytest.mark.asyncio(loop_scope="function")
+async def test_a_regenerated_answer_goes_with_its_run_and_what_followed(tmp_path: Path) -> None:
+    engine = create_engine(Settings.from_env({"DATA_DIR": str(tmp_path)}))
+    await migrate(engine)
+    thread = new_id()
+    steps = (("u1", "user_message", None), ("r1", "run", "u1"), ("a1", "assistant_message", "r1"),
+             ("n1", "assistant_message", None))  # fmt: skip
+    async with engine.begin() as connection:
+        await connection.execute(
+            text('INSERT INTO threads ("id", "createdAt") VALUES (:id, :t)'), {"id": thread, "t": "x"}
+        )
+        for n, (step, kind, parent) in enumerate(steps):
+            columns = '"id", "threadId", "parentId", "name", "type", "output", "createdAt"'
+            await connection.execute(
+                text(f"INSERT INTO steps ({columns}) VALUES (:id, :thread, :parent, 'x', :kind, :id, :at)"),
+                {
+                    "id": step,
+                    "thread": thread,
+                    "parent": parent,
+                    "kind": kind,
+                    "at": f"2026-12-05T10:00:0{n}Z",
+                },
+            )
+    assert await branches.cut(engine, thread, "a1", False, None, 9) == ["r1", "a1", "n1"]
+    assert await stored_steps(engine, thread) == [("u1", "u1")]
+    await engine.dispose()

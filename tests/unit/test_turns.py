@@ -105,6 +105,11 @@ class FakePage:
     async def show_edited(self, message_id: str, text: str) -> None:
         self.shown.append(("edited", text))
 
+    @contextlib.asynccontextmanager
+    async def run(self, message_id: str | None) -> AsyncIterator[None]:
+        self.shown.append(("run", message_id))
+        yield
+
 
 def make_turns(**changes: Any) -> tuple[ChatTurns, WordEngine]:
     engine = WordEngine()
