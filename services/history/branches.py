@@ -44,6 +44,13 @@ async def _point(connection: AsyncConnection, thread_id: str, step_id: str, keep
     return run or found
 
 
+async def point(engine: AsyncEngine, thread_id: str, step_id: str, keep_step: bool) -> tuple[str, str] | None:
+    """The step a cut starts from and its time (see `_point`); None when there is none to cut."""
+    async with engine.connect() as connection:
+        found = await _point(connection, thread_id, step_id, keep_step)
+    return (found[0], found[1]) if found is not None and found[1] else None
+
+
 async def cut(
     engine: AsyncEngine, thread_id: str, step_id: str, keep_step: bool, new_text: str | None, name_chars: int
 ) -> list[str]:

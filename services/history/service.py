@@ -149,6 +149,11 @@ class History:
             return []
         if not self.available or self.layer is None:
             return None
+        found = await self._guarded(branches.point(self.engine, thread_id, step_id, keep_step))  # type: ignore[arg-type]
+        if found is FAILED or found is None:
+            return None if found is FAILED else []
+        until = conversations.timestamp(datetime.now(UTC))
+        self.layer.fence(thread_id, found[0] if keep_step else None, found[1], until)
         await self.layer.writes_done(thread_id, self.settings.database_timeout_seconds)
         names = self.settings.max_thread_name_chars
         cut = await self._guarded(branches.cut(self.engine, thread_id, step_id, keep_step, text, names))  # type: ignore[arg-type]

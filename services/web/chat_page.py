@@ -9,6 +9,7 @@ from typing import Any
 
 import chainlit as cl
 from chainlit.input_widget import Slider, TextInput
+from chainlit.utils import utc_now
 
 from services.admission.feedback import Show
 from services.admission.refusals import Refused
@@ -20,6 +21,16 @@ from services.web.chat_feedback import StatusMessage, notice, session_user_key, 
 
 REGENERATE_ACTION = "regenerate"  # the action's name: app.py's @cl.action_callback
 OFFERED_KEY = "regenerate_action"  # Chainlit's user session: the Regenerate button shown, to take away
+
+
+class Answer(cl.Message):
+    """An answer: Chainlit gives a message its time when it is sent, so an answer cut short (Stop, an
+    edit) was stored by `update()` with none, sorted first in its conversation and out of reach of
+    a cut by time (services/history/branches.py)."""
+
+    async def update(self) -> bool:
+        self.created_at = self.created_at or utc_now()
+        return await super().update()
 
 
 class ChainlitPage:
@@ -44,7 +55,7 @@ class ChainlitPage:
         return session_user_key(people_sign_in=self._people_sign_in)
 
     def reply(self) -> cl.Message:
-        return cl.Message(content="", metadata=dict(ANSWER_METADATA))  # part of the model's history
+        return Answer(content="", metadata=dict(ANSWER_METADATA))  # part of the model's history
 
     def status(self) -> Show:
         return StatusMessage().show

@@ -337,3 +337,26 @@ async def test_a_regenerated_answer_goes_with_its_run_and_what_followed(tmp_path
     assert await branches.cut(engine, thread, "a1", False, None, 9) == ["r1", "a1", "n1"]
     assert await stored_steps(engine, thread) == [("u1", "u1")]
     await engine.dispose()
+
+
+def test_late_writes_of_a_cut_branch_are_dropped(tmp_path: Path) -> None:
+    from prometheus_client import Counter
+
+    from services.history.data_layer import ChatDataLayer
+    from services.history.health import HistoryHealth
+
+    settings = Settings.from_env({"DATA_DIR": str(tmp_path)})
+    layer = ChatDataLayer(
+        create_engine(settings), HistoryHealth(), Counter("f", "f", registry=None), settings
+    )
+    thread, other = new_id(), new_id()
+    layer.fence(thread, "kept", "2026-12-05T10:00:01Z", "2026-12-05T10:00:05Z")
+
+    def step(step_id: str, at: str | None, thread_id: str = thread) -> dict[str, Any]:
+        return {"id": step_id, "threadId": thread_id, "createdAt": at}
+
+    assert layer._fenced(step("old answer", "2026-12-05T10:00:03.5Z")), "created in the cut branch"
+    assert not layer._fenced(step("kept", "2026-12-05T10:00:01Z")), "the edited message itself"
+    assert not layer._fenced(step("before", "2026-12-05T10:00:00.9Z"))
+    assert not layer._fenced(step("new answer", "2026-12-05T10:00:05.000001Z"))
+    assert not layer._fenced(step("elsewhere", "2026-12-05T10:00:03Z", other))

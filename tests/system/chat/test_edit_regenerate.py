@@ -49,9 +49,7 @@ async def thread_when(client: ChatClient, thread_id: str, holds: Any, timeout: f
         if holds(steps):
             return response.json()
         await asyncio.sleep(0.2)
-    raise AssertionError(
-        f"the stored conversation never held: {[(s['type'], s['output'][:40]) for s in steps]}"
-    )
+    raise AssertionError(f"never stored: {[(s['type'], s['output'][:30], s['createdAt']) for s in steps]}")
 
 
 async def button_on(client: ChatClient, answer_id: str | None, timeout: float = 10) -> dict[str, Any]:
