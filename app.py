@@ -18,6 +18,7 @@ from chainlit.types import ThreadDict
 from services.config import Settings, SettingsError
 from services.runtime import Runtime, set_up_people
 from services.web.chat_events import ChatEvents
+from services.web.chat_page import REGENERATE_ACTION
 from services.web.edge import install_edge
 from services.web.origins import origin_policy
 
@@ -32,8 +33,8 @@ except SettingsError as error:
     raise SystemExit(str(error)) from None
 runtime = Runtime(settings, people)
 sign_in = people.sign_in
-install_edge(http_app, runtime, sign_in, origins, chainlit_url)
 chat = ChatEvents(runtime, sign_in)
+install_edge(http_app, runtime, sign_in, origins, chainlit_url, chat)
 
 
 @cl.data_layer
@@ -99,6 +100,12 @@ async def update_settings(values: dict) -> None:
 @cl.on_message
 async def answer(message: cl.Message) -> None:
     await chat.message(message)
+
+
+@cl.action_callback(REGENERATE_ACTION)
+async def regenerate(action: cl.Action) -> None:
+    """The Regenerate button of the last answer."""
+    await chat.regenerate(action)
 
 
 @cl.on_stop

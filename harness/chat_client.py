@@ -154,6 +154,7 @@ class Reply:
     status: list[tuple[float, str]] = field(default_factory=list)  # (when, text) of status updates
     status_removed_at: float | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    earlier: set[str] = field(default_factory=set)  # messages seen before it was asked: never this one
 
     @property
     def streamed_text(self) -> str:
@@ -196,6 +197,8 @@ class ChatClient:
         self.resume_done = asyncio.Event()
         self._reply: Reply | None = None
         self._status_ids: set[str] = set()  # ids of status messages of the current turn
+        self.sent: list[dict[str, Any]] = []  # the user messages this client sent (newest last), as sent
+        self.actions: dict[str, dict[str, Any]] = {}  # the action buttons the server shows now, by id
         for name in (
             "stream_start",
             "stream_token",
@@ -208,6 +211,8 @@ class ChatClient:
             "resume_thread",
             "resume_thread_error",
             "chat_settings",
+            "action",
+            "remove_action",
         ):
             self.sio.on(name, self._handler(name))
 
@@ -222,6 +227,10 @@ class ChatClient:
     def _on_event(self, name: str, data: Any) -> None:
         if name == "chat_settings" and isinstance(data, list):
             self.settings_widgets = data
+        if name in ("action", "remove_action") and isinstance(data, dict):
+            self.actions.pop(data.get("id"), None)
+            if name == "action":
+                self.actions[data["id"]] = data
         if name == "first_interaction" and isinstance(data, dict):
             self.thread_id = data.get("thread_id")
         elif name in ("resume_thread", "resume_thread_error"):
@@ -231,7 +240,11 @@ class ChatClient:
         reply = self._reply
         if name in ("new_message", "update_message", "stream_start") and isinstance(data, dict):
             self.messages[data["id"]] = data
-        if reply is None or reply.done.is_set():
+        if (
+            reply is None
+            or reply.done.is_set()
+            or (isinstance(data, dict) and data.get("id") in reply.earlier)
+        ):
             return
         now = time.monotonic()
         if self._on_status(reply, name, data, now):
@@ -290,11 +303,39 @@ class ChatClient:
 
     async def send(self, text: str, file_ids: list[str] | None = None) -> Reply:
         """Send a user message; the returned Reply fills in as the answer streams."""
-        reply = Reply(sent_at=time.monotonic())
-        self._reply = reply
-        self._status_ids.clear()
-        await self.sio.emit("client_message", user_message_payload(text, file_ids))
+        reply = self._expect_reply()
+        payload = user_message_payload(text, file_ids)
+        self.sent.append(payload["message"])
+        await self.sio.emit("client_message", payload)
         return reply
+
+    def _expect_reply(self) -> Reply:
+        self._reply = Reply(sent_at=time.monotonic(), earlier=set(self.messages))
+        self._status_ids.clear()
+        return self._reply
+
+    async def edit(self, message_id: str, text: str) -> Reply:
+        """Edit a sent message as the page's edit button does (the message as the page holds it, with
+        the new text); the returned Reply fills in with the new answer."""
+        sent = next((m for m in self.sent if m["id"] == message_id), None)
+        message = {**(sent or user_message_payload("")["message"]), "id": message_id, "output": text}
+        reply = self._expect_reply()
+        await self.sio.emit("edit_message", {"message": message})
+        return reply
+
+    def regenerate_action(self) -> dict[str, Any] | None:
+        """The Regenerate button the server shows now (on the last answer), if any."""
+        return next((a for a in self.actions.values() if a.get("name") == "regenerate"), None)
+
+    async def regenerate(self, action: dict[str, Any] | None = None) -> tuple[httpx.Response, Reply]:
+        """Press Regenerate as the page does (POST /project/action; default: the button shown now);
+        return the route's response and the Reply that fills in with the new answer."""
+        action = action or self.regenerate_action()
+        assert action is not None, "no Regenerate button is shown"
+        reply = self._expect_reply()
+        response = await self.http("POST", "/project/action", json={"sessionId": self.session_id,
+                                                                    "action": action})  # fmt: skip
+        return response, reply
 
     async def upload(self, name: str, data: bytes, mime: str = "application/octet-stream") -> str:
         """Upload a file as the page does; return its id for `send(..., file_ids=[...])`."""

@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import AsyncIterator
 
 from services.admission.refusals import Refused
+from services.chat import branch
 from services.chat.attachments import Attachments, AttachResult
 from services.chat.prompt import PromptBuilder, TrimmedPrompt
 from services.chat.session import ChatSession, SessionDocument
@@ -14,7 +15,9 @@ from services.config import Settings
 from services.documents.language import document_language
 from services.documents.progress import Progress
 from services.documents.summarizer import Summarizer, SummaryJob
-from services.engine import ChatEngine, RepetitionError
+from services.engine import ChatEngine, RepetitionError, SamplingSettings
+
+Ids = tuple[str | None, str | None]  # the stored ids of a turn's message and of its answer
 
 
 class ChatService:
@@ -59,14 +62,23 @@ class ChatService:
             session.system_prompt, document.name, document.text, request, document.language, document.plan
         )
 
-    def reply(self, session: ChatSession, prompt: TrimmedPrompt, request_id: str) -> AsyncIterator[str]:
-        """Stream the answer to `prompt`; the exchange joins the history."""
-        stream = self.engine.generate(prompt.messages, session.sampling, request_id)
-        return _recorded(session, prompt.messages[-1]["content"], stream)
+    def reply(
+        self,
+        session: ChatSession,
+        prompt: TrimmedPrompt,
+        request_id: str,
+        ids: Ids = (None, None),
+        sampling: SamplingSettings | None = None,
+    ) -> AsyncIterator[str]:
+        """Stream the answer to `prompt`; the exchange joins the history, with the ids of its stored
+        message and answer (`ids`). `sampling` replaces the session's for this answer."""
+        stream = self.engine.generate(prompt.messages, sampling or session.sampling, request_id)
+        return _recorded(session, prompt.messages[-1]["content"], stream, ids)  # fmt: skip
 
     def summarize(
-        self, session: ChatSession, request: str, request_id: str, progress: Progress | None = None
-    ) -> AsyncIterator[str]:
+        self, session: ChatSession, request: str, request_id: str, progress: Progress | None = None,
+        ids: Ids = (None, None),
+    ) -> AsyncIterator[str]:  # fmt: skip
         """Stream a summary of the session's document; the exchange joins the history.
 
         A document read whole records the instruction the model saw, so the next
@@ -76,10 +88,12 @@ class ChatService:
         stream = self.summarizer.summarize(job, session.sampling, request_id, progress)
         whole = job.plan is not None and job.plan.whole
         asked = self.summarizer.prompts(job).instruction()["content"] if whole else None
-        return _recorded(session, asked or request or f"Summarize «{job.name}».", stream)
+        return _recorded(session, asked or request or f"Summarize «{job.name}».", stream, ids)
 
 
-async def _recorded(session: ChatSession, user_text: str, stream: AsyncIterator[str]) -> AsyncIterator[str]:
+async def _recorded(
+    session: ChatSession, user_text: str, stream: AsyncIterator[str], ids: Ids
+) -> AsyncIterator[str]:
     """Pass `stream` through; afterwards (also when cut short) add the exchange to the history.
 
     An answer the loop guard stopped is recorded without its repetitions.
@@ -100,6 +114,6 @@ async def _recorded(session: ChatSession, user_text: str, stream: AsyncIterator[
         raise
     finally:
         if not refused:
-            session.history.append({"role": "user", "content": user_text})
+            branch.record(session, {"role": "user", "content": user_text}, ids[0])
         if any(parts):
-            session.history.append({"role": "assistant", "content": "".join(parts)})
+            branch.record(session, {"role": "assistant", "content": "".join(parts)}, ids[1])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.documents.planning import DocumentPlan
 from services.engine import Message, SamplingSettings
@@ -32,11 +32,18 @@ class ChatSession:
     system_prompt: str
     history: deque[Message]
     turn_task: asyncio.Task | None = None
+    # The stored message (Chainlit step) id of each history message, aligned with `history`
+    # (services/chat/branch.py keeps them together): what an edit or a regenerate cuts at.
+    history_ids: deque[str | None] = field(default_factory=deque)
+    running_turn: tuple[str | None, str | None, str] | None = None  # (message id, answer id, text)
     document: SessionDocument | None = None
     user_identifier: str | None = None  # the signed-in user (None when anonymous): per-user limits, history
     reconnect_deadline: float | None = None  # set while disconnected: dropped when the page has not returned
     history_outage_told: int = 0  # the history outage this session was last told about (0 = none)
     last_used: float = 0.0  # monotonic; opening the session or ending a turn refreshes it
+
+    def __post_init__(self) -> None:
+        self.history_ids = deque(self.history_ids, maxlen=self.history.maxlen)
 
     @property
     def busy(self) -> bool:
@@ -55,5 +62,6 @@ class ChatSession:
         """Cancel the running turn and free the conversation's state; return the cancelled turn."""
         cancelled = self.cancel_turn()
         self.history.clear()
+        self.history_ids.clear()
         self.document = None
         return cancelled

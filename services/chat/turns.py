@@ -10,24 +10,44 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from services.admission.feedback import Show, WaitingFeedback
 from services.admission.refusals import Refused
 from services.admission.service import Admission
+from services.chat import branch
+from services.chat.kept import KeptConversations, NothingKept  # noqa: F401  (NothingKept: re-exported)
 from services.chat.service import ChatService
-from services.chat.session import ChatSession, SessionDocument
+from services.chat.session import ChatSession
 from services.chat.store import SessionStore
 from services.documents.progress import Progress
+from services.engine import SamplingSettings
 from services.engine.errors import RepetitionError, report_failure
 
 Files = list[tuple[str, str]]  # uploads of one message: (path on disk, name)
 
 
+@dataclass(frozen=True)
+class Asked:
+    """What a turn answers: a message's text, uploads and stored id. `cut` runs first, inside the turn
+    (after the turn it replaces ended), and calls the turn off by returning False; such a turn does
+    not come through the page framework's message handler, so its answer gets a run of its own
+    (`Page.run`). `sampling` replaces the session's for this answer (services/chat/rewinds.py: edit
+    and regenerate)."""
+
+    text: str
+    files: Files = field(default_factory=list)
+    message_id: str | None = None
+    cut: Callable[[], Awaitable[bool]] | None = None
+    sampling: SamplingSettings | None = None
+
+
 class Reply(Protocol):
     """The answer's message on the page, streamed into, sent at the end of the turn."""
 
+    id: str
     content: str
     metadata: dict[str, Any]
 
@@ -88,34 +108,17 @@ class Page(Protocol):
         """Drop the page framework's own copy of the session's messages."""
         ...
 
+    async def offer_regenerate(self, answer_id: str | None) -> None:
+        """The Regenerate button on this answer only (None: on none)."""
+        ...
 
-class KeptConversations(Protocol):
-    """What is kept with a conversation (services/history)."""
+    async def remove_messages(self, ids: list[str]) -> None: ...
 
-    enabled: bool
+    async def show_edited(self, message_id: str, text: str) -> None: ...
 
-    def notice_for(self, session: ChatSession) -> str | None: ...
-
-    async def save_document(self, thread_id: str, document: SessionDocument) -> Any: ...
-
-    async def restore(
-        self, sessions: SessionStore, session: ChatSession, thread: Mapping[str, Any]
-    ) -> None: ...
-
-
-class NothingKept:
-    """No conversation is kept (a service built without sign-in and history: tests, benchmarks)."""
-
-    enabled = False
-
-    def notice_for(self, session: ChatSession) -> str | None:
-        return None
-
-    async def save_document(self, thread_id: str, document: SessionDocument) -> None:
-        pass
-
-    async def restore(self, sessions: SessionStore, session: ChatSession, thread: Mapping[str, Any]) -> None:
-        pass
+    def run(self, message_id: str | None) -> contextlib.AbstractAsyncContextManager[Any]:
+        """The run an answer belongs to, as the message handler makes one (its answer gets feedback)."""
+        ...
 
 
 class ChatTurns:
@@ -151,6 +154,7 @@ class ChatTurns:
             return
         await self.history.restore(self.sessions, session, thread)
         await page.send_settings(session, self.sessions.settings.max_new_tokens_limit)
+        await self._offer_regenerate(page, session)
         if session.document is not None:
             await page.notice(
                 f"«{session.document.name}» is still attached: questions about it work as before."
@@ -165,16 +169,19 @@ class ChatTurns:
         # what it keeps is what is in effect.
         page.keep_settings(self.sessions.chat_settings(session) if session else {})
 
-    async def answer(self, page: Page, text: str, files: Files) -> None:
-        """Answer one message (with its uploads), streaming into a new reply."""
-        session = await self.open(page)
-        if session is None:
-            return
+    async def answer(self, page: Page, text: str, files: Files, message_id: str | None = None) -> None:
+        """Answer one message (with its uploads and its stored id), streaming into a new reply."""
+        if session := await self.open(page):
+            await self.run(page, session, Asked(text, files, message_id))
+
+    async def run(self, page: Page, session: ChatSession, asked: Asked) -> None:
+        """One turn of `session`: the answer to `asked`, streamed into a new reply."""
         # Messages over MAX_MESSAGE_CHARS, and over the sender's message rate, never get here:
         # services/web/socket_guard.py refuses them before Chainlit stores them.
         await self._tell_history_state(page, session)
         try:
-            await self._run_turn(page, session, text, files, page.reply())
+            if await self._run_turn(page, session, asked):
+                await self._offer_regenerate(page, session)
         finally:
             # Also after a cancellation: a late reply.update() re-adds the session to
             # Chainlit's chat_contexts after on_chat_end has already cleared it.
@@ -193,50 +200,65 @@ class ChatTurns:
             return []
         return self.sessions.disconnect(session_id, keep_seconds)
 
-    async def _run_turn(
-        self, page: Page, session: ChatSession, text: str, files: Files, reply: Reply
+    async def _run_turn(self, page: Page, session: ChatSession, asked: Asked) -> bool:
+        """The turn, in its order; False when `asked.cut` called it off."""
+        async with self.sessions.turn(session) as request_id:
+            session.running_turn = (asked.message_id, None, asked.text)
+            if asked.cut is not None and not await asked.cut():
+                return False
+            async with page.run(asked.message_id) if asked.cut else contextlib.nullcontext():
+                reply = page.reply()
+                session.running_turn = (asked.message_id, reply.id, asked.text)
+                await self._answer(page, session, asked, reply, request_id)
+        return True
+
+    async def _answer(
+        self, page: Page, session: ChatSession, asked: Asked, reply: Reply, request_id: str
     ) -> None:
         """Answer into `reply`, streaming; refusals and failures end up in the reply."""
-        person = page.person()
-        async with self.sessions.turn(session) as request_id:
-            try:
-                async with self.admission.turn(person, documents=len(files)) as turn:
-                    stream = await self._open_stream(page, session, text, files, request_id)
-                    if stream is not None:
-                        await _stream_into(reply, stream, self.admission.feedback(turn, page.status()))
-            except Refused as refusal:  # the service is full, or a per-user limit: say when to retry
-                self.chat.attachments.discard(files)
-                reply.content += ("\n\n" if reply.content else "") + f"⏳ {refusal}"
-                reply.metadata = {"refused": refusal.reason}
-            except asyncio.CancelledError:
-                if reply.content:
-                    await asyncio.shield(reply.update())
-                raise
-            except Exception as error:  # one error shape for every failure of a turn
-                if isinstance(error, RepetitionError):  # show what the history keeps: no repetition
-                    reply.content = error.kept_text
-                if not reply.content:
-                    reply.metadata = {}  # nothing the model said: not part of its history
-                reply.content += ("\n\n" if reply.content else "") + f"⚠️ {report_failure(error, request_id)}"
-            await reply.send()
+        person, files = page.person(), asked.files
+        try:
+            async with self.admission.turn(person, documents=len(files)) as turn:
+                stream = await self._open_stream(page, session, asked, request_id, reply.id)
+                if stream is not None:
+                    await _stream_into(reply, stream, self.admission.feedback(turn, page.status()))
+        except Refused as refusal:  # the service is full, or a per-user limit: say when to retry
+            self.chat.attachments.discard(files)
+            reply.content += ("\n\n" if reply.content else "") + f"⏳ {refusal}"
+            reply.metadata = {"refused": refusal.reason}
+        except asyncio.CancelledError:
+            if reply.content:
+                await asyncio.shield(reply.update())
+            raise
+        except Exception as error:  # one error shape for every failure of a turn
+            if isinstance(error, RepetitionError):  # show what the history keeps: no repetition
+                reply.content = error.kept_text
+            if not reply.content:
+                reply.metadata = {}  # nothing the model said: not part of its history
+            reply.content += ("\n\n" if reply.content else "") + f"⚠️ {report_failure(error, request_id)}"
+        await reply.send()
+
+    async def _offer_regenerate(self, page: Page, session: ChatSession) -> None:
+        last = branch.last_turn(session)
+        await page.offer_regenerate(last.answer_id if last else None)
 
     async def _open_stream(
-        self, page: Page, session: ChatSession, text: str, files: Files, request_id: str
+        self, page: Page, session: ChatSession, asked: Asked, request_id: str, reply_id: str
     ) -> AsyncIterator[str] | None:
         """The answer's stream: a summary when files came with the message (the message is the
         request about them), else a chat reply; None when no file was readable."""
-        chat = self.chat
-        if files:
-            if not await self._read_documents(page, session, files):
+        chat, ids = self.chat, (asked.message_id, reply_id)
+        if asked.files:
+            if not await self._read_documents(page, session, asked.files):
                 return None
-            return chat.summarize(session, text, request_id, page.summary_progress())
-        prompt = chat.build_prompt(session, text)
+            return chat.summarize(session, asked.text, request_id, page.summary_progress(), ids)
+        prompt = chat.build_prompt(session, asked.text)
         if prompt.dropped_messages:
             await page.notice(
                 f"{prompt.dropped_messages} older message(s) were left out to fit "
                 f"the model's {chat.engine.max_model_len:,}-token context."
             )
-        return chat.reply(session, prompt, request_id)
+        return chat.reply(session, prompt, request_id, ids, asked.sampling)
 
     async def _read_documents(self, page: Page, session: ChatSession, files: Files) -> bool:
         """Attach uploads to the session, telling the user what happened; False if none was readable."""

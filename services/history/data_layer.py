@@ -15,6 +15,9 @@ What this subclass changes, and why:
   later pastes stored ids into an `IN ('...')` list, so an id with a quote would be SQL;
 - a step is only ever updated within its own conversation (`step_upsert`): the browser chooses a
   user message's id, so Chainlit's upsert let anyone move another person's message into their own;
+- the writes under way to each conversation are counted, so cutting it back (an edit, a regenerate:
+  branches.py) waits for an aborted answer's last write, which Chainlit sends as a task of its own,
+  and a write of a step of the cut branch that comes later still is dropped (`fence`);
 - deleting a conversation also deletes its stored document; new feedback is counted for /metrics;
 - a conversation's name is cut to MAX_THREAD_NAME_CHARS (Chainlit names a conversation after its
   first message), and the sidebar's list is one bounded statement per page that loads no messages
@@ -24,6 +27,7 @@ What this subclass changes, and why:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import contextvars
 import json
@@ -53,6 +57,7 @@ USER_THREAD_LIMIT = 1000  # conversations listed per user at most (Chainlit's ow
 # and closes overflow connections (a new PostgreSQL backend each); the overflow stays free for
 # sign-in, the breaker's probe and maintenance, so none of those waits behind a burst of saves.
 STATEMENT_SLOTS = POOL_SIZE
+MAX_FENCES = 1000  # cut conversations whose late writes are still dropped (the oldest cut goes first)
 
 
 @dataclass
@@ -108,6 +113,11 @@ def step_upsert(step_dict: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return query, parameters
 
 
+def _sortable(at: str) -> str:
+    """A Chainlit time that compares as text: `isoformat` leaves out a zero microsecond part."""
+    return at[:-1] + ".000000Z" if at.endswith("Z") and "." not in at[-8:] else at
+
+
 def _bindable(value: Any) -> Any:
     return json.dumps(value) if isinstance(value, list | tuple | dict) else value
 
@@ -129,6 +139,8 @@ class ChatDataLayer(SQLAlchemyDataLayer):
         self.feedback = feedback
         self.settings = settings
         self._slots = asyncio.Semaphore(STATEMENT_SLOTS)
+        self._writing: collections.Counter[str] = collections.Counter()  # conversation -> writes under way
+        self._fences: collections.OrderedDict[str, tuple[str | None, str, str]] = collections.OrderedDict()
 
     async def execute_sql(self, query: str, parameters: dict) -> list[dict[str, Any]] | int | None:
         """Chainlit's execute_sql (rows, a row count, or None on failure), through the breaker."""
@@ -174,11 +186,39 @@ class ChatDataLayer(SQLAlchemyDataLayer):
 
     @queue_until_user_message()
     async def create_step(self, step_dict: Any) -> None:
-        if not is_uuid(step_dict.get("threadId")):
+        thread_id = step_dict.get("threadId")
+        if not is_uuid(thread_id) or self._fenced(step_dict):
             return
-        with _unit_of_work():
-            await self.update_thread(step_dict["threadId"])
-            await self.execute_sql(*step_upsert(step_dict))
+        self._writing[thread_id] += 1
+        try:
+            with _unit_of_work():
+                await self.update_thread(thread_id)
+                await self.execute_sql(*step_upsert(step_dict))
+        finally:
+            self._writing[thread_id] -= 1
+            if not self._writing[thread_id]:
+                del self._writing[thread_id]
+
+    def fence(self, thread_id: str, kept_id: str | None, since: str, until: str) -> None:
+        """From now on, drop writes of this conversation's steps created from `since` to before `until`
+        (a cut branch: an aborted answer's late update would bring it back), except `kept_id`."""
+        self._fences[thread_id] = (kept_id, since, until)
+        self._fences.move_to_end(thread_id)
+        while len(self._fences) > MAX_FENCES:
+            self._fences.popitem(last=False)
+
+    def _fenced(self, step: dict[str, Any]) -> bool:
+        fence, at = self._fences.get(step.get("threadId") or ""), step.get("createdAt")
+        if fence is None or step.get("id") == fence[0] or not isinstance(at, str):
+            return False
+        return _sortable(fence[1]) <= _sortable(at) < _sortable(fence[2])
+
+    async def writes_done(self, thread_id: str, timeout_seconds: float) -> None:
+        """Wait, at most `timeout_seconds`, until no step is being written to this conversation."""
+        await asyncio.sleep(0)  # writes sent as tasks just before start (and count) first
+        deadline = asyncio.get_running_loop().time() + timeout_seconds
+        while self._writing.get(thread_id) and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)
 
     async def delete_thread(self, thread_id: str) -> None:
         with _unit_of_work() as unit:

@@ -44,15 +44,23 @@ def history_from_steps(
     steps: Iterable[Mapping[str, Any]], max_message_chars: int, document_name: str | None = None
 ) -> list[Message]:
     """The model's messages of a stored conversation, oldest first."""
-    messages: list[Message] = []
+    return [message for message, _ in turns_from_steps(steps, max_message_chars, document_name)]
+
+
+def turns_from_steps(
+    steps: Iterable[Mapping[str, Any]], max_message_chars: int, document_name: str | None = None
+) -> list[tuple[Message, str | None]]:
+    """The model's messages of a stored conversation, oldest first, each with its step's id (where an
+    edit or a regenerate cuts the conversation: services/chat/branch.py)."""
+    messages: list[tuple[Message, str | None]] = []
     for step in steps:
-        kind, text = step.get("type"), step.get("output") or ""
+        kind, text, step_id = step.get("type"), step.get("output") or "", step.get("id")
         if kind == "user_message":
             if is_command(text) or len(text) > max_message_chars:
                 continue
-            messages.append({"role": "user", "content": text or summary_request(document_name)})
+            messages.append(({"role": "user", "content": text or summary_request(document_name)}, step_id))
         elif kind == "assistant_message" and text and _as_dict(step.get("metadata")).get(ANSWER_KEY):
-            messages.append({"role": "assistant", "content": text})
+            messages.append(({"role": "assistant", "content": text}, step_id))
     return messages
 
 

@@ -15,15 +15,16 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from sqlalchemy import text
 
+from services.chat import branch
 from services.chat.session import ChatSession, SessionDocument
 from services.chat.store import SessionStore
 from services.config import Settings
-from services.history import conversations
+from services.history import branches, conversations
 from services.history.data_layer import ChatDataLayer
 from services.history.database import create_engine, file_size_bytes, sqlite_memory_bytes, sqlite_path
 from services.history.health import HistoryHealth
 from services.history.migrations import migrate
-from services.history.resume import chat_settings_of, history_from_steps
+from services.history.resume import chat_settings_of, turns_from_steps
 
 logger = logging.getLogger(__name__)
 
@@ -128,10 +129,35 @@ class History:
             if isinstance(stored, conversations.StoredDocument):
                 session.document = SessionDocument(stored.name, stored.text, stored.tokens)
         name = session.document.name if session.document else None
-        messages = history_from_steps(thread.get("steps") or [], self.settings.max_message_chars, name)
-        session.history.clear()
-        session.history.extend(messages[-(session.history.maxlen or len(messages)) :])
+        stored = turns_from_steps(thread.get("steps") or [], self.settings.max_message_chars, name)
+        branch.restore(session, stored)
         sessions.update_settings(session, chat_settings_of(thread))
+
+    async def owns_user_message(self, thread_id: str, user: str | None, step_id: str) -> bool:
+        """Whether `step_id` is a stored message `user` sent in their conversation `thread_id`."""
+        if not self.available or not user:
+            return False
+        owned = await self._guarded(branches.user_message_owned(self.engine, thread_id, user, step_id))  # type: ignore[arg-type]
+        return owned is True
+
+    async def cut_branch(
+        self, thread_id: str, step_id: str, keep_step: bool, text: str | None
+    ) -> list[str] | None:
+        """Delete the stored messages from `step_id` on (branches.py), once the writes already under
+        way to this conversation (an answer just aborted) have landed; None when history is down."""
+        if not self.enabled:
+            return []
+        if not self.available or self.layer is None:
+            return None
+        found = await self._guarded(branches.point(self.engine, thread_id, step_id, keep_step))  # type: ignore[arg-type]
+        if found is FAILED or found is None:
+            return None if found is FAILED else []
+        until = conversations.timestamp(datetime.now(UTC))
+        self.layer.fence(thread_id, found[0] if keep_step else None, found[1], until)
+        await self.layer.writes_done(thread_id, self.settings.database_timeout_seconds)
+        names = self.settings.max_thread_name_chars
+        cut = await self._guarded(branches.cut(self.engine, thread_id, step_id, keep_step, text, names))  # type: ignore[arg-type]
+        return None if cut is FAILED else cut
 
     def notice_for(self, session: ChatSession) -> str | None:
         """What to tell this session about saving: once per outage, and once when it is over."""

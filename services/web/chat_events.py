@@ -4,6 +4,7 @@ the chat commands (`/key ...`, `/stats`) are answered here, and everything else 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,7 +12,10 @@ import chainlit as cl
 
 from services.accounts.key_commands import is_key_command
 from services.accounts.sign_in import SignIn
+from services.admission.refusals import Refused
+from services.chat import rewinds
 from services.chat.turns import ChatTurns
+from services.history.data_layer import is_uuid
 from services.history.resume import is_command
 from services.runtime import Runtime
 from services.web.chainlit_state import drop_chainlit_session, forget_chat_context
@@ -52,7 +56,44 @@ class ChatEvents:
             await self._show_stats()
         else:
             files = [(e.path, e.name) for e in message.elements if getattr(e, "path", None)]
-            await self._turns().answer(self.page, message.content, files)
+            await self._turns().answer(self.page, message.content, files, message.id)
+
+    async def edit(self, message_id: str, text: str) -> None:
+        """An edited message (its id and text checked by services/web/socket_guard.py): answered again
+        in place of what followed it."""
+        if await self._sign_in_ended():
+            return
+        if is_key_command(text) or is_command(text):  # said to the service, not the model: sent anew
+            await self.page.error("A command cannot be edited in: send it as a new message.")
+            return
+        await rewinds.edit(self._turns(), self.page, message_id, text)
+
+    async def regenerate(self, action: cl.Action) -> None:
+        """The Regenerate button: its payload is the client's, checked here and by rewinds.regenerate.
+        The answer runs as the session's task (Stop cancels it); the button's request returns at once."""
+        if await self._sign_in_ended():
+            return
+        answer_id = action.payload.get("answer_id")
+        if not is_uuid(answer_id):
+            await self.page.error(rewinds.NOT_LAST)
+            return
+        try:
+            self._turns().admission.message(self.page.person())  # a regenerate is a message too
+        except Refused as refusal:
+            await self.page.refused(refusal)
+            return
+        session = cl.context.session
+        session.current_task = asyncio.create_task(self._regenerate(answer_id))
+
+    async def _regenerate(self, answer_id: str) -> None:
+        emitter = cl.context.emitter
+        await emitter.task_start()
+        try:
+            await rewinds.regenerate(self._turns(), self.page, answer_id)
+        except asyncio.CancelledError:  # Stop, or the page went away: the turn ended itself
+            pass
+        finally:
+            await emitter.task_end()
 
     def stop(self) -> None:
         if (serving := self.runtime.running()) is not None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import chainlit as cl
 from chainlit.input_widget import Slider, TextInput
+from chainlit.utils import utc_now
 
 from services.admission.feedback import Show
 from services.admission.refusals import Refused
@@ -17,6 +18,19 @@ from services.documents.progress import Progress
 from services.history.resume import ANSWER_METADATA
 from services.web.chainlit_state import current_user_identifier, forget_chat_context
 from services.web.chat_feedback import StatusMessage, notice, session_user_key, summary_progress
+
+REGENERATE_ACTION = "regenerate"  # the action's name: app.py's @cl.action_callback
+OFFERED_KEY = "regenerate_action"  # Chainlit's user session: the Regenerate button shown, to take away
+
+
+class Answer(cl.Message):
+    """An answer: Chainlit gives a message its time when it is sent, so an answer cut short (Stop, an
+    edit) was stored by `update()` with none, sorted first in its conversation and out of reach of
+    a cut by time (services/history/branches.py)."""
+
+    async def update(self) -> bool:
+        self.created_at = self.created_at or utc_now()
+        return await super().update()
 
 
 class ChainlitPage:
@@ -41,7 +55,7 @@ class ChainlitPage:
         return session_user_key(people_sign_in=self._people_sign_in)
 
     def reply(self) -> cl.Message:
-        return cl.Message(content="", metadata=dict(ANSWER_METADATA))  # part of the model's history
+        return Answer(content="", metadata=dict(ANSWER_METADATA))  # part of the model's history
 
     def status(self) -> Show:
         return StatusMessage().show
@@ -83,3 +97,28 @@ class ChainlitPage:
 
     def forget(self) -> None:
         forget_chat_context(cl.context.session.id)
+
+    async def offer_regenerate(self, answer_id: str | None) -> None:
+        """The Regenerate button on the answer `answer_id` only: the one shown before is taken away."""
+        offered = cl.user_session.get(OFFERED_KEY)
+        if isinstance(offered, cl.Action):
+            await offered.remove()
+        action = None
+        if answer_id is not None:
+            action = cl.Action(name=REGENERATE_ACTION, payload={"answer_id": answer_id}, label="Regenerate",
+                               tooltip="Answer the last message again", icon="refresh-cw")  # fmt: skip
+            await action.send(for_id=answer_id)
+        cl.user_session.set(OFFERED_KEY, action)
+
+    async def remove_messages(self, ids: list[str]) -> None:
+        for step_id in ids:
+            await cl.context.emitter.delete_step({"id": step_id})  # type: ignore[typeddict-item]
+
+    def run(self, message_id: str | None) -> cl.Step:
+        """Chainlit's run of an answer (as its on_message wrapper makes one, under the user's message):
+        the page shows feedback buttons on a run's last answer."""
+        return cl.Step(name="on_message", type="run", parent_id=message_id)
+
+    async def show_edited(self, message_id: str, text: str) -> None:
+        """The page truncates its chat at an edited message but keeps showing its old text until told."""
+        await cl.context.emitter.update_step({"id": message_id, "output": text})  # type: ignore[typeddict-item]

@@ -19,6 +19,7 @@ from services.runtime import Runtime
 from services.web.access import install_access_guards
 from services.web.body_limit import install_body_limit, limits_by_route
 from services.web.chainlit_state import page_connected, tell_uploader
+from services.web.chat_events import ChatEvents
 from services.web.client_ids import install_client_id_guards
 from services.web.headers import SecurityHeaders
 from services.web.http_errors import install_http_errors
@@ -36,9 +37,11 @@ from services.web.upload_guard import DEFAULT_UPLOAD_PATH, install_upload_guard
 
 
 def install_edge(
-    http_app: Any, runtime: Runtime, sign_in: SignIn, origins: OriginPolicy, chainlit_url: str
-) -> None:
-    """Install the app's routes, guards and socket checks on Chainlit's FastAPI app (at import time)."""
+    http_app: Any, runtime: Runtime, sign_in: SignIn, origins: OriginPolicy, chainlit_url: str,
+    chat: ChatEvents,
+) -> None:  # fmt: skip
+    """Install the app's routes, guards and socket checks on Chainlit's FastAPI app (at import time);
+    `chat` handles the chat events the socket guard hands on (an edited message)."""
     settings = runtime.settings
     install_routes(http_app, runtime)
     install_api(http_app, runtime)
@@ -48,7 +51,7 @@ def install_edge(
     install_http_errors(http_app)
     install_name_cap(http_app, settings)
     install_socket_guard(
-        socket_guard_for(runtime, people_sign_in=sign_in.mode != "local", chat_settings=CHAT_SETTING_KINDS),
+        socket_guard_for(runtime, sign_in.mode != "local", CHAT_SETTING_KINDS, edit=chat.edit),
         settings.socket_max_event_bytes,
     )
     guard_socket_events()  # replaces Engine.IO's message handler: the depth bound wraps it after

@@ -11,8 +11,11 @@ too late: 20 messages of 900 KB sent in 0.3 s were all stored. Its handlers are 
 - a message is rebuilt as the page builds it (client_messages.py): a client cannot store an assistant
   message, our answer marker or another person's name in its history; an id already stored is refused
   (Chainlit's step upsert would overwrite that message, in whichever conversation holds it);
-- `edit_message` is refused unless the edit feature is on (Chainlit's handler does not check), and
-  then only edits one's own user messages;
+- `edit_message` is refused unless the edit feature is on (Chainlit's handler does not check); an
+  edit of the right shape and size goes to the app (`edit`: services/chat/rewinds.py, which accepts
+  only one's own user messages of this conversation), never to Chainlit's handler: that one walks
+  Chainlit's copy of the chat (`chat_context`), which this app empties after every turn and a reload
+  starts empty, so it found no message, deleted nothing stored and answered `None`;
 - `chat_settings_change` keeps only the settings the app offers, with values of their kind;
 - the socket reads at most `Settings.socket_max_event_bytes` per event: engine.io's
   `max_http_buffer_size` (1,000,000 by default) and uvicorn's websocket frame limit (16 MiB by default,
@@ -21,13 +24,13 @@ too late: 20 messages of 900 KB sent in 0.3 s were all stored. Its handlers are 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import chainlit.socket  # registers Chainlit's socket handlers, which are wrapped here
 import uvicorn
-from chainlit.chat_context import chat_context
 from chainlit.config import config as chainlit_config
 from chainlit.context import context, init_ws_context
 from chainlit.message import ErrorMessage
@@ -59,10 +62,12 @@ class SocketGuard:
         rules: SocketRules,
         count_message: Callable[[], None],
         step_exists: Callable[[str], Awaitable[bool]],
+        edit: Callable[[str, str], Awaitable[None]],
     ) -> None:
         self.rules = rules
         self.count_message = count_message  # raises Refused over the sender's message rate
         self.step_exists = step_exists
+        self.edit = edit  # (message id, new text): the app answers the edited message again
 
     async def client_message(self, handler: Handler, sid: str, payload: Any) -> Any:
         session = WebsocketSession.get(sid)
@@ -83,22 +88,28 @@ class SocketGuard:
         return await handler(sid, cleaned)
 
     async def edit_message(self, handler: Handler, sid: str, payload: Any) -> Any:
+        """Checked, then handed to the app (`edit`) as Chainlit runs a turn: between task_start and
+        task_end, in this event's task (which Stop and a disconnect cancel through the session)."""
         session = WebsocketSession.get(sid)
         if session is None:
             return None
-        init_ws_context(session)
+        ws = init_ws_context(session)
         try:
             if not chainlit_config.features.edit_message:
                 raise MessageRefused(MALFORMED, "Editing messages is not enabled here.")
             self.count_message()
             edit = edited_message(payload, self.rules)
-            target = next((m for m in chat_context.get() if m.id == edit["message"]["id"]), None)
-            if target is None or target.type != "user_message":
-                raise MessageRefused(MALFORMED, "Only your own messages of this chat can be edited.")
         except (Refused, MessageRefused) as refusal:
             await tell_refusal(refusal)
             return None
-        return await handler(sid, edit)
+        await ws.emitter.task_start()
+        try:
+            await self.edit(edit["message"]["id"], edit["message"]["output"])
+        except asyncio.CancelledError:  # Stop or a disconnect ended the turn (its answer is aborted)
+            pass
+        finally:
+            await ws.emitter.task_end()
+        return None
 
     async def chat_settings_change(self, handler: Handler, sid: str, values: Any) -> Any:
         kept = kept_settings(values, self.rules)
@@ -154,10 +165,12 @@ def install_socket_guard(guard: SocketGuard, max_event_bytes: int) -> None:
 
 
 def socket_guard_for(
-    runtime: Runtime, people_sign_in: bool, chat_settings: Mapping[str, type]
-) -> SocketGuard:
+    runtime: Runtime, people_sign_in: bool, chat_settings: Mapping[str, type],
+    edit: Callable[[str, str], Awaitable[None]],
+) -> SocketGuard:  # fmt: skip
     """The guard of this app: its settings, its per-person message rate (the person as admission
-    keys them: `session_user_key`), its stored messages; `chat_settings` are the settings the app offers."""
+    keys them: `session_user_key`), its stored messages; `chat_settings` are the settings the app
+    offers, `edit` answers an edited message (services/web/chat_events.py ChatEvents.edit)."""
     settings = runtime.settings
     rules = SocketRules(settings.max_message_chars, settings.max_files_per_message, dict(chat_settings))
 
@@ -169,4 +182,4 @@ def socket_guard_for(
         layer = runtime.history.layer if runtime.history is not None else None
         return layer is not None and await layer.step_exists(step_id)
 
-    return SocketGuard(rules, count_message, step_exists)
+    return SocketGuard(rules, count_message, step_exists, edit)

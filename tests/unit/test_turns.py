@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
@@ -25,6 +26,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="function")
 
 class FakeReply:
     def __init__(self) -> None:
+        self.id = str(uuid.uuid4())
         self.content = ""
         self.metadata: dict[str, Any] = {"answer": True}
         self.sent = 0
@@ -93,6 +95,20 @@ class FakePage:
 
     def forget(self) -> None:
         self.forgotten += 1
+
+    async def offer_regenerate(self, answer_id: str | None) -> None:
+        self.shown.append(("regenerate offered", answer_id))
+
+    async def remove_messages(self, ids: list[str]) -> None:
+        self.shown.append(("removed", ids))
+
+    async def show_edited(self, message_id: str, text: str) -> None:
+        self.shown.append(("edited", text))
+
+    @contextlib.asynccontextmanager
+    async def run(self, message_id: str | None) -> AsyncIterator[None]:
+        self.shown.append(("run", message_id))
+        yield
 
 
 def make_turns(**changes: Any) -> tuple[ChatTurns, WordEngine]:

@@ -52,7 +52,7 @@ MALFORMED_EVENTS: list[tuple[str, tuple[Any, ...]]] = [
         "client_message",
         ({"message": {**user_message_payload("Hi.")["message"], "type": "assistant_message"}},),
     ),
-    ("edit_message", ({"message": {"id": str(uuid.uuid4()), "output": "edited"}},)),  # editing is off
+    ("edit_message", ({"message": {"id": str(uuid.uuid4()), "output": "edited"}},)),  # not the page's shape
     ("stop", ("x",)),
     ("clear_session", ({"a": 1},)),
     ("connection_successful", (1,)),
