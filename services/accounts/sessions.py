@@ -137,6 +137,10 @@ class Sessions:
         logger.info("signed %s out of every session", identifier)
         return True
 
+    def forget(self, identifier: str) -> None:
+        """Read the account again at its next check (this process just changed it)."""
+        self._seen.pop(identifier, None)
+
     async def _state(self, identifier: str) -> AccountState | None:
         """The account as last read (at most SIGN_IN_CHECK_SECONDS ago), with this process's own
         sign-outs applied at once; None when the database cannot answer."""

@@ -33,6 +33,8 @@ from services.accounts.oauth import GitHubOrgs, OAuthAllowlist, OAuthGate, OrgMe
 from services.accounts.passwords import check_password_async, generated_password
 from services.accounts.sessions import Sessions
 from services.accounts.store import AccountError, AccountStore, normalize_username
+from services.audit import actions
+from services.audit.log import AuditLog
 from services.config import Settings, SettingsError
 
 logger = logging.getLogger(__name__)
@@ -108,11 +110,12 @@ class SignIn:
 
     def __init__(
         self, settings: Settings, mode: str, accounts: AccountStore | None, local_token: str | None = None,
-        org_member: OrgMember | None = None,
+        org_member: OrgMember | None = None, audit: AuditLog | None = None,
     ) -> None:  # fmt: skip
         """`local_token`: the install's token (local mode); `org_member`: who answers "is this person
-        in that GitHub organisation?" (GitHub itself unless given)."""
+        in that GitHub organisation?" (GitHub itself unless given); `audit`: where sign-ins are recorded."""
         self.settings = settings
+        self.audit = audit
         self.mode = mode
         self.accounts = accounts
         self.local_token = local_token
@@ -163,10 +166,10 @@ class SignIn:
         usable = account is not None and not account.disabled
         matches = await check_password_async(account.password_hash if usable else None, password)  # type: ignore[union-attr]
         if not (usable and matches):
-            logger.info("sign-in failed for %s from %s", identifier, address)
-            return None
+            return await self._failed(identifier, address)
         assert account is not None
         self.limiter.succeeded(identifier, address)
+        await self._record(identifier, actions.SIGN_IN, "password", address)
         try:
             await self.accounts.rehash_if_needed(account, password)
         except Exception:
@@ -229,8 +232,18 @@ class SignIn:
             logger.info("sign-in refused for removed account %s", identifier)
             return None
         role = account.role if account is not None else "user"
+        await self._record(identifier, actions.SIGN_IN, provider, client_address())
         user = User(identifier=identifier, metadata={**(extra or {}), "role": role, "provider": provider})
         return self.sessions.stamp(user, account.generation if account is not None else 0)
+
+    async def _failed(self, identifier: str, address: str | None) -> None:
+        logger.info("sign-in failed for %s from %s", identifier, address)
+        await self._record(identifier, actions.SIGN_IN_FAILED, "password", address)
+
+    async def _record(self, identifier: str, action: str, mode: str, address: str | None) -> None:
+        """One audit entry for a sign-in (a short INSERT: sign-in may wait for it)."""
+        if self.audit is not None:
+            await self.audit.record(identifier, action, identifier, {"mode": mode}, address)
 
     async def role_of(self, user: Any) -> str:
         """The user's role now (the database's word; the cookie's when the database cannot answer)."""
