@@ -33,13 +33,15 @@ def parse_since(value: str, now: datetime | None = None) -> datetime | None:
     value = value.strip()
     if not value:
         return None
+    expected = "7d, 12h, 2026-12-01 or 2026-12-01T08:00"
+    if len(value) > 40:
+        raise FilterError(f"since: at most 40 characters, like {expected}")
     now = now or datetime.now(UTC)
     if match := _RELATIVE.match(value):
         return now - timedelta(**{_UNITS[match[2]]: int(match[1])})
     try:
         moment = datetime.fromisoformat(value.removesuffix("Z").removesuffix("z"))
     except ValueError:
-        expected = "7d, 12h, 2026-12-01 or 2026-12-01T08:00"
         raise FilterError(f"since: {value[:40]!r} is not like {expected}") from None
     return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from services.accounts.sign_in import SignIn
+from services.admin.routes import install_admin
 from services.chat.store import CHAT_SETTING_KINDS
 from services.runtime import Runtime
 from services.web.access import install_access_guards
@@ -41,6 +42,7 @@ def install_edge(
     """Install the app's routes, guards and socket checks on Chainlit's FastAPI app (at import time)."""
     settings = runtime.settings
     install_routes(http_app, runtime)
+    install_admin(http_app, runtime, origins)
     install_api(http_app, runtime)
     install_access_guards(http_app, runtime)
     install_session_routes(http_app)
