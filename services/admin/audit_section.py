@@ -60,8 +60,8 @@ async def audit_csv(visit: Visit) -> str:
         raise ActionError("The audit log needs the database, and this service runs without one.")
     chosen = chosen_filter(visit)
     entries = await visit.audit.entries(chosen, visit.runtime.settings.audit_export_max_rows)
-    asked = {name: value for name, value in chosen.fields().items() if value}
-    await visit.record(actions.AUDIT_EXPORTED, None, rows=len(entries), **asked)
+    asked = " ".join(f"{name}={value}" for name, value in chosen.fields().items() if value)
+    await visit.record(actions.AUDIT_EXPORTED, None, rows=len(entries), filters=asked or "none")
     return to_csv(entries, COLUMNS)
 
 
