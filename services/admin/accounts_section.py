@@ -132,7 +132,8 @@ async def keys_page(visit: Visit) -> Html:
     except AccountError as error:
         raise ActionError(str(error)) from None
     rows = [
-        [key.prefix + "…", key.user, key.created_at[:19], (key.last_used_at or "never")[:19],
+        [key.prefix + "…", key.user, key.created_at[:19].replace("T", " "),
+         (key.last_used_at or "never")[:19].replace("T", " "),
          post_form("/admin/keys/revoke", visit.admin.csrf_token,
                    [hidden("username", key.user), hidden("prefix", key.prefix)], "Revoke", danger=True)]
         for key in keys[:limit]
