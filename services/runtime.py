@@ -24,9 +24,10 @@ from prometheus_client import CollectorRegistry
 
 from services.accounts.keys import ApiKeyStore, KeyHolder
 from services.accounts.local import load_or_create_token, token_banner
+from services.accounts.modes import resolve_mode
 from services.accounts.oauth import ask_github_for_org_memberships
 from services.accounts.secret import ensure_auth_secret
-from services.accounts.sign_in import SignIn, resolve_mode
+from services.accounts.sign_in import SignIn
 from services.accounts.store import AccountStore
 from services.admission.service import Admission
 from services.admission.waiting_line import CHAT, DOCUMENT
@@ -35,6 +36,9 @@ from services.api.metrics import ApiMetrics
 from services.api.remote import RemoteApiServer
 from services.api.server import OpenAiServer
 from services.api.usage import AnswerMeter
+from services.audit import actions
+from services.audit.details import masked_settings
+from services.audit.log import AuditLog
 from services.chat.service import ChatService
 from services.chat.store import SessionStore
 from services.chat.turns import ChatTurns, NothingKept
@@ -91,8 +95,11 @@ def set_up_people(
     history = History(settings, keep_conversations=keep, use_database=mode != "anonymous")
     accounts = AccountStore(history.engine) if history.engine is not None else None
     token = load_or_create_token(ensure_data_dir(settings)) if mode == "local" else None
-    sign_in = SignIn(settings, mode, accounts, local_token=token)
+    sign_in = SignIn(settings, mode, accounts, local_token=token, audit=history.audit)
     history.on_ready(sign_in.ensure_first_accounts)
+    if history.audit is not None:
+        audit = history.audit
+        history.on_ready(lambda: _record_start(audit, settings, mode))
     if mode != "anonymous":
         source = ensure_auth_secret(ensure_data_dir(settings))
         logger.info("sign-in: %s mode; cookies signed with the secret from %s", mode, source)
@@ -102,6 +109,12 @@ def set_up_people(
     if oauth_providers and mode in ("password", "oauth"):
         _set_up_oauth(settings, sign_in, oauth_providers)
     return People(sign_in, history)
+
+
+async def _record_start(audit: AuditLog, settings: Settings, mode: str) -> None:
+    """The audit log's entry for a start: the sign-in mode and the settings not at their defaults."""
+    changed = masked_settings(settings.non_default())
+    await audit.record(actions.SYSTEM, actions.SERVICE_STARTED, None, {"sign_in": mode, **changed})
 
 
 def _set_up_oauth(settings: Settings, sign_in: SignIn, oauth_providers: list[str]) -> None:
@@ -178,8 +191,10 @@ class Runtime:
 
     def _maintenance_steps(self, engine: ChatEngine) -> list[Callable]:
         """What each maintenance round also runs: the copies vLLM's tokenizer pool adds
-        (word_caches.py), and the history's retention."""
+        (word_caches.py), the audit log's retention and the history's."""
         steps: list[Callable] = [engine.word_caches.round] if engine.word_caches is not None else []
+        if self.history is not None and self.history.audit is not None:
+            steps.append(self.history.audit.retention_round)
         return steps + ([self.history.retention_round] if self.history is not None else [])
 
     async def stop(self) -> None:

@@ -11,10 +11,12 @@
     python -m services.accounts key create alice      # prints the new API key once
     python -m services.accounts key list [alice] [--all]
     python -m services.accounts key revoke sk-vc-AbCdEf [--user alice]
+    python -m services.accounts audit [--since 7d] [--actor alice] [--action account.] [--csv]
 
 Passwords are asked for on a terminal, read from the first line of stdin otherwise, or generated
 (`--generate`, printed once). Safe to run while the app runs. A new password, a new role and removal
-sign the account out everywhere (within SIGN_IN_CHECK_SECONDS in running apps).
+sign the account out everywhere (within SIGN_IN_CHECK_SECONDS in running apps). Every change is
+recorded in the audit log with the actor "cli".
 """
 
 from __future__ import annotations
@@ -24,9 +26,14 @@ import asyncio
 import getpass
 import sys
 
+from services.accounts.actions import AccountActions
+from services.accounts.audit_command import add_audit_command, run_audit_command
 from services.accounts.keys import ApiKeyStore
 from services.accounts.passwords import generated_password
 from services.accounts.store import ROLES, AccountError, AccountStore
+from services.audit import actions
+from services.audit.filters import FilterError
+from services.audit.log import AuditLog
 from services.config import Settings, SettingsError
 from services.history.database import create_engine
 from services.history.migrations import migrate
@@ -57,6 +64,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     unlink.add_argument("identity")
     commands.add_parser("links", help="list provider identities linked to accounts")
     _key_commands(commands.add_parser("key", help="API keys: create, list, revoke"))
+    add_audit_command(commands)
     return parser.parse_args(argv)
 
 
@@ -89,14 +97,19 @@ async def run(arguments: argparse.Namespace, settings: Settings) -> str:
     engine = create_engine(settings)
     try:
         await migrate(engine)
+        audit = AuditLog(engine, settings)
+        if arguments.command == "audit":
+            return await run_audit_command(arguments, audit, settings)
+        store, keys = AccountStore(engine), ApiKeyStore(engine, settings.api_keys_per_user)
+        changes = AccountActions(store, keys, audit, actor=actions.CLI, via="cli")
         if arguments.command == "key":
-            return await _key_command(arguments, ApiKeyStore(engine, settings.api_keys_per_user))
-        return await _command(arguments, AccountStore(engine))
+            return await _key_command(arguments, keys, changes)
+        return await _command(arguments, store, changes)
     finally:
         await engine.dispose()
 
 
-async def _command(arguments: argparse.Namespace, store: AccountStore) -> str:
+async def _command(arguments: argparse.Namespace, store: AccountStore, changes: AccountActions) -> str:
     command = arguments.command
     if command == "list":
         rows = await store.list(include_removed=arguments.all)
@@ -106,45 +119,46 @@ async def _command(arguments: argparse.Namespace, store: AccountStore) -> str:
             lines.append(f"{account.identifier:<32} {account.role:<6} {kind:<9} {count}")
         return "\n".join(lines)
     if command == "remove":
-        deleted = await store.remove(arguments.username)
+        deleted = await changes.remove(arguments.username)
         return (
             f"removed {arguments.username} and deleted {deleted} conversation(s); its sign-ins stop working"
         )
     if command in ("link", "unlink", "links"):
-        return await _link_command(arguments, store)
+        return await _link_command(arguments, store, changes)
     if command == "set-role":
-        await store.set_role(arguments.username, arguments.role)
+        await changes.set_role(arguments.username, arguments.role)
         return f"{arguments.username} is now {arguments.role}; its sign-ins end"
     generate = arguments.generate
     if command == "add" and arguments.no_password:
-        account = await store.add(arguments.username, None, "admin" if arguments.admin else "user")
+        account = await changes.add(arguments.username, None, "admin" if arguments.admin else "user")
         return f"added {account.identifier} ({account.role}, sign-in by header or OAuth only)"
     password, generated = read_password(generate)
     shown = f"; password: {password}" if generated else ""
     if command == "add":
-        account = await store.add(arguments.username, password, "admin" if arguments.admin else "user")
+        role = "admin" if arguments.admin else "user"
+        account = await changes.add(arguments.username, password, role, generated)
         return f"added {account.identifier} ({account.role}){shown}"
-    await store.reset_password(arguments.username, password)
+    await changes.reset_password(arguments.username, password, generated)
     return f"new password set for {arguments.username}; its sign-ins end{shown}"
 
 
-async def _link_command(arguments: argparse.Namespace, store: AccountStore) -> str:
+async def _link_command(arguments: argparse.Namespace, store: AccountStore, changes: AccountActions) -> str:
     if arguments.command == "link":
-        identity = await store.link(arguments.username, arguments.identity)
+        identity = await changes.link(arguments.username, arguments.identity)
         return f"{identity} now signs in as {arguments.username}"
     if arguments.command == "unlink":
-        return f"{await store.unlink(arguments.identity)} is no longer linked"
+        return f"{await changes.unlink(arguments.identity)} is no longer linked"
     lines = [f"{'identity':<40} {'account':<32} linked"]
     lines += [f"{identity:<40} {account:<32} {at[:19]}" for identity, account, at in await store.links()]
     return "\n".join(lines)
 
 
-async def _key_command(arguments: argparse.Namespace, keys: ApiKeyStore) -> str:
+async def _key_command(arguments: argparse.Namespace, keys: ApiKeyStore, changes: AccountActions) -> str:
     if arguments.key_command == "create":
-        key = await keys.create(arguments.username)
+        key = await changes.create_key(arguments.username)
         return f"{key}\n(API key of {arguments.username}, shown only now: send it as Authorization: Bearer)"
     if arguments.key_command == "revoke":
-        if not await keys.revoke(arguments.user, arguments.prefix):
+        if not await changes.revoke_key(arguments.user, arguments.prefix):
             raise AccountError(f"no active key starts with {arguments.prefix!r}")
         return f"revoked {arguments.prefix}: it stops working at once"
     rows = await keys.list(arguments.username, include_revoked=arguments.all)
@@ -159,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     arguments = parse_arguments(argv)
     try:
         print(asyncio.run(run(arguments, Settings.from_env())))
-    except (AccountError, SettingsError) as error:
+    except (AccountError, SettingsError, FilterError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     return 0

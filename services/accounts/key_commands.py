@@ -7,8 +7,10 @@
 
 from __future__ import annotations
 
-from services.accounts.keys import ApiKeyStore
+from services.accounts.keys import PREFIX_CHARS, ApiKeyStore
 from services.accounts.store import AccountError
+from services.audit import actions
+from services.audit.log import AuditLog
 
 KEY_COMMAND = "/key"
 HELP = (
@@ -22,24 +24,37 @@ def is_key_command(text: str) -> bool:
     return text.strip().split(maxsplit=1)[:1] == [KEY_COMMAND]
 
 
-async def run_key_command(keys: ApiKeyStore | None, user: str | None, text: str, base_url: str) -> str:
-    """What to answer `text` (a /key command) for signed-in `user`; a message, never an exception."""
+async def run_key_command(
+    keys: ApiKeyStore | None, user: str | None, text: str, base_url: str, audit: AuditLog | None = None
+) -> str:
+    """What to answer `text` (a /key command) for signed-in `user`; a message, never an exception.
+    New and revoked keys are recorded in `audit` (by prefix)."""
     if keys is None or user is None:
         return "API keys need sign-in and the accounts database; this service runs without them."
     words = text.split()[1:]
     action = words[0].lower() if words else "help"
     try:
         if action in ("new", "create"):
-            return _new_key_text(await keys.create(user), base_url)
+            key = await keys.create(user)
+            await _record(audit, user, actions.KEY_CREATED, key[:PREFIX_CHARS], 1)
+            return _new_key_text(key, base_url)
         if action == "list":
             return _list_text(await keys.list(user))
         if action == "revoke" and len(words) == 2:
-            if await keys.revoke(user, words[1]):
+            revoked = await keys.revoke(user, words[1])
+            await _record(audit, user, actions.KEY_REVOKED, words[1][:PREFIX_CHARS], revoked)
+            if revoked:
                 return f"Revoked `{words[1][:12]}`: it stops working at once."
             return f"None of your active keys starts with `{words[1][:12]}` (see `/key list`)."
     except AccountError as error:
         return f"That did not work: {error}."
     return HELP
+
+
+async def _record(audit: AuditLog | None, user: str, action: str, prefix: str, count: int) -> None:
+    if audit is not None:
+        revoked = {"revoked": count} if action == actions.KEY_REVOKED else {}
+        await audit.record(user, action, user, {"via": "chat", "prefix": prefix, **revoked})
 
 
 def _new_key_text(key: str, base_url: str) -> str:

@@ -147,6 +147,10 @@ class Sessions:
         self._floor[identifier] = max(generation, self._floor.get(identifier, 0))
         self._seen.pop(identifier, None)
 
+    def forget(self, identifier: str) -> None:
+        """Read the account again at its next check (this process just changed it)."""
+        self._seen.pop(identifier, None)
+
     async def _state(self, identifier: str) -> AccountState | None:
         """The account as last read (at most SIGN_IN_CHECK_SECONDS ago), with this process's own
         sign-outs applied at once; None when the database cannot answer."""

@@ -27,7 +27,7 @@ from typing import Any
 from chainlit.user import User
 
 from services.accounts import local
-from services.accounts.addresses import in_networks, is_loopback, networks
+from services.accounts.addresses import in_networks, networks
 from services.accounts.ldap_sign_in import ldap_sign_in_for
 from services.accounts.limits import SignInLimiter
 from services.accounts.local import LOCAL_USER
@@ -35,7 +35,9 @@ from services.accounts.oauth import GitHubOrgs, OAuthAllowlist, OAuthGate, OrgMe
 from services.accounts.passwords import check_password_async, generated_password
 from services.accounts.sessions import Sessions
 from services.accounts.store import AccountError, AccountStore, normalize_username
-from services.config import Settings, SettingsError
+from services.audit import actions
+from services.audit.log import AuditLog
+from services.config import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -77,45 +79,17 @@ def refuse(status: int, detail: str, retry_after_seconds: int | None = None) -> 
         request.refusal = (status, detail, retry_after_seconds)
 
 
-def refusal(host: str) -> str:
-    return (
-        f"Refusing to start: the app is bound to {host}, which other machines can reach, and no sign-in "
-        "is configured. Choose one:\n"
-        "  AUTH_MODE=password   accounts in the database (first admin: ADMIN_USERNAME + ADMIN_PASSWORD,\n"
-        "                       or one is generated and printed);\n"
-        "                       manage them with python -m services.accounts\n"
-        "  AUTH_MODE=header     behind an auth proxy: AUTH_HEADER + AUTH_PROXY_ADDRESSES\n"
-        "  AUTH_MODE=ldap       people in an LDAP directory: LDAP_URL + LDAP_USER_DN_TEMPLATE (see README)\n"
-        "  OAUTH_<PROVIDER>_CLIENT_ID + _CLIENT_SECRET   Chainlit's OAuth providers (see README)\n"
-        "  ALLOW_ANONYMOUS=true serve everyone anonymously, on purpose (nothing is stored)\n"
-        "or bind to 127.0.0.1 (the default)."
-    )
-
-
-def resolve_mode(settings: Settings, bind_host: str, oauth_providers: list[str]) -> str:
-    """The sign-in mode; raises SettingsError (with what to do) for a public address without sign-in."""
-    if settings.auth_mode in ("password", "header", "ldap"):
-        return settings.auth_mode
-    if oauth_providers:
-        return "oauth"
-    if is_loopback(bind_host):
-        return "local"
-    if settings.allow_anonymous:
-        logger.warning("ALLOW_ANONYMOUS=true on %s: no sign-in, nothing is stored", bind_host)
-        return "anonymous"
-    raise SettingsError(refusal(bind_host))
-
-
 class SignIn:
     """Chainlit's auth callbacks for the resolved mode, over the account store."""
 
     def __init__(
         self, settings: Settings, mode: str, accounts: AccountStore | None, local_token: str | None = None,
-        org_member: OrgMember | None = None,
+        org_member: OrgMember | None = None, audit: AuditLog | None = None,
     ) -> None:  # fmt: skip
         """`local_token`: the install's token (local mode); `org_member`: who answers "is this person
-        in that GitHub organisation?" (GitHub itself unless given)."""
+        in that GitHub organisation?" (GitHub itself unless given); `audit`: where sign-ins are recorded."""
         self.settings = settings
+        self.audit = audit
         self.mode = mode
         self.accounts = accounts
         self.local_token = local_token
@@ -168,10 +142,10 @@ class SignIn:
         usable = account is not None and not account.disabled
         matches = await check_password_async(account.password_hash if usable else None, password)  # type: ignore[union-attr]
         if not (usable and matches):
-            logger.info("sign-in failed for %s from %s", identifier, address)
-            return None
+            return await self._failed(identifier, address)
         assert account is not None
         self.limiter.succeeded(identifier, address)
+        await self._record(identifier, actions.SIGN_IN, "password", address)
         try:
             await self.accounts.rehash_if_needed(account, password)
         except Exception:
@@ -242,8 +216,18 @@ class SignIn:
             logger.info("sign-in refused for removed account %s", identifier)
             return None
         role = account.role if account is not None else "user"
+        await self._record(identifier, actions.SIGN_IN, provider, client_address())
         user = User(identifier=identifier, metadata={**(extra or {}), "role": role, "provider": provider})
         return self.sessions.stamp(user, account.generation if account is not None else 0)
+
+    async def _failed(self, identifier: str, address: str | None) -> None:
+        logger.info("sign-in failed for %s from %s", identifier, address)
+        await self._record(identifier, actions.SIGN_IN_FAILED, "password", address)
+
+    async def _record(self, identifier: str, action: str, mode: str, address: str | None) -> None:
+        """One audit entry for a sign-in (a short INSERT: sign-in may wait for it)."""
+        if self.audit is not None:
+            await self.audit.record(identifier, action, identifier, {"mode": mode}, address)
 
     async def role_of(self, user: Any) -> str:
         """The user's role now (the database's word; the cookie's when the database cannot answer)."""

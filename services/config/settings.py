@@ -25,6 +25,7 @@ from typing import Any
 from services.config.accounts import AUTH_MODES, AccountSettings
 from services.config.admission import AdmissionSettings
 from services.config.api import ApiSettings
+from services.config.audit import AuditSettings
 from services.config.chat import ChatSettings
 from services.config.diagnostics import DIAGNOSTIC_LEVELS, DiagnosticSettings
 from services.config.documents import DocumentSettings
@@ -50,6 +51,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("Sign-in", AccountSettings),
     Section("LDAP sign-in", LdapSettings),
     Section("Stored conversations", HistorySettings),
+    Section("Audit log and admin page", AuditSettings),
     Section("Operations", ObservabilitySettings),
     Section("Requests and sizes", WebSettings),
     Section("Diagnostics", DiagnosticSettings),
@@ -61,6 +63,7 @@ SECTIONS: tuple[Section, ...] = (
 @dataclass(frozen=True)
 class Settings(
     DiagnosticSettings,
+    AuditSettings,
     WebSettings,
     ApiSettings,
     AdmissionSettings,

@@ -18,7 +18,8 @@ What this subclass changes, and why:
 - the writes under way to each conversation are counted, so cutting it back (an edit, a regenerate:
   branches.py) waits for an aborted answer's last write, which Chainlit sends as a task of its own,
   and a write of a step of the cut branch that comes later still is dropped (`fence`);
-- deleting a conversation also deletes its stored document; new feedback is counted for /metrics;
+- deleting a conversation also deletes its stored document and is recorded in the audit log; new
+  feedback is counted for /metrics;
 - a conversation's name is cut to MAX_THREAD_NAME_CHARS (Chainlit names a conversation after its
   first message), and the sidebar's list is one bounded statement per page that loads no messages
   (thread_list.py).
@@ -45,6 +46,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import sessionmaker
 
+from services.audit import actions
+from services.audit.log import AuditLog
 from services.config import Settings
 from services.history import thread_list
 from services.history.database import POOL_SIZE
@@ -126,8 +129,9 @@ class ChatDataLayer(SQLAlchemyDataLayer):
     """The data layer registered with `@cl.data_layer` (one per process, over the history's engine)."""
 
     def __init__(
-        self, engine: AsyncEngine, health: HistoryHealth, feedback: Counter, settings: Settings
-    ) -> None:
+        self, engine: AsyncEngine, health: HistoryHealth, feedback: Counter, settings: Settings,
+        audit: AuditLog | None = None,
+    ) -> None:  # fmt: skip
         # Not super().__init__: it would build a second engine without our timeouts and pool.
         self._conninfo = engine.url.render_as_string(hide_password=True)
         self.user_thread_limit = USER_THREAD_LIMIT
@@ -138,6 +142,7 @@ class ChatDataLayer(SQLAlchemyDataLayer):
         self.health = health
         self.feedback = feedback
         self.settings = settings
+        self.audit = audit
         self._slots = asyncio.Semaphore(STATEMENT_SLOTS)
         self._writing: collections.Counter[str] = collections.Counter()  # conversation -> writes under way
         self._fences: collections.OrderedDict[str, tuple[str | None, str, str]] = collections.OrderedDict()
@@ -221,6 +226,9 @@ class ChatDataLayer(SQLAlchemyDataLayer):
             await asyncio.sleep(0.02)
 
     async def delete_thread(self, thread_id: str) -> None:
+        """Chainlit's delete (its route checked the caller owns it), the document too, and an audit
+        entry with the owner as actor."""
+        owner = await self.get_thread_author(thread_id) if self.audit is not None else ""
         with _unit_of_work() as unit:
             await super().delete_thread(thread_id)
             await self.execute_sql("DELETE FROM thread_documents WHERE thread_id = :id", {"id": thread_id})
@@ -228,6 +236,8 @@ class ChatDataLayer(SQLAlchemyDataLayer):
             raise RuntimeError(
                 "The conversation could not be deleted: chat history is unavailable right now."
             )
+        if self.audit is not None and owner:
+            await self.audit.record(owner, actions.CONVERSATION_DELETED, thread_id, {"via": "page"})
 
     async def upsert_feedback(self, feedback: Feedback) -> str:
         new = not feedback.id

@@ -5,7 +5,7 @@ SQLAlchemy data layer writes, since it swallows the error of a missing one) plus
 accounts' columns on `users`, `thread_documents` (a conversation's document), `service_health`
 (the write probe), `api_keys` (hashes of the API keys), `users.session_generation` (what ends
 an account's sign-ins) and `identity_links` (provider identities an administrator linked to an
-account). Ids and JSON are TEXT on both
+account) and `audit_log` (services/audit/: append-only). Ids and JSON are TEXT on both
 databases, so one set of statements serves both. Each step runs once, recorded in
 `schema_migrations`; every statement is safe to run again (IF NOT EXISTS, columns added only when
 missing), so an existing Chainlit database is upgraded in place. Replicas starting together take a
@@ -141,6 +141,18 @@ async def _identity_links(connection: AsyncConnection) -> None:
     )
 
 
+async def _audit_log(connection: AsyncConnection) -> None:
+    await connection.execute(
+        text(
+            "CREATE TABLE IF NOT EXISTS audit_log (id TEXT PRIMARY KEY, at TEXT NOT NULL, "
+            "actor TEXT NOT NULL, action TEXT NOT NULL, target TEXT, address TEXT, details TEXT)"
+        )
+    )
+    for column in ("at", "actor", "action"):
+        name = f"audit_log_{column}"
+        await connection.execute(text(f"CREATE INDEX IF NOT EXISTS {name} ON audit_log ({column})"))
+
+
 @dataclass(frozen=True)
 class Migration:
     version: int
@@ -156,6 +168,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(5, "API keys: sha256 of each key, its shown prefix, owner, revocation", _api_keys),
     Migration(6, "sessions: a generation per account, moved to end its sign-ins", _sessions),
     Migration(7, "provider identities (github:login) an administrator linked to an account", _identity_links),
+    Migration(10, "audit log: who did what, append-only (services/audit/)", _audit_log),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

@@ -15,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from sqlalchemy import text
 
+from services.audit.log import AuditLog
 from services.chat import branch
 from services.chat.session import ChatSession, SessionDocument
 from services.chat.store import SessionStore
@@ -44,8 +45,9 @@ class History:
             "chat_feedback", "Feedback given on answers, by value.", ["value"], registry=None
         )
         self.engine = create_engine(settings) if use_database or keep_conversations else None
+        self.audit = AuditLog(self.engine, settings) if self.engine is not None else None  # audit_log
         self.layer = (
-            ChatDataLayer(self.engine, self.health, self.feedback, settings)
+            ChatDataLayer(self.engine, self.health, self.feedback, settings, self.audit)
             if self.enabled and self.engine
             else None
         )

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from services.accounts.sign_in import SignIn
+from services.admin.routes import install_admin
 from services.chat.store import CHAT_SETTING_KINDS
 from services.runtime import Runtime
 from services.web.access import install_access_guards
@@ -36,6 +37,18 @@ from services.web.stored_text import install_name_cap
 from services.web.upload_guard import DEFAULT_UPLOAD_PATH, install_upload_guard
 
 
+def _install_app_routes(http_app: Any, runtime: Runtime, origins: OriginPolicy) -> None:
+    """The app's own routes (ahead of Chainlit's page route), error pages and the name cap."""
+    install_routes(http_app, runtime)
+    install_admin(http_app, runtime, origins)
+    install_api(http_app, runtime)
+    install_access_guards(http_app, runtime)
+    install_session_routes(http_app)
+    install_page_assets(http_app, runtime.settings.content_security_policy)
+    install_http_errors(http_app)
+    install_name_cap(http_app, runtime.settings)
+
+
 def install_edge(
     http_app: Any, runtime: Runtime, sign_in: SignIn, origins: OriginPolicy, chainlit_url: str,
     chat: ChatEvents,
@@ -43,13 +56,7 @@ def install_edge(
     """Install the app's routes, guards and socket checks on Chainlit's FastAPI app (at import time);
     `chat` handles the chat events the socket guard hands on (an edited message)."""
     settings = runtime.settings
-    install_routes(http_app, runtime)
-    install_api(http_app, runtime)
-    install_access_guards(http_app, runtime)
-    install_session_routes(http_app)
-    install_page_assets(http_app, settings.content_security_policy)
-    install_http_errors(http_app)
-    install_name_cap(http_app, settings)
+    _install_app_routes(http_app, runtime, origins)
     install_socket_guard(
         socket_guard_for(runtime, sign_in.mode != "local", CHAT_SETTING_KINDS, edit=chat.edit),
         settings.socket_max_event_bytes,

@@ -17,8 +17,8 @@ async def answer_key_command(runtime: Runtime, text: str) -> None:
     keys = runtime.api.keys if runtime.api is not None else None
     run = chainlit_config.run
     base_url = (os.environ.get("CHAINLIT_URL") or f"http://{run.host}:{run.port}").rstrip("/") + run.root_path
-    reply = cl.Message(
-        author="keys", content=await run_key_command(keys, user and user.identifier, text, base_url)
-    )
+    audit = runtime.history.audit if runtime.history is not None else None
+    content = await run_key_command(keys, user and user.identifier, text, base_url, audit)
+    reply = cl.Message(author="keys", content=content)
     reply.persisted = True  # never stored: a new key is shown once, in this page only
     await reply.send()

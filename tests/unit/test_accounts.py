@@ -18,10 +18,11 @@ from chainlit.user import User
 from harness.server import ROOT
 from services.accounts.keys import KEY_MARK, ApiKeyStore
 from services.accounts.limits import SignInLimiter, address_key
+from services.accounts.modes import resolve_mode
 from services.accounts.passwords import check_password, hash_password
 from services.accounts.secret import ENV_NAME, ensure_auth_secret, load_or_create_secret
 from services.accounts.sessions import Sessions
-from services.accounts.sign_in import LOCAL_USER, SignIn, SignInRequest, current_request, resolve_mode
+from services.accounts.sign_in import LOCAL_USER, SignIn, SignInRequest, current_request
 from services.accounts.store import AccountError, AccountStore
 from services.config import Settings, SettingsError
 from services.history.database import create_engine

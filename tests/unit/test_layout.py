@@ -20,11 +20,13 @@ from scripts.import_graph import ROOT, find_cycles, import_graph, imports_of, pa
 LAYERS = (
     "app",
     "services.web",
+    "services.admin",
     "services.runtime",
     "services.api",
     "services.observability",
     "services.accounts",
     "services.history",
+    "services.audit",
     "services.chat",
     "services.documents",
     "services.admission",
