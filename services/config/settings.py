@@ -33,6 +33,7 @@ from services.config.fields import SettingsError, parse
 from services.config.history import HistorySettings
 from services.config.observability import ObservabilitySettings
 from services.config.reference import Section, write_generated
+from services.config.usage import UsageSettings
 from services.config.web import WebSettings, parse_origins
 
 SENSITIVE_SUFFIXES = ("_TOKEN", "_SECRET", "PASSWORD", "_KEY")
@@ -48,6 +49,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("OpenAI-compatible API", ApiSettings),
     Section("Sign-in", AccountSettings),
     Section("Stored conversations", HistorySettings),
+    Section("Usage and quotas", UsageSettings),
     Section("Operations", ObservabilitySettings),
     Section("Requests and sizes", WebSettings),
     Section("Diagnostics", DiagnosticSettings),
@@ -63,6 +65,7 @@ class Settings(
     ApiSettings,
     AdmissionSettings,
     AccountSettings,
+    UsageSettings,
     HistorySettings,
     ObservabilitySettings,
     DocumentSettings,
