@@ -171,12 +171,17 @@ class UsageLedger:
             logger.warning("usage: %d row(s) of usage not written at stop", len(self.batch))
 
     async def _loop(self) -> None:
+        flush_every, refresh_every = self.settings.usage_flush_seconds, self.settings.usage_refresh_seconds
+        flushed_at = self.monotonic()
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.settings.usage_flush_seconds)
+                await asyncio.wait_for(self._wake.wait(), min(flush_every, refresh_every))
+            woken, now = self._wake.is_set(), self.monotonic()
             self._wake.clear()
-            await self.flush()
-            if self.monotonic() - self._refreshed_at >= self.settings.usage_refresh_seconds:
+            if woken or now - flushed_at >= flush_every:
+                flushed_at = now
+                await self.flush()
+            if now - self._refreshed_at >= refresh_every:
                 await self.refresh()
 
     async def flush(self) -> bool:
