@@ -63,13 +63,14 @@ class UsageStore:
         self.engine = engine
 
     async def add(self, rows: dict[Key, list[int]]) -> None:
-        """Add each row's counts to the stored ones (replicas add up, never overwrite)."""
+        """Add each row's counts to the stored ones (replicas add up, never overwrite). Rows go in key
+        order, so two replicas writing the same people lock their rows in the same order (no deadlock)."""
         if not rows:
             return
         now = _now()
         values = [
             {"person": person, "day": day, "now": now, **dict(zip(COUNTERS, counts, strict=True))}
-            for (person, day), counts in rows.items()
+            for (person, day), counts in sorted(rows.items())
         ]
         async with self.engine.begin() as connection:
             await connection.execute(text(_ADD), values)

@@ -57,7 +57,7 @@ def replicas(tiny_model_dir: Path, database_url: str) -> Iterator[tuple[AppServe
             server = AppServer(
                 {**env, "USAGE_FLUSH_SECONDS": str(flush)}, ARTIFACTS / "logs" / f"usage-{name}.log"
             )
-            servers.append(server.start())
+            servers.append(server.start(timeout=900))  # a busy machine starts engines slowly
         yield servers[0], servers[1]
     finally:
         for server in servers:
@@ -185,7 +185,7 @@ async def test_usage_survives_a_restart_and_the_budget_still_holds(
     assert stored.get("turns") == 1 and stored["prompt_tokens"] + stored["answer_tokens"] > DAY_BUDGET, stored
     if ANSWERED:  # both replicas' counts of one person on one day, added up in one row
         assert usage_of(database_url, "sam")["api_calls"] == ANSWERED["a"] + ANSWERED["b"]
-    b.start()
+    b.start(timeout=900)
     client = ChatClient(b.base_url, "tess", PASSWORD)
     await client.connect()
     refused = await client.ask("Still there?")
