@@ -11,13 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from services.admission.refusals import Refused, rounded_seconds
+from services.admission.refusals import QUOTA_DAY, QUOTA_MONTH, Refused, rounded_seconds
 from services.config import Settings
 from services.usage.periods import DAY, MONTH, reset_of
 
-QUOTA_DAY = "quota_day"  # refusal reasons, as counted in /metrics
-QUOTA_MONTH = "quota_month"
-ROLES = ("admin", "user")
+__all__ = ["QUOTA_DAY", "QUOTA_MONTH", "Budget", "left_text", "over_budget", "person_budget", "role_budget"]
 
 
 @dataclass(frozen=True)
