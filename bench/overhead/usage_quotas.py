@@ -14,7 +14,7 @@ Three numbers, one run:
      the worst case (every turn a new person-day row: 1,000 rows) and a typical day (1,000 turns by 50
      people: 50 rows), written through the app's own UsageStore.
   3. The in-process cost of the budget check (cached) and of counting one turn, in microseconds.
-Writes a JSON summary to bench/out/ (and bench/results/usage/ with --save-results).
+Writes a JSON summary to bench/out/ (and bench/results/overhead/ with --save-results).
 """
 
 from __future__ import annotations
@@ -185,7 +185,7 @@ def start_servers(quick: bool) -> tuple[AppServer, AppServer]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer turns (a smoke run)")
-    parser.add_argument("--save-results", action="store_true", help="also write bench/results/usage/")
+    parser.add_argument("--save-results", action="store_true", help="also write bench/results/overhead/")
     options = parser.parse_args()
     conversations_n, turns = (2, 4) if options.quick else (8, 6)
     costs = asyncio.run(database_costs())
@@ -203,7 +203,7 @@ def main() -> int:
     }  # fmt: skip
     paths = [OUT / f"usage-quotas-{datetime.now():%Y%m%d-%H%M%S}.json"]
     if options.save_results:
-        paths.append(result_path("usage", "usage-quotas"))
+        paths.append(result_path("overhead", "usage-quotas"))
     for path in paths:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(summary, indent=2) + "\n")

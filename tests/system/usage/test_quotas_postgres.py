@@ -185,9 +185,14 @@ async def test_usage_survives_a_restart_and_the_budget_still_holds(
     assert stored.get("turns") == 1 and stored["prompt_tokens"] + stored["answer_tokens"] > DAY_BUDGET, stored
     if ANSWERED:  # both replicas' counts of one person on one day, added up in one row
         assert usage_of(database_url, "sam")["api_calls"] == ANSWERED["a"] + ANSWERED["b"]
-    b.start(timeout=900)
-    client = ChatClient(b.base_url, "tess", PASSWORD)
-    await client.connect()
-    refused = await client.ask("Still there?")
-    assert refused.refused == "quota_day", "the restarted replica reads her usage back"
-    await client.close()
+    own_folders = ("CHAINLIT_APP_ROOT", "DATA_DIR")  # removed at its stop: the new process gets its own
+    env = {key: value for key, value in b.env.items() if key not in own_folders}
+    restarted = AppServer(env, ARTIFACTS / "logs" / "usage-b-restarted.log").start(timeout=900)
+    try:
+        client = ChatClient(restarted.base_url, "tess", PASSWORD)
+        await client.connect()
+        refused = await client.ask("Still there?")
+        assert refused.refused == "quota_day", "the restarted replica reads her usage back"
+        await client.close()
+    finally:
+        assert not restarted.stop(), "engine processes outlived the server"
