@@ -40,7 +40,9 @@ from bench.common import OUT, PROMPTS_FILE, ROOT, machine_info, percentile, resu
 from harness.chat_client import ChatClient
 from harness.postgres import PostgresCluster, postgres_bin_dir
 from harness.server import AppServer
+from harness.tiny_model import build_tiny_model
 from services.config import Settings
+from services.engine.backends.local import ensure_default_model
 from services.history.database import create_engine, file_size_bytes, sqlite_path
 from services.history.migrations import migrate
 from services.usage import UsageLedger, UsageStore
@@ -60,7 +62,7 @@ def add_person(data_dir: Path) -> None:
 
 
 async def ttft_side_by_side(
-    on: AppServer, off: AppServer, conversations_n: int, turns: int
+    on: AppServer, off: AppServer, conversations_n: int, turns: int, turn_timeout: float = 600
 ) -> dict[str, Any]:
     """Alternate the same turns between the two servers; return each side's TTFTs."""
     texts = prompts()
@@ -73,7 +75,7 @@ async def ttft_side_by_side(
         for t in range(turns):
             order = ("on", "off") if (c + t) % 2 == 0 else ("off", "on")
             for side in order:
-                reply = await clients[side].ask(texts[(c * turns + t) % len(texts)], timeout=180)
+                reply = await clients[side].ask(texts[(c * turns + t) % len(texts)], timeout=turn_timeout)
                 assert not reply.refused, reply.final
                 if c or t:  # the very first turn of each server warms its kernels
                     results[side].append(reply.ttft_seconds or float("nan"))
@@ -169,16 +171,16 @@ async def database_costs() -> dict[str, Any]:
     return costs
 
 
-def start_servers(quick: bool) -> tuple[AppServer, AppServer]:
+def start_servers(model: str) -> tuple[AppServer, AppServer]:
     logs = ROOT / "artifacts" / "logs"
-    common = {"MODEL": "", "MAX_NEW_TOKENS": "32", "TEMPERATURE": "0", "AUTH_MODE": "password",
+    common = {"MODEL": model, "MAX_NEW_TOKENS": "32", "TEMPERATURE": "0", "AUTH_MODE": "password",
               "ADMIN_USERNAME": "admin", "ADMIN_PASSWORD": "admin-password-1"}  # fmt: skip
     servers = []
     for side, accounting in (("on", "true"), ("off", "false")):
         data_dir = Path(tempfile.mkdtemp(prefix=f"usage-bench-{side}-"))
         add_person(data_dir)
         env = {**common, "USAGE_ACCOUNTING": accounting, "DATA_DIR": str(data_dir)}
-        servers.append(AppServer(env, logs / f"bench-usage-{side}.log").start(timeout=900))
+        servers.append(AppServer(env, logs / f"bench-usage-{side}.log").start(timeout=1800))
     return servers[0], servers[1]
 
 
@@ -186,11 +188,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer turns (a smoke run)")
     parser.add_argument("--save-results", action="store_true", help="also write bench/results/overhead/")
+    parser.add_argument("--tiny", action="store_true", help="the tiny test model (2 layers), not the default")
     options = parser.parse_args()
     conversations_n, turns = (2, 4) if options.quick else (8, 6)
     costs = asyncio.run(database_costs())
     print(json.dumps({"database": costs}), flush=True)
-    on, off = start_servers(options.quick)
+    model = ""
+    if options.tiny:
+        model = str(build_tiny_model(ensure_default_model(Settings.from_env({})), OUT / "tiny-llama"))
+    on, off = start_servers(model)
     try:
         ttft = asyncio.run(ttft_side_by_side(on, off, conversations_n, turns))
     finally:
@@ -199,7 +205,9 @@ def main() -> int:
     summary = {
         "benchmark": "usage_quotas", "quick": options.quick, "at": datetime.now(UTC).isoformat(),
         "ttft_s": ttft, "database": costs, "machine": machine_info(),
-        "command": "python bench/overhead/usage_quotas.py" + (" --quick" if options.quick else ""),
+        "model": "tiny" if options.tiny else "default", "load_average": os.getloadavg(),
+        "command": "python bench/overhead/usage_quotas.py" + (" --quick" if options.quick else "")
+        + (" --tiny" if options.tiny else ""),
     }  # fmt: skip
     paths = [OUT / f"usage-quotas-{datetime.now():%Y%m%d-%H%M%S}.json"]
     if options.save_results:

@@ -68,7 +68,7 @@ def command(database_url: str, module: str, *args: str, stdin: str = "") -> str:
     """`python -m services.<module> ...` on the replicas' database, as an operator runs it."""
     env = {**os.environ, "DATABASE_URL": database_url}
     done = subprocess.run([sys.executable, "-m", f"services.{module}", *args], cwd=ROOT, env=env, input=stdin,
-                          capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+                          capture_output=True, text=True, timeout=300, check=True)  # fmt: skip
     return done.stdout
 
 

@@ -30,7 +30,7 @@ FLUSH_BOUND_SECONDS = 5 + 10  # USAGE_FLUSH_SECONDS' default, plus slack for a b
 def usage_rows(data_dir: Path, name: str) -> list[dict[str, str]]:
     env = {**os.environ, "DATA_DIR": str(data_dir)}
     done = subprocess.run([sys.executable, "-m", "services.usage", "show", "--user", name, "--csv"], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+                          env=env, capture_output=True, text=True, timeout=300, check=True)  # fmt: skip
     return list(csv.DictReader(io.StringIO(done.stdout)))
 
 
