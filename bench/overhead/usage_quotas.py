@@ -173,7 +173,8 @@ async def database_costs() -> dict[str, Any]:
 
 def start_servers(model: str) -> tuple[AppServer, AppServer]:
     logs = ROOT / "artifacts" / "logs"
-    common = {"MODEL": model, "MAX_NEW_TOKENS": "32", "TEMPERATURE": "0", "AUTH_MODE": "password",
+    context = {"MAX_MODEL_LEN": "4096"} if model else {}  # the tiny model's positions
+    common = {**context, "MODEL": model, "MAX_NEW_TOKENS": "32", "TEMPERATURE": "0", "AUTH_MODE": "password",
               "ADMIN_USERNAME": "admin", "ADMIN_PASSWORD": "admin-password-1"}  # fmt: skip
     servers = []
     for side, accounting in (("on", "true"), ("off", "false")):
