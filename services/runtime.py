@@ -53,6 +53,8 @@ from services.observability.metrics import RequestMetrics, ServiceCollector
 from services.observability.ops_access import require_ops_token
 from services.observability.report import StatsReport
 from services.observability.status import ServiceStatus
+from services.usage import UsageLedger, UsageStore
+from services.usage.metrics import UsageCollector
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +80,7 @@ class Serving:
     maintenance: Maintenance
     turns: ChatTurns
     api_admission: SharedAdmission | None  # the /v1 API's, when it is served
+    usage: UsageLedger | None = None  # usage and budgets, when kept (a database, USAGE_ACCOUNTING)
 
 
 def set_up_people(
@@ -166,7 +169,9 @@ class Runtime:
         self.registry.register(requests)
         stack.callback(self.registry.unregister, requests)
         stack.callback(engine.on_finish(requests.record))
-        admission = Admission(s, engine.load, _max_running(s))
+        usage = self._usage()
+        admission = Admission(s, engine.load, _max_running(s), usage)
+        stack.callback(engine.on_finish(admission.engine_finished))  # chat's tokens, for usage
         if engine.warm_up_report is not None:
             admission.learn_from_warm_up(engine.warm_up_report.decode_seconds_per_token)
         admission.start()
@@ -174,7 +179,7 @@ class Runtime:
         sessions = SessionStore(s)
         chat = ChatService(admission.engine(engine, CHAT), s, admission.engine(engine, DOCUMENT))
         stack.callback(chat.summarizer.close)  # its prefill meter listens to the engine
-        maintenance = Maintenance(s, sessions, engine, self._maintenance_steps(engine))
+        maintenance = Maintenance(s, sessions, engine, self._maintenance_steps(engine, usage))
         maintenance.start()
         stack.push_async_callback(maintenance.stop)
         turns = ChatTurns(sessions, admission, chat, self.history or NothingKept())
@@ -187,15 +192,31 @@ class Runtime:
             await self.api.server.start(engine.backend)
             stack.push_async_callback(self.api.server.stop)
         return Serving(engine, processes, requests, admission, sessions, chat, maintenance, turns,
-                       api_admission)  # fmt: skip
+                       api_admission, usage)  # fmt: skip
 
-    def _maintenance_steps(self, engine: ChatEngine) -> list[Callable]:
+    def _usage(self) -> UsageLedger | None:
+        """Usage and budgets (services/usage), started, with their stop pushed; None without a database
+        or with USAGE_ACCOUNTING=false."""
+        history = self.history
+        if not self.settings.usage_accounting or history is None or history.engine is None:
+            return None
+        usage = UsageLedger(self.settings, UsageStore(history.engine),
+                            lambda: history.migrated and history.health.available)  # fmt: skip
+        usage.start()
+        self._stack.push_async_callback(usage.stop)  # writes what is still counted
+        collector = UsageCollector(usage)
+        self.registry.register(collector)
+        self._stack.callback(self.registry.unregister, collector)
+        return usage
+
+    def _maintenance_steps(self, engine: ChatEngine, usage: UsageLedger | None) -> list[Callable]:
         """What each maintenance round also runs: the copies vLLM's tokenizer pool adds
-        (word_caches.py), the audit log's retention and the history's."""
+        (word_caches.py), the audit log's retention, the history's and usage's."""
         steps: list[Callable] = [engine.word_caches.round] if engine.word_caches is not None else []
         if self.history is not None and self.history.audit is not None:
             steps.append(self.history.audit.retention_round)
-        return steps + ([self.history.retention_round] if self.history is not None else [])
+        steps += [self.history.retention_round] if self.history is not None else []
+        return steps + ([usage.retention_round] if usage is not None else [])
 
     async def stop(self) -> None:
         """Stop maintenance, cancel every turn, drop every session, shut the engine down."""

@@ -14,9 +14,12 @@ USER_DOCUMENTS_PER_HOUR = "user_documents_per_hour"
 USER_MESSAGES_PER_MINUTE = "user_messages_per_minute"
 SESSIONS_FULL = "sessions_full"
 RESENT_EARLY = "resent_early"  # a chat message sent before the time a capacity refusal gave
+QUOTA_DAY = "quota_day"  # the person's token budget for the UTC day is used up (services/usage)
+QUOTA_MONTH = "quota_month"  # and for the UTC month
 REASONS = (
     QUEUE_FULL, WAIT_TOO_LONG, ENGINE_QUEUE_FULL, USER_CONCURRENT_TURNS,
     USER_TOKENS_PER_MINUTE, USER_DOCUMENTS_PER_HOUR, USER_MESSAGES_PER_MINUTE, SESSIONS_FULL, RESENT_EARLY,
+    QUOTA_DAY, QUOTA_MONTH,
 )  # fmt: skip
 CAPACITY = (QUEUE_FULL, WAIT_TOO_LONG, ENGINE_QUEUE_FULL)  # the service is full, not the person's share
 

@@ -16,6 +16,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from services.admission.accounting import Accounting, NoAccounting
 from services.admission.capacity import DecodeCapacity
 from services.admission.context import TurnContext, current_turn, entered_turn
 from services.admission.feedback import Show, WaitingFeedback
@@ -23,7 +24,7 @@ from services.admission.limits import UserLimits
 from services.admission.refusals import ENGINE_QUEUE_FULL, Refused
 from services.admission.waiting_line import CHAT, WaitingLine
 from services.config import Settings
-from services.engine import ChatEngine, EngineLoad, Message, SamplingSettings, is_engine_busy
+from services.engine import ChatEngine, EngineLoad, Message, SamplingSettings, StreamStats, is_engine_busy
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +35,12 @@ class Admission:
     """Owns the capacity model, the waiting line, the per-user limits, and the task that refreshes the
     limit; `admit` is the one way to the engine."""
 
-    def __init__(self, settings: Settings, load: EngineLoad, max_running: int) -> None:
+    def __init__(
+        self, settings: Settings, load: EngineLoad, max_running: int, accounting: Accounting | None = None
+    ) -> None:
+        """`accounting`: who keeps usage and checks budgets (services/usage); None: nobody."""
         self.settings = settings
+        self.accounting: Accounting = accounting if accounting is not None else NoAccounting()
         self.load = load
         self.capacity = DecodeCapacity(
             settings.reading_pace_tokens_per_second * settings.reading_pace_headroom, max_running
@@ -110,18 +115,25 @@ class Admission:
         try:
             self.limits.count_message(self.limits.usage(user_key), service_full=full)
         except Refused as refusal:
-            self.line.refusals[refusal.reason] += 1
+            self._refused(user_key, refusal)
             raise
 
+    def _refused(self, user_key: str, refusal: Refused) -> None:
+        self.line.refusals[refusal.reason] += 1
+        self.accounting.refused(user_key, refusal)
+
     @contextlib.asynccontextmanager
-    async def turn(self, user_key: str, documents: int = 0) -> AsyncIterator[TurnContext]:
-        """One turn of `user_key` with `documents` new uploads; raise Refused over a per-user limit."""
+    async def turn(self, user_key: str, documents: int = 0, api: bool = False) -> AsyncIterator[TurnContext]:
+        """One turn of `user_key` with `documents` new uploads (`api`: an API request); raise Refused
+        over a per-user limit or a period's budget (checked before anything starts)."""
         usage = self.limits.usage(user_key)
         try:
             self.limits.check(usage, documents)
+            await self.accounting.check(user_key)
         except Refused as refusal:
-            self.line.refusals[refusal.reason] += 1
+            self._refused(user_key, refusal)
             raise
+        self.accounting.started(user_key, api, documents)
         self.limits.record_documents(usage, documents)
         usage.turns += 1
         try:
@@ -140,7 +152,9 @@ class Admission:
         Raises Refused over a per-user limit, when the line is full or the wait too long, and when
         the engine refuses the request for its own full queue before its first token.
         """
-        turn_of = self.turn(user_key) if user_key is not None else contextlib.nullcontext(current_turn())
+        turn_of = (
+            self.turn(user_key, api=True) if user_key is not None else contextlib.nullcontext(current_turn())
+        )
         async with turn_of as turn:
             try:
                 async with self.line.place(work, owner=turn) as ticket:
@@ -156,7 +170,16 @@ class Admission:
             except Refused as refusal:
                 if turn is not None and turn.usage is not None:
                     self.limits.told(turn.usage, refusal)  # resending earlier gets this answer at once
+                if turn is not None:
+                    self.accounting.refused(turn.user_key, refusal)
                 raise
+
+    def engine_finished(self, stats: StreamStats) -> None:
+        """The engine's on_finish listener: a chat or document request's tokens count for the person
+        whose turn it ran in (the turn travels in a context variable, into the summarizer's tasks too)."""
+        turn = current_turn()
+        if turn is not None:
+            self.accounting.used(turn.user_key, stats.prompt_tokens, stats.output_tokens)
 
     def feedback(self, turn: TurnContext, show: Show) -> WaitingFeedback:
         """Status updates for a waiting turn (none when admission is off: nothing waits)."""
@@ -171,7 +194,7 @@ class Slot:
     """An admitted request's hold on the engine: its vLLM priority, its streamed tokens, its charge."""
 
     def __init__(self, admission: Admission, ticket: Any, turn: TurnContext | None) -> None:
-        self._line, self._limits = admission.line, admission.limits
+        self._line, self._limits, self._accounting = admission.line, admission.limits, admission.accounting
         self._ticket = ticket
         self._turn = turn
         self.priority = self._line.engine_priority(ticket)  # lower is earlier; 0 when priority is off
@@ -186,6 +209,12 @@ class Slot:
         """Count an answer's tokens against its person's tokens per minute."""
         if self._turn is not None and self._turn.usage is not None:
             self._limits.record_tokens(self._turn.usage, tokens)
+
+    def used(self, prompt_tokens: int, answer_tokens: int) -> None:
+        """An API request's tokens, for its person's usage and budgets (chat's come from the engine:
+        `Admission.engine_finished`)."""
+        if self._turn is not None:
+            self._accounting.used(self._turn.user_key, prompt_tokens, answer_tokens)
 
 
 class AdmittedEngine:

@@ -91,7 +91,9 @@ class SharedAdmission:
                 try:
                     yield slot.priority or None
                 finally:
-                    slot.charge(answer.tokens(self.count_tokens))
+                    answer_tokens = answer.tokens(self.count_tokens)
+                    slot.charge(answer_tokens)
+                    slot.used(answer.prompt_tokens(self.count_tokens), answer_tokens)
         except Refused as refusal:
             retry = refusal.retry_after_seconds or DEFAULT_RETRY_AFTER_SECONDS
             raise ApiError(429, str(refusal), refusal.reason, retry_after_seconds=retry) from None
@@ -158,7 +160,7 @@ class ApiGate:
         body = await read_body(scope, receive, self.settings.api_max_body_bytes)
         request = parse_body(body, self.settings.max_json_depth)
         check_request(path, request, self.settings)
-        answer = AnswerMeter(send)
+        answer = AnswerMeter(send, request)
         async with self.admission.admit(holder, answer) as priority:
             if priority is not None:  # vLLM's own request field, which callers may not set (checks.py)
                 body = json.dumps({**request, "priority": priority}).encode()

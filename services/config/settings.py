@@ -35,6 +35,7 @@ from services.config.history import HistorySettings
 from services.config.ldap import LdapSettings, check_ldap
 from services.config.observability import ObservabilitySettings
 from services.config.reference import Section, write_generated
+from services.config.usage import UsageSettings
 from services.config.web import WebSettings, parse_origins
 
 SENSITIVE_SUFFIXES = ("_TOKEN", "_SECRET", "PASSWORD", "_KEY")
@@ -51,6 +52,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("Sign-in", AccountSettings),
     Section("LDAP sign-in", LdapSettings),
     Section("Stored conversations", HistorySettings),
+    Section("Usage and quotas", UsageSettings),
     Section("Audit log and admin page", AuditSettings),
     Section("Operations", ObservabilitySettings),
     Section("Requests and sizes", WebSettings),
@@ -69,6 +71,7 @@ class Settings(
     AdmissionSettings,
     LdapSettings,
     AccountSettings,
+    UsageSettings,
     HistorySettings,
     ObservabilitySettings,
     DocumentSettings,

@@ -4,10 +4,10 @@ Tables are Chainlit 2.12's (users, threads, steps, elements, feedbacks: every co
 SQLAlchemy data layer writes, since it swallows the error of a missing one) plus ours: the
 accounts' columns on `users`, `thread_documents` (a conversation's document), `service_health`
 (the write probe), `api_keys` (hashes of the API keys), `users.session_generation` (what ends
-an account's sign-ins) and `identity_links` (provider identities an administrator linked to an
-account) and `audit_log` (services/audit/: append-only). Ids and JSON are TEXT on both
-databases, so one set of statements serves both. Each step runs once, recorded in
-`schema_migrations`; every statement is safe to run again (IF NOT EXISTS, columns added only when
+an account's sign-ins), `identity_links` (provider identities an administrator linked to an
+account), `usage_days` and `quotas` (usage_schema.py) and `audit_log` (services/audit/:
+append-only). Ids and JSON are TEXT on both databases, so one set of statements serves both.
+Each step runs once, recorded in `schema_migrations`; every statement is safe to run again (IF NOT EXISTS, columns added only when
 missing), so an existing Chainlit database is upgraded in place. Replicas starting together take a
 lock first (PostgreSQL advisory lock, SQLite write lock).
 """
@@ -21,6 +21,8 @@ from datetime import UTC, datetime
 
 from sqlalchemy import inspect, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from services.history.usage_schema import quotas_table, usage_days_table
 
 logger = logging.getLogger(__name__)
 
@@ -168,6 +170,10 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(5, "API keys: sha256 of each key, its shown prefix, owner, revocation", _api_keys),
     Migration(6, "sessions: a generation per account, moved to end its sign-ins", _sessions),
     Migration(7, "provider identities (github:login) an administrator linked to an account", _identity_links),
+    Migration(
+        8, "usage per person per UTC day: tokens, turns, documents, API calls, refusals", usage_days_table
+    ),
+    Migration(9, "quotas: a person's own token budget per day or month", quotas_table),
     Migration(10, "audit log: who did what, append-only (services/audit/)", _audit_log),
 )
 LATEST_VERSION = MIGRATIONS[-1].version

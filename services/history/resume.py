@@ -17,7 +17,7 @@ from services.engine import Message
 
 ANSWER_KEY = "answer"
 ANSWER_METADATA: dict[str, Any] = {ANSWER_KEY: True}  # on every reply that joins the model's history
-COMMANDS = ("/stats",)
+COMMANDS = ("/stats", "/quota")
 
 
 def _as_dict(value: Any) -> dict[str, Any]:
@@ -31,7 +31,7 @@ def _as_dict(value: Any) -> dict[str, Any]:
 
 
 def is_command(text: str) -> bool:
-    """/stats, and /key ... (API keys): said to the service, never to the model."""
+    """/stats, /quota, and /key ... (API keys): said to the service, never to the model."""
     return text.strip() in COMMANDS or text.strip().split(maxsplit=1)[:1] == ["/key"]
 
 

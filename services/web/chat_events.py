@@ -1,5 +1,5 @@
 """Chainlit's chat events, one method each for app.py's handlers: a tab whose sign-in ended is told so,
-the chat commands (`/key ...`, `/stats`) are answered here, and everything else is a chat turn
+the chat commands (`/key ...`, `/quota`, `/stats`) are answered here, and everything else is a chat turn
 (services/chat/turns.py) on this tab's page."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from services.runtime import Runtime
 from services.web.chainlit_state import drop_chainlit_session, forget_chat_context
 from services.web.chat_page import ChainlitPage
 from services.web.key_chat import answer_key_command
+from services.web.quota_chat import answer_quota_command, is_quota_command
 
 
 class ChatEvents:
@@ -52,6 +53,8 @@ class ChatEvents:
             return
         if is_key_command(message.content):  # the person's own API keys
             await answer_key_command(self.runtime, message.content)
+        elif is_quota_command(message.content):  # the person's tokens used and left
+            await answer_quota_command(self.runtime, self.page.person())
         elif is_command(message.content):  # operators' view; admins only
             await self._show_stats()
         else:

@@ -24,6 +24,7 @@ LAYERS = (
     "services.runtime",
     "services.api",
     "services.observability",
+    "services.usage",
     "services.accounts",
     "services.history",
     "services.audit",
