@@ -7,9 +7,9 @@ accounts' columns on `users`, `thread_documents` (a conversation's document), `s
 an account's sign-ins), `identity_links` (provider identities an administrator linked to an
 account), `usage_days` and `quotas` (usage_schema.py) and `audit_log` (services/audit/:
 append-only). Ids and JSON are TEXT on both databases, so one set of statements serves both.
-Each step runs once, recorded in `schema_migrations`; every statement is safe to run again (IF NOT EXISTS, columns added only when
-missing), so an existing Chainlit database is upgraded in place. Replicas starting together take a
-lock first (PostgreSQL advisory lock, SQLite write lock).
+Each step runs once, recorded in `schema_migrations`; every statement is safe to run again (IF
+NOT EXISTS, columns added only when missing), so an existing Chainlit database is upgraded in
+place. Replicas starting together take a lock first (PostgreSQL advisory lock, SQLite write lock).
 """
 
 from __future__ import annotations
