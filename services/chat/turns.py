@@ -21,6 +21,7 @@ from services.chat.session import ChatSession, SessionDocument
 from services.chat.store import SessionStore
 from services.documents.progress import Progress
 from services.engine.errors import RepetitionError, report_failure
+from services.engine.route_hint import set_route_hint
 
 Files = list[tuple[str, str]]  # uploads of one message: (path on disk, name)
 
@@ -198,6 +199,7 @@ class ChatTurns:
     ) -> None:
         """Answer into `reply`, streaming; refusals and failures end up in the reply."""
         person = page.person()
+        set_route_hint(page.thread_id, person)  # a router keeps the conversation on one server
         async with self.sessions.turn(session) as request_id:
             try:
                 async with self.admission.turn(person, documents=len(files)) as turn:
