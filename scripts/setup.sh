@@ -88,6 +88,11 @@ if [[ "$WITH_TEST" == 1 ]]; then
     echo "[setup] installing Debian's postgresql for the database tests"
     apt_install postgresql
   fi
+  # The scale-out test puts Debian's HAProxy in front of the app replicas (deploy/topology.py).
+  if [[ -n "$(missing_debs haproxy)" ]]; then
+    echo "[setup] installing Debian's haproxy for the scale-out test"
+    apt_install haproxy
+  fi
   if ! command -v npm >/dev/null 2>&1; then
     echo "[setup] installing Debian's npm for the page's font and styles"
     apt_install npm

@@ -12,7 +12,7 @@ import chainlit as cl
 from services.accounts.key_commands import is_key_command
 from services.accounts.sign_in import SignIn
 from services.chat.turns import ChatTurns
-from services.history.resume import is_command
+from services.history.resume import CUT_ANSWER_NOTICE, is_command, unanswered_message
 from services.runtime import Runtime
 from services.web.chainlit_state import drop_chainlit_session, forget_chat_context
 from services.web.chat_page import ChainlitPage
@@ -39,6 +39,8 @@ class ChatEvents:
     async def chat_resume(self, thread: Mapping[str, Any]) -> None:
         if not await self._sign_in_ended():
             await self._turns().resume(self.page, thread)
+            if unanswered_message(thread.get("steps") or []) is not None:  # e.g. its replica went down
+                await self.page.notice(CUT_ANSWER_NOTICE)
 
     async def settings_update(self, values: dict) -> None:
         await self._turns().update_settings(self.page, values)
