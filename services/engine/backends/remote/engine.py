@@ -64,7 +64,7 @@ class RemoteLLM:
         router: bool = False,
     ) -> None:
         self.servers = [Server(url.rstrip("/")) for url in urls]
-        self._router = router  # the one URL is a router: it routes, we read its servers' load
+        self.router = router  # the one URL is a router: it routes, we read its servers' load
         self._tokenizer = tokenizer
         self._affinity_slack = affinity_slack  # None: by load only
         self.load = EngineLoad()
@@ -108,7 +108,7 @@ class RemoteLLM:
     def start_load_polling(self) -> None:
         """Read the servers' load once a second into `self.load` (stopped by aclose)."""
         self._poller = asyncio.create_task(
-            poll_load_forever(self._client, self.servers, self.load, router=self._router)
+            poll_load_forever(self._client, self.servers, self.load, router=self.router)
         )
 
     @property
