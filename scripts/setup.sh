@@ -96,6 +96,12 @@ if [[ "$WITH_TEST" == 1 ]]; then
     apt_install $ldap_debs
     if command -v invoke-rc.d >/dev/null 2>&1; then invoke-rc.d slapd stop >/dev/null 2>&1 || true; fi
   fi
+  # The scale-out test puts Debian's HAProxy in front of the app replicas (deploy/topology.py).
+  if [[ -n "$(missing_debs haproxy)" ]]; then
+    echo "[setup] installing Debian's haproxy for the scale-out test"
+    apt_install haproxy
+    if command -v invoke-rc.d >/dev/null 2>&1; then invoke-rc.d haproxy stop >/dev/null 2>&1 || true; fi
+  fi
   if ! command -v npm >/dev/null 2>&1; then
     echo "[setup] installing Debian's npm for the page's font and styles"
     apt_install npm

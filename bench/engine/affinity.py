@@ -1,12 +1,16 @@
-"""ENGINE_URLS routing: follow-up time to first token with prefix affinity against fewest-in-flight.
+"""Routing between vLLM servers: follow-up time to first token and throughput, the app's own routing
+against vLLM's router, side by side.
 
-    .venv/bin/python bench/engine/affinity.py                      # default model, ~5 minutes here
+    .venv/bin/python bench/engine/affinity.py                      # default model, ~10 minutes here
     .venv/bin/python bench/engine/affinity.py --rounds 1 --turns 3 # a validation run
 
 Starts two vLLM servers (the module form of `vllm serve`) on loopback, each worker on its own core,
-and drives them through the app's own RemoteLLM + ChatEngine, twice: with ENGINE_AFFINITY (a
-conversation stays on the server holding its prefix) and by load only (fewest of our requests in
-flight). Arms alternate round by round, side by side in one run, on the same servers. Each round
+and three `vllm-router`s in front of them (policies consistent_hash, cache_aware, round_robin), and
+drives them through the app's own RemoteLLM + ChatEngine, once per arm: `affinity` (ENGINE_URLS =
+the servers, ENGINE_AFFINITY: a conversation stays on the server holding its prefix), `by_load`
+(the same, fewest of our requests in flight), and `router_<policy>` (ENGINE_URLS = that router,
+ENGINE_ROUTER: each request carries its conversation's X-Session-Id). Arms alternate round by
+round, side by side in one run, on the same servers. Each round
 runs --conversations conversations at once, each about a document of its own (~1,500 tokens in
 the system message, as after an upload) with --turns questions; a follow-up's prompt is the
 previous one plus the answer and the new question, so a server that served the previous turn
@@ -30,14 +34,17 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import machine_info, percentile
 from harness.documents import long_document
+from harness.router import VllmRouter
 from harness.server import VllmServer
 from services.config import Settings
 from services.engine import ChatEngine, SamplingSettings
 from services.engine.backends.local import ensure_default_model
 from services.engine.backends.remote import RemoteLLM
+from services.engine.route_hint import set_route_hint
 
 MAX_MODEL_LEN = 8192
-ARMS = {"affinity": 4, "by_load": None}  # ENGINE_AFFINITY_SLACK, None = affinity off
+OWN_ARMS = {"affinity": 4, "by_load": None}  # ENGINE_AFFINITY_SLACK, None = affinity off
+ROUTER_POLICIES = ("consistent_hash", "cache_aware", "round_robin")  # arms router_<policy>
 
 
 class TracedRemote(RemoteLLM):
@@ -59,6 +66,7 @@ async def conversation(
     """One conversation about `document`; per turn: TTFT and whether it landed where the last one did.
     `pauses[turn]` seconds pass before each turn (a person reading), so conversations interleave
     unevenly, as people do: in lockstep, fewest-in-flight ties and keeps every conversation in place."""
+    set_route_hint(tag, "bench")  # this conversation's task only; read by the router arms
     messages = [{"role": "system", "content": f"You answer questions about this document.\n\n{document}"}]
     sampling = SamplingSettings(0.0, 1.0, 24)
     records, previous = [], None
@@ -76,7 +84,9 @@ async def conversation(
             {
                 "turn": turn,
                 "ttft_seconds": (first or time.monotonic()) - started,
-                "same_server": previous == served_by,
+                # behind a router we see the router only: which server took it, the router knows
+                "same_server": None if remote.router else previous == served_by,
+                "answer_tokens": engine.count_tokens("".join(parts)),
             }
         )
         previous = served_by
@@ -92,15 +102,17 @@ async def run_round(
         documents = [
             long_document(1100, seed=1000 * round_ + 10 * i + len(name)) for i in range(options.conversations)
         ]
-        timing = random.Random(round_)  # the same pauses for both arms
+        timing = random.Random(round_)  # the same pauses for every arm
         pauses = [[timing.uniform(0, options.pause) for _ in range(options.turns)] for _ in documents]
+        started = time.monotonic()
         batches = await asyncio.gather(
             *(
                 conversation(engine, remote, doc, options.turns, f"{name}-r{round_}-c{i}", pauses[i])
                 for i, doc in enumerate(documents)
             )
         )
-        results[name] = [record for batch in batches for record in batch]
+        seconds = time.monotonic() - started
+        results[name] = [{**record, "round_seconds": seconds} for batch in batches for record in batch]
         print(name, "round", round_, [round(r["ttft_seconds"], 2) for r in results[name]], flush=True)
     return results
 
@@ -113,24 +125,34 @@ def summary(records: list[dict]) -> dict[str, Any]:
         "follow_ups": len(follow_ups),
         "follow_up_ttft_seconds": {f"p{q}": round(percentile(ttfts, q) or 0, 3) for q in (50, 95)},
         "first_turn_ttft_seconds": {"p50": round(percentile(firsts, 50) or 0, 3)},
-        "follow_ups_on_the_same_server": round(
-            sum(r["same_server"] for r in follow_ups) / max(1, len(follow_ups)), 3
+        "follow_ups_on_the_same_server": None
+        if any(r["same_server"] is None for r in follow_ups)
+        else round(sum(r["same_server"] for r in follow_ups) / max(1, len(follow_ups)), 3),
+        # answer tokens over the rounds' wall time (pauses included: the same for every arm)
+        "tokens_per_second": round(
+            sum(r["answer_tokens"] for r in records) / max(1e-9, sum({r["round_seconds"] for r in records})),
+            2,
         ),
     }
 
 
-async def measure(urls: list[str], options) -> dict[str, Any]:
+async def measure(urls: list[str], routers: dict[str, str], options) -> dict[str, Any]:
     from vllm.tokenizers import get_tokenizer
 
     tokenizer = get_tokenizer(str(options.model))
+    arms: dict[str, tuple[list[str], int | None, bool]] = {
+        **{name: (urls, slack, False) for name, slack in OWN_ARMS.items()},
+        **{f"router_{policy}": ([url], None, True) for policy, url in routers.items()},
+    }
     engines = {}
-    for name, slack in ARMS.items():
+    for name, (targets, slack, router) in arms.items():
         remote = TracedRemote(
-            urls, tokenizer, connect_timeout=10, idle_timeout=900, max_connections=64, affinity_slack=slack
-        )
+            targets, tokenizer, connect_timeout=10, idle_timeout=900, max_connections=64,
+            affinity_slack=slack, router=router,
+        )  # fmt: skip
         await remote.connect()
         engines[name] = (ChatEngine(remote, remote.max_model_len), remote)
-    collected: dict[str, list] = {name: [] for name in ARMS}
+    collected: dict[str, list] = {name: [] for name in arms}
     try:
         for round_ in range(options.rounds):
             for name, records in (await run_round(engines, options, round_)).items():
@@ -138,12 +160,12 @@ async def measure(urls: list[str], options) -> dict[str, Any]:
     finally:
         for _, remote in engines.values():
             await remote.aclose()
-    report = {name: summary(records) for name, records in collected.items()}
-    a, b = (
-        report["affinity"]["follow_up_ttft_seconds"]["p50"],
-        report["by_load"]["follow_up_ttft_seconds"]["p50"],
-    )
-    report["follow_up_ttft_p50_affinity_vs_by_load"] = round(a / b, 3) if b else None
+    report: dict[str, Any] = {name: summary(records) for name, records in collected.items()}
+    baseline = report["by_load"]["follow_up_ttft_seconds"]["p50"]
+    report["follow_up_ttft_p50_vs_by_load"] = {
+        name: round(report[name]["follow_up_ttft_seconds"]["p50"] / baseline, 3) if baseline else None
+        for name in arms
+    }
     return report
 
 
@@ -163,18 +185,22 @@ def main() -> None:
     options.model = options.model or ensure_default_model(Settings.from_env({}))
     out = options.out or ROOT / "bench" / "out" / f"affinity-{datetime.now():%Y%m%d-%H%M%S}"
     out.mkdir(parents=True, exist_ok=True)
-    servers = []
+    servers: list[VllmServer] = []
+    routers: list[VllmRouter] = []
     try:
         for core in (0, 1):  # one worker per core, as two machines would have their own
             server = VllmServer(options.model, out / f"vllm-{core}.log", MAX_MODEL_LEN)
             server.env["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
             servers.append(server.start(timeout=600))
+        urls = [s.url for s in servers]
+        routers = [VllmRouter(urls, out / f"router-{p}.log", policy=p).start() for p in ROUTER_POLICIES]
         report = {"run": {"command": " ".join(sys.argv), "machine_before": machine_info()}}
-        report.update(asyncio.run(measure([s.url for s in servers], options)))
+        by_policy = {policy: router.url for policy, router in zip(ROUTER_POLICIES, routers, strict=True)}
+        report.update(asyncio.run(measure(urls, by_policy, options)))
         report["run"]["machine_after"] = machine_info()
     finally:
-        for server in servers:
-            server.stop()
+        for part in (*routers, *servers):
+            part.stop()
     (out / "summary.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
 

@@ -25,6 +25,7 @@ from services.chat.store import SessionStore
 from services.documents.progress import Progress
 from services.engine import SamplingSettings
 from services.engine.errors import RepetitionError, report_failure
+from services.engine.route_hint import set_route_hint
 
 Files = list[tuple[str, str]]  # uploads of one message: (path on disk, name)
 
@@ -217,6 +218,7 @@ class ChatTurns:
     ) -> None:
         """Answer into `reply`, streaming; refusals and failures end up in the reply."""
         person, files = page.person(), asked.files
+        set_route_hint(page.thread_id, person)  # a router keeps the conversation on one server
         try:
             async with self.admission.turn(person, documents=len(files)) as turn:
                 stream = await self._open_stream(page, session, asked, request_id, reply.id)

@@ -204,6 +204,15 @@ class EngineSettings:
         "server with the fewest of ours in flight; a server that refuses the connection is skipped.",
         tier="essential",
     )
+    engine_router: bool = setting(
+        False,
+        "ENGINE_ROUTER",
+        "ENGINE_URLS names one router in front of the vLLM servers (vLLM's router, production-stack's "
+        "router, an llm-d gateway), which routes: each request carries its conversation's key "
+        "(X-Session-Id) and its person's (X-User-Id, X-Gateway-Inference-Fairness-Id), hashed; our "
+        "own affinity is off; admission reads the load of the servers the router lists at "
+        "/list_workers (else the router's own /metrics).",
+    )
     engine_affinity: bool = setting(
         True,
         "ENGINE_AFFINITY",
@@ -233,6 +242,11 @@ class EngineSettings:
         "the turn fails.",
         1,
     )
+
+    @property
+    def engine_affinity_on(self) -> bool:
+        """Our own prefix affinity routes: asked for, and no router does it instead."""
+        return self.engine_affinity and not self.engine_router
 
     @property
     def engine_url_list(self) -> list[str]:

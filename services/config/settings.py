@@ -112,6 +112,8 @@ class Settings(
         for url in self.engine_url_list:
             if not url.startswith(("http://", "https://")):
                 raise SettingsError(f"ENGINE_URLS entry {url!r} is not an http:// or https:// URL")
+        if self.engine_router and len(self.engine_url_list) != 1:
+            raise SettingsError("ENGINE_ROUTER=true needs ENGINE_URLS to name exactly one router URL")
         for name, allocator in (
             ("ENGINE_ALLOCATOR", self.engine_allocator),
             ("APP_ALLOCATOR", self.app_allocator),

@@ -18,6 +18,10 @@ from services.engine import Message
 ANSWER_KEY = "answer"
 ANSWER_METADATA: dict[str, Any] = {ANSWER_KEY: True}  # on every reply that joins the model's history
 COMMANDS = ("/stats", "/quota")
+CUT_ANSWER_NOTICE = (
+    "Your last message has no complete answer: it was cut off when the page closed or the server "
+    "answering it stopped. Send it again to get one."
+)
 
 
 def _as_dict(value: Any) -> dict[str, Any]:
@@ -62,6 +66,19 @@ def turns_from_steps(
         elif kind == "assistant_message" and text and _as_dict(step.get("metadata")).get(ANSWER_KEY):
             messages.append(({"role": "assistant", "content": text}, step_id))
     return messages
+
+
+def unanswered_message(steps: Iterable[Mapping[str, Any]]) -> str | None:
+    """The newest user message when nothing the assistant said follows it (an answer is stored
+    once it ends, so one that was cut off left nothing), else None; commands do not count."""
+    last: str | None = None
+    for step in steps:
+        if step.get("type") == "user_message":
+            text = step.get("output") or ""
+            last = None if is_command(text) else text
+        elif step.get("type") == "assistant_message":
+            last = None
+    return last
 
 
 def chat_settings_of(thread: Mapping[str, Any]) -> dict[str, Any]:

@@ -62,6 +62,7 @@ class ServiceStatus:
             "ready": True,
             "engine_alive": engine.alive,
             "engine_unfinished_requests": engine.unfinished_requests(),
+            "engine_load": {"running": engine.load.running, "waiting": engine.load.waiting},
             "sessions": len(sessions),
             "sessions_awaiting_reconnect": sessions.awaiting_reconnect(),
             "turns_in_flight": sessions.turns_in_flight(),
@@ -112,6 +113,7 @@ class ServiceStatus:
             "engine_alive": engine.alive,
             "engine_processes": [{"pid": pid, "running": running} for pid, running in processes.items()],
             "engine_unfinished_requests": engine.unfinished_requests(),
+            "engine_load": {"running": engine.load.running, "waiting": engine.load.waiting},
         }
         if not engine.alive or not all(processes.values()):
             return False, {**detail, "error": "the engine process is not running"}

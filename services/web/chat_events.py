@@ -16,7 +16,7 @@ from services.admission.refusals import Refused
 from services.chat import rewinds
 from services.chat.turns import ChatTurns
 from services.history.data_layer import is_uuid
-from services.history.resume import is_command
+from services.history.resume import CUT_ANSWER_NOTICE, is_command, unanswered_message
 from services.runtime import Runtime
 from services.web.chainlit_state import drop_chainlit_session, forget_chat_context
 from services.web.chat_page import ChainlitPage
@@ -44,6 +44,8 @@ class ChatEvents:
     async def chat_resume(self, thread: Mapping[str, Any]) -> None:
         if not await self._sign_in_ended():
             await self._turns().resume(self.page, thread)
+            if unanswered_message(thread.get("steps") or []) is not None:  # e.g. its replica went down
+                await self.page.notice(CUT_ANSWER_NOTICE)
 
     async def settings_update(self, values: dict) -> None:
         await self._turns().update_settings(self.page, values)

@@ -10,7 +10,7 @@ import json
 from services.chat.store import SessionStore
 from services.config import Settings
 from services.history import conversations
-from services.history.resume import ANSWER_METADATA, history_from_steps
+from services.history.resume import ANSWER_METADATA, history_from_steps, unanswered_message
 
 
 def test_a_long_conversation_loses_its_oldest_turns_whole() -> None:
@@ -61,3 +61,15 @@ def test_disconnected_session_waits_for_its_page_then_goes() -> None:
     now[0] = 221
     assert store.expire() == 1 and len(store) == 0 and store.dropped_total["not_reconnected"] == 1
     assert not session.history, "its state is freed"
+
+
+def test_a_last_message_without_an_answer_is_found() -> None:
+    def step(kind: str, text: str) -> dict[str, str]:
+        return {"type": kind, "output": text}
+
+    answered = [step("user_message", "Hi"), step("assistant_message", "Hello!")]
+    assert unanswered_message(answered) is None
+    assert unanswered_message([*answered, step("user_message", "And then?")]) == "And then?"
+    assert unanswered_message([*answered, step("user_message", "/stats")]) is None, "a command"
+    assert unanswered_message([*answered, step("user_message", "x"), step("run", "")]) == "x"
+    assert unanswered_message([]) is None

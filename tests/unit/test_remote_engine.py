@@ -12,6 +12,7 @@ import sys
 import types
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
 from harness.server import free_port
@@ -25,6 +26,8 @@ from services.engine.backends.remote import (
     parse_event,
     servers_to_try,
 )
+from services.engine.backends.remote.server_load import router_workers
+from services.engine.route_hint import PERSON_HEADERS, SESSION_HEADER, route_headers, set_route_hint
 
 LONG_ANSWER_TOKENS = 3000
 STOP_ROUNDS = 4
@@ -172,3 +175,51 @@ def test_engine_urls_are_parsed_and_checked() -> None:
     assert Settings.from_env({}).engine_url_list == []
     with pytest.raises(SettingsError, match="ENGINE_URLS entry 'gpu-3:8000'"):
         Settings.from_env({"ENGINE_URLS": "http://gpu-1:8000,gpu-3:8000"})
+
+
+def test_engine_router_names_one_url_and_turns_our_affinity_off() -> None:
+    settings = Settings.from_env({"ENGINE_URLS": "http://router:8000", "ENGINE_ROUTER": "true"})
+    assert settings.engine_router and not settings.engine_affinity_on
+    assert Settings.from_env({"ENGINE_URLS": "http://a:8000,http://b:8000"}).engine_affinity_on
+    with pytest.raises(SettingsError, match="exactly one router URL"):
+        Settings.from_env({"ENGINE_URLS": "http://a:8000,http://b:8000", "ENGINE_ROUTER": "true"})
+    with pytest.raises(SettingsError, match="exactly one router URL"):
+        Settings.from_env({"ENGINE_ROUTER": "true"})
+
+
+@pytest.mark.asyncio(loop_scope="function")
+async def test_a_turn_tags_its_own_requests_only_and_with_hashes() -> None:
+    async def turn(conversation: str, person: str) -> dict[str, str]:
+        set_route_hint(conversation, person)
+        await asyncio.sleep(0)  # the other turn runs meanwhile
+        return route_headers()
+
+    first, second = await asyncio.gather(
+        asyncio.create_task(turn("thread-1", "user:alice")), asyncio.create_task(turn("thread-2", "user:bob"))
+    )
+    assert route_headers() == {}, "nothing outside a turn"
+    assert first[SESSION_HEADER] != second[SESSION_HEADER]
+    assert {first[h] for h in PERSON_HEADERS} != {second[h] for h in PERSON_HEADERS}
+    again = await asyncio.create_task(turn("thread-1", "user:alice"))
+    assert again == first, "the same conversation and person give the same keys"
+    assert not any(raw in str(first) for raw in ("thread-1", "alice")), "only hashes leave the app"
+
+
+@pytest.mark.asyncio(loop_scope="function")
+@pytest.mark.parametrize(
+    ("status", "body", "expected"),
+    [
+        (200, b'{"urls": ["http://a:8000/", "http://b:8000"]}', ["http://a:8000", "http://b:8000"]),
+        (200, b'{"urls": ["http://a:8000", 5, null, "file:///etc/passwd", {"x": 1}]}', ["http://a:8000"]),
+        (200, b'{"urls": "http://a:8000"}', []),
+        (200, b"[1, 2]", []),
+        (200, b"not json", []),
+        (404, b'{"urls": ["http://a:8000"]}', []),
+    ],
+)
+async def test_the_servers_a_router_lists_are_read_warily(
+    status: int, body: bytes, expected: list[str]
+) -> None:
+    transport = httpx.MockTransport(lambda request: httpx.Response(status, content=body))
+    async with httpx.AsyncClient(transport=transport) as client:
+        assert await router_workers(client, "http://router:8000") == expected

@@ -39,6 +39,7 @@ from services.engine.backends.remote.routing import Server, prefix_hashes, serve
 from services.engine.backends.remote.server_load import poll_load_forever
 from services.engine.errors import EngineBusyError
 from services.engine.load import EngineLoad
+from services.engine.route_hint import route_headers
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +61,10 @@ class RemoteLLM:
         idle_timeout: float,
         max_connections: int,
         affinity_slack: int | None = None,
+        router: bool = False,
     ) -> None:
         self.servers = [Server(url.rstrip("/")) for url in urls]
+        self.router = router  # the one URL is a router: it routes, we read its servers' load
         self._tokenizer = tokenizer
         self._affinity_slack = affinity_slack  # None: by load only
         self.load = EngineLoad()
@@ -104,7 +107,9 @@ class RemoteLLM:
 
     def start_load_polling(self) -> None:
         """Read the servers' load once a second into `self.load` (stopped by aclose)."""
-        self._poller = asyncio.create_task(poll_load_forever(self._client, self.servers, self.load))
+        self._poller = asyncio.create_task(
+            poll_load_forever(self._client, self.servers, self.load, router=self.router)
+        )
 
     @property
     def max_model_len(self) -> int:
@@ -180,7 +185,7 @@ class RemoteLLM:
         """
         refused: ServerUnreachableError | None = None
         for server in servers_to_try(self.servers, hashes, self._affinity_slack):
-            headers = {"X-Request-Id": request_id}
+            headers = {"X-Request-Id": request_id, **route_headers()}
             request = self._client.build_request(
                 "POST", f"{server.url}{path}", json=body_for(server), headers=headers
             )
@@ -252,7 +257,8 @@ async def remote_engine_lifespan(settings: Settings) -> AsyncIterator[tuple[LLMB
         connect_timeout=settings.engine_connect_timeout_seconds,
         idle_timeout=settings.engine_stream_timeout_seconds,
         max_connections=settings.engine_max_connections,
-        affinity_slack=settings.engine_affinity_slack if settings.engine_affinity else None,
+        affinity_slack=settings.engine_affinity_slack if settings.engine_affinity_on else None,
+        router=settings.engine_router,
     )
     try:
         await remote.connect()

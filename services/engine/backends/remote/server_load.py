@@ -3,6 +3,9 @@
 The same numbers an in-process engine hands its stat loggers: requests running
 and waiting, tokens generated and prefilled, summed over the servers and fed
 to one `EngineLoad`, from which admission learns the fleet's decode speed.
+Behind a router (ENGINE_ROUTER) the servers are the ones the router lists at
+its /list_workers (vLLM's router), asked again every WORKERS_EVERY_POLLS polls;
+a router that lists none is read itself.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from services.engine.load import EngineLoad
 logger = logging.getLogger(__name__)
 
 POLL_SECONDS = 1.0
+WORKERS_EVERY_POLLS = 10
+MAX_WORKERS = 256  # a router listing more is read for its first this many
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 COUNTERS = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total")
 
@@ -35,19 +40,40 @@ def read_load(text: str) -> dict[str, float]:
     return values
 
 
-async def poll_load_forever(client: httpx.AsyncClient, servers: Sequence[Server], load: EngineLoad) -> None:
-    """Every POLL_SECONDS: read each server's /metrics, record the sum (token counts as increases)."""
+async def router_workers(client: httpx.AsyncClient, router: str) -> list[str]:
+    """The servers a router routes to, from its /list_workers (empty when it has no such page)."""
+    try:
+        response = await client.get(f"{router}/list_workers", timeout=POLL_SECONDS * 5)
+        urls = response.json().get("urls") if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return []
+    if not isinstance(urls, list):
+        return []
+    return [url.rstrip("/") for url in urls[:MAX_WORKERS] if isinstance(url, str) and url.startswith("http")]
+
+
+async def poll_load_forever(
+    client: httpx.AsyncClient, servers: Sequence[Server], load: EngineLoad, router: bool = False
+) -> None:
+    """Every POLL_SECONDS: read each server's /metrics, record the sum (token counts as increases).
+    With `router`, `servers` is the router, and the servers read are the ones it lists."""
     previous: dict[str, dict[str, float]] = {}
+    urls = [server.url for server in servers]
+    polls = 0
     while True:
+        if router and polls % WORKERS_EVERY_POLLS == 0:
+            urls = await router_workers(client, servers[0].url) or [servers[0].url]
+            previous = {url: values for url, values in previous.items() if url in urls}
+        polls += 1
         totals = dict.fromkeys(GAUGES + COUNTERS, 0.0)
-        for server in servers:
+        for url in urls:
             try:
-                response = await client.get(f"{server.url}/metrics", timeout=POLL_SECONDS * 5)
+                response = await client.get(f"{url}/metrics", timeout=POLL_SECONDS * 5)
                 values = read_load(response.text)
             except (httpx.HTTPError, ValueError):
                 continue  # a server that does not answer adds nothing; /healthz tells about it
-            before = previous.get(server.url, values)
-            previous[server.url] = values
+            before = previous.get(url, values)
+            previous[url] = values
             for name in GAUGES:
                 totals[name] += values[name]
             for name in COUNTERS:
