@@ -33,6 +33,7 @@ from services.config.fields import SettingsError, parse
 from services.config.history import HistorySettings
 from services.config.observability import ObservabilitySettings
 from services.config.reference import Section, write_generated
+from services.config.transfer import TransferSettings
 from services.config.web import WebSettings, parse_origins
 
 SENSITIVE_SUFFIXES = ("_TOKEN", "_SECRET", "PASSWORD", "_KEY")
@@ -50,6 +51,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("Stored conversations", HistorySettings),
     Section("Operations", ObservabilitySettings),
     Section("Requests and sizes", WebSettings),
+    Section("Export, import and share links", TransferSettings),
     Section("Diagnostics", DiagnosticSettings),
 )
 
@@ -59,6 +61,7 @@ SECTIONS: tuple[Section, ...] = (
 @dataclass(frozen=True)
 class Settings(
     DiagnosticSettings,
+    TransferSettings,
     WebSettings,
     ApiSettings,
     AdmissionSettings,

@@ -15,7 +15,8 @@ What this subclass changes, and why:
   later pastes stored ids into an `IN ('...')` list, so an id with a quote would be SQL;
 - a step is only ever updated within its own conversation (`step_upsert`): the browser chooses a
   user message's id, so Chainlit's upsert let anyone move another person's message into their own;
-- deleting a conversation also deletes its stored document; new feedback is counted for /metrics;
+- deleting a conversation also deletes its stored document and its share links; new feedback is
+  counted for /metrics;
 - a conversation's name is cut to MAX_THREAD_NAME_CHARS (Chainlit names a conversation after its
   first message), and the sidebar's list is one bounded statement per page that loads no messages
   (thread_list.py).
@@ -184,6 +185,7 @@ class ChatDataLayer(SQLAlchemyDataLayer):
         with _unit_of_work() as unit:
             await super().delete_thread(thread_id)
             await self.execute_sql("DELETE FROM thread_documents WHERE thread_id = :id", {"id": thread_id})
+            await self.execute_sql("DELETE FROM shares WHERE thread_id = :id", {"id": thread_id})
         if unit.failed:
             raise RuntimeError(
                 "The conversation could not be deleted: chat history is unavailable right now."

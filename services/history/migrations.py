@@ -5,7 +5,7 @@ SQLAlchemy data layer writes, since it swallows the error of a missing one) plus
 accounts' columns on `users`, `thread_documents` (a conversation's document), `service_health`
 (the write probe), `api_keys` (hashes of the API keys), `users.session_generation` (what ends
 an account's sign-ins) and `identity_links` (provider identities an administrator linked to an
-account). Ids and JSON are TEXT on both
+account) and `shares` (read-only snapshots behind share links). Ids and JSON are TEXT on both
 databases, so one set of statements serves both. Each step runs once, recorded in
 `schema_migrations`; every statement is safe to run again (IF NOT EXISTS, columns added only when
 missing), so an existing Chainlit database is upgraded in place. Replicas starting together take a
@@ -141,6 +141,19 @@ async def _identity_links(connection: AsyncConnection) -> None:
     )
 
 
+async def _shares(connection: AsyncConnection) -> None:
+    """Share links: a read-only snapshot of a conversation, found by the sha256 of its token."""
+    await connection.execute(
+        text(
+            "CREATE TABLE IF NOT EXISTS shares (id TEXT PRIMARY KEY, token_hash TEXT NOT NULL, "
+            "thread_id TEXT NOT NULL, owner TEXT NOT NULL, title TEXT NOT NULL, snapshot TEXT NOT NULL, "
+            "created_at TEXT NOT NULL, expires_at TEXT NOT NULL, revoked_at TEXT)"
+        )
+    )
+    await connection.execute(text("CREATE UNIQUE INDEX IF NOT EXISTS shares_token ON shares (token_hash)"))
+    await connection.execute(text("CREATE INDEX IF NOT EXISTS shares_thread ON shares (thread_id)"))
+
+
 @dataclass(frozen=True)
 class Migration:
     version: int
@@ -156,6 +169,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(5, "API keys: sha256 of each key, its shown prefix, owner, revocation", _api_keys),
     Migration(6, "sessions: a generation per account, moved to end its sign-ins", _sessions),
     Migration(7, "provider identities (github:login) an administrator linked to an account", _identity_links),
+    Migration(12, "share links: token hash, owner, snapshot, expiry, revocation", _shares),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

@@ -18,6 +18,7 @@ from services.engine import Message
 ANSWER_KEY = "answer"
 ANSWER_METADATA: dict[str, Any] = {ANSWER_KEY: True}  # on every reply that joins the model's history
 COMMANDS = ("/stats",)
+COMMAND_WORDS = ("/key", "/export", "/import", "/share")  # a message starting with one is a command
 
 
 def _as_dict(value: Any) -> dict[str, Any]:
@@ -31,8 +32,10 @@ def _as_dict(value: Any) -> dict[str, Any]:
 
 
 def is_command(text: str) -> bool:
-    """/stats, and /key ... (API keys): said to the service, never to the model."""
-    return text.strip() in COMMANDS or text.strip().split(maxsplit=1)[:1] == ["/key"]
+    """/stats, /key ... (API keys), /export, /import and /share ...: said to the service, never to
+    the model."""
+    words = text.strip().split(maxsplit=1)[:1]
+    return text.strip() in COMMANDS or (bool(words) and words[0] in COMMAND_WORDS)
 
 
 def summary_request(document_name: str | None) -> str:

@@ -24,6 +24,7 @@ LAYERS = (
     "services.api",
     "services.observability",
     "services.accounts",
+    "services.transfer",
     "services.history",
     "services.chat",
     "services.documents",
