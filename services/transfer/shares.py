@@ -85,12 +85,13 @@ async def shared_conversation(engine: AsyncEngine, token: str) -> Conversation |
 
 
 async def revoke_shares(engine: AsyncEngine, thread_id: str, owner: str) -> int:
-    """End every live link to `owner`'s conversation `thread_id`; return how many."""
+    """End every live link to `owner`'s conversation `thread_id`; return how many (expired ones
+    are over already and not counted)."""
     async with engine.begin() as connection:
         result = await connection.execute(
             text(
                 "UPDATE shares SET revoked_at = :now WHERE thread_id = :thread AND owner = :owner "
-                "AND revoked_at IS NULL"
+                "AND revoked_at IS NULL AND expires_at > :now"
             ),
             {"now": timestamp(datetime.now(UTC)), "thread": thread_id, "owner": owner},
         )
