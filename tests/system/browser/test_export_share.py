@@ -57,8 +57,8 @@ def reply_containing(page: Page, words: str) -> str:
 def downloads_of(page: Page) -> list[Any]:
     """Downloads the page or any tab it opens starts (the chat's links open in a new tab)."""
     downloads: list[Any] = []
-    page.on("download", downloads.append)
-    page.context.on("page", lambda tab: tab.on("download", downloads.append))
+    page.on("download", lambda download: downloads.append(download))
+    page.context.on("page", lambda tab: tab.on("download", lambda download: downloads.append(download)))
     return downloads
 
 
@@ -139,7 +139,7 @@ def test_a_share_link_opens_read_only_without_signing_in(password_server: AppSer
         )
         response = reader.goto(url)
         assert response is not None and response.status == 200
-        expect(reader.get_by_text(f"Shared note: {word}.")).to_be_visible()
+        expect(reader.locator(".message.user")).to_contain_text(f"Shared note: {word}.")
         assert ALICE[0] not in reader.content()
         assert reader.locator("script").count() == 0 and reader.locator("#chat-input").count() == 0
         assert violations == [], violations
