@@ -205,8 +205,11 @@ async def test_a_bad_file_leaves_nothing_stored(password_server: AppServer) -> N
         ):  # fmt: skip
             response = await import_file(bob, data)
             assert response.status_code == 400 and words in response.json()["detail"], response.text
-        too_big = await import_file(bob, b" " * (20 * 1024 * 1024 + 1))
-        assert too_big.status_code == 413, too_big.text
+        limit = 20 * 1024 * 1024  # IMPORT_MAX_BYTES's default
+        just_over = await import_file(bob, b" " * (limit + 1))
+        assert just_over.status_code == 400 and "larger than 20,971,520 bytes" in just_over.text
+        far_over = await import_file(bob, b" " * (limit + 1024 * 1024))  # refused before it is read
+        assert far_over.status_code == 413, far_over.text
         assert await listed_ids(bob) == before, "nothing was stored"
         assert password_server.healthz()[0] == 200
     finally:
