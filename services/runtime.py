@@ -53,6 +53,7 @@ from services.observability.metrics import RequestMetrics, ServiceCollector
 from services.observability.ops_access import require_ops_token
 from services.observability.report import StatsReport
 from services.observability.status import ServiceStatus
+from services.transfer.service import Transfers
 from services.usage import UsageLedger, UsageStore
 from services.usage.metrics import UsageCollector
 
@@ -141,6 +142,7 @@ class Runtime:
         self.status = ServiceStatus(self.settings, self.history, self.running)
         self.registry.register(ServiceCollector(self.status))
         self.api = _api_gate(self.settings, self.history, self.registry, self.running)
+        self.transfers = _transfers(self.settings, self.history)  # export, import, share links
         if self.history is not None:
             self.registry.register(HistoryCollector(self.history))
         self.report = StatsReport(self.status)
@@ -227,6 +229,13 @@ class Runtime:
         if serving is not None:
             serving.sessions.close_all()
         await self._stack.aclose()
+
+
+def _transfers(settings: Settings, history: History | None) -> Transfers | None:
+    """Export, import and share links, where conversations are kept."""
+    if history is None or not history.enabled or history.engine is None:
+        return None
+    return Transfers(history.engine, settings, history.audit)
 
 
 def _max_running(settings: Settings) -> int:

@@ -21,11 +21,14 @@ KEY_REVOKED = "api_key.revoked"  # target = the owner when given; details.prefix
 CONVERSATION_DELETED = "conversation.deleted"  # actor = its owner; target = the conversation id
 SERVICE_STARTED = "service.started"  # actor "system"; details: sign_in mode, each setting not at its default
 AUDIT_EXPORTED = "audit.exported"  # an administrator downloaded the audit log (details.filters)
-# Reserved for the conversation export and import feature (not recorded by this code yet).
-CONVERSATION_EXPORTED = "conversation.exported"  # target = the conversation id (or "all")
-CONVERSATION_IMPORTED = "conversation.imported"  # target = the new conversation id
-SHARE_LINK_CREATED = "share_link.created"  # target = the conversation id
-SHARE_LINK_REVOKED = "share_link.revoked"
+# Export, import and share links (services/transfer/events.py): target = the conversation id.
+CONVERSATION_EXPORTED = "conversation.exported"  # details.format (md, json)
+CONVERSATIONS_EXPORTED = "conversations.exported"  # the archive of all; details.conversations
+CONVERSATIONS_IMPORTED = "conversations.imported"  # details.conversations
+IMPORT_REFUSED = "conversations.import_refused"  # details.reason
+SHARE_CREATED = "share.created"
+SHARE_REVOKED = "share.revoked"  # details.links
+SHARE_OPENED = "share.opened"  # actor None: a reader with the link (never the token)
 
 SYSTEM = "system"  # the actor of what the service does by itself
 CLI = "cli"  # the actor of the accounts command (an operator on the machine)
@@ -33,5 +36,6 @@ CLI = "cli"  # the actor of the accounts command (an operator on the machine)
 ALL = (
     SIGN_IN, SIGN_IN_FAILED, ACCOUNT_ADDED, ACCOUNT_REMOVED, ACCOUNT_ROLE_CHANGED, PASSWORD_RESET,
     IDENTITY_LINKED, IDENTITY_UNLINKED, KEY_CREATED, KEY_REVOKED, CONVERSATION_DELETED, SERVICE_STARTED,
-    AUDIT_EXPORTED, CONVERSATION_EXPORTED, CONVERSATION_IMPORTED, SHARE_LINK_CREATED, SHARE_LINK_REVOKED,
+    AUDIT_EXPORTED, CONVERSATION_EXPORTED, CONVERSATIONS_EXPORTED, CONVERSATIONS_IMPORTED, IMPORT_REFUSED,
+    SHARE_CREATED, SHARE_REVOKED, SHARE_OPENED,
 )  # fmt: skip

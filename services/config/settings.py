@@ -35,6 +35,7 @@ from services.config.history import HistorySettings
 from services.config.ldap import LdapSettings, check_ldap
 from services.config.observability import ObservabilitySettings
 from services.config.reference import Section, write_generated
+from services.config.transfer import TransferSettings
 from services.config.usage import UsageSettings
 from services.config.web import WebSettings, parse_origins
 
@@ -56,6 +57,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("Audit log and admin page", AuditSettings),
     Section("Operations", ObservabilitySettings),
     Section("Requests and sizes", WebSettings),
+    Section("Export, import and share links", TransferSettings),
     Section("Diagnostics", DiagnosticSettings),
 )
 
@@ -66,6 +68,7 @@ SECTIONS: tuple[Section, ...] = (
 class Settings(
     DiagnosticSettings,
     AuditSettings,
+    TransferSettings,
     WebSettings,
     ApiSettings,
     AdmissionSettings,

@@ -1,7 +1,8 @@
 """Rows of a conversation beyond what Chainlit stores: its document, and deleting conversations in bulk.
 
 Bulk deletes (retention, the per-user cap, an account's removal) remove every row of each
-conversation, in one transaction per batch: feedbacks, elements, steps, the document, the thread.
+conversation, in one transaction per batch: feedbacks, elements, steps, the document, its share
+links, the thread.
 The length cap deletes a long conversation's oldest turns the same way.
 """
 
@@ -72,6 +73,7 @@ async def _delete_batch(connection: AsyncConnection, thread_ids: list[str]) -> N
         'DELETE FROM elements WHERE "threadId" IN :ids',
         'DELETE FROM steps WHERE "threadId" IN :ids',
         "DELETE FROM thread_documents WHERE thread_id IN :ids",
+        "DELETE FROM shares WHERE thread_id IN :ids",  # its share links end with it
         'DELETE FROM threads WHERE "id" IN :ids',
     ))  # fmt: skip
 

@@ -18,8 +18,8 @@ What this subclass changes, and why:
 - the writes under way to each conversation are counted, so cutting it back (an edit, a regenerate:
   branches.py) waits for an aborted answer's last write, which Chainlit sends as a task of its own,
   and a write of a step of the cut branch that comes later still is dropped (`fence`);
-- deleting a conversation also deletes its stored document and is recorded in the audit log; new
-  feedback is counted for /metrics;
+- deleting a conversation also deletes its stored document and its share links and is recorded in
+  the audit log; new feedback is counted for /metrics;
 - a conversation's name is cut to MAX_THREAD_NAME_CHARS (Chainlit names a conversation after its
   first message), and the sidebar's list is one bounded statement per page that loads no messages
   (thread_list.py).
@@ -232,6 +232,7 @@ class ChatDataLayer(SQLAlchemyDataLayer):
         with _unit_of_work() as unit:
             await super().delete_thread(thread_id)
             await self.execute_sql("DELETE FROM thread_documents WHERE thread_id = :id", {"id": thread_id})
+            await self.execute_sql("DELETE FROM shares WHERE thread_id = :id", {"id": thread_id})
         if unit.failed:
             raise RuntimeError(
                 "The conversation could not be deleted: chat history is unavailable right now."

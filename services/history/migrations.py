@@ -5,11 +5,12 @@ SQLAlchemy data layer writes, since it swallows the error of a missing one) plus
 accounts' columns on `users`, `thread_documents` (a conversation's document), `service_health`
 (the write probe), `api_keys` (hashes of the API keys), `users.session_generation` (what ends
 an account's sign-ins), `identity_links` (provider identities an administrator linked to an
-account), `usage_days` and `quotas` (usage_schema.py) and `audit_log` (services/audit/:
-append-only). Ids and JSON are TEXT on both databases, so one set of statements serves both.
-Each step runs once, recorded in `schema_migrations`; every statement is safe to run again (IF
-NOT EXISTS, columns added only when missing), so an existing Chainlit database is upgraded in
-place. Replicas starting together take a lock first (PostgreSQL advisory lock, SQLite write lock).
+account), `usage_days` and `quotas` (usage_schema.py), `audit_log` (services/audit/:
+append-only) and `shares` (read-only snapshots behind share links). Ids and JSON are TEXT on
+both databases, so one set of statements serves both. Each step runs once, recorded in
+`schema_migrations`; every statement is safe to run again (IF NOT EXISTS, columns added only when
+missing), so an existing Chainlit database is upgraded in place. Replicas starting together take a
+lock first (PostgreSQL advisory lock, SQLite write lock).
 """
 
 from __future__ import annotations
@@ -155,6 +156,19 @@ async def _audit_log(connection: AsyncConnection) -> None:
         await connection.execute(text(f"CREATE INDEX IF NOT EXISTS {name} ON audit_log ({column})"))
 
 
+async def _shares(connection: AsyncConnection) -> None:
+    """Share links: a read-only snapshot of a conversation, found by the sha256 of its token."""
+    await connection.execute(
+        text(
+            "CREATE TABLE IF NOT EXISTS shares (id TEXT PRIMARY KEY, token_hash TEXT NOT NULL, "
+            "thread_id TEXT NOT NULL, owner TEXT NOT NULL, title TEXT NOT NULL, snapshot TEXT NOT NULL, "
+            "created_at TEXT NOT NULL, expires_at TEXT NOT NULL, revoked_at TEXT)"
+        )
+    )
+    await connection.execute(text("CREATE UNIQUE INDEX IF NOT EXISTS shares_token ON shares (token_hash)"))
+    await connection.execute(text("CREATE INDEX IF NOT EXISTS shares_thread ON shares (thread_id)"))
+
+
 @dataclass(frozen=True)
 class Migration:
     version: int
@@ -175,6 +189,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     Migration(9, "quotas: a person's own token budget per day or month", quotas_table),
     Migration(10, "audit log: who did what, append-only (services/audit/)", _audit_log),
+    Migration(12, "share links: token hash, owner, snapshot, expiry, revocation", _shares),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

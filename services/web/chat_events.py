@@ -1,6 +1,6 @@
 """Chainlit's chat events, one method each for app.py's handlers: a tab whose sign-in ended is told so,
-the chat commands (`/key ...`, `/quota`, `/stats`) are answered here, and everything else is a chat turn
-(services/chat/turns.py) on this tab's page."""
+the chat commands (`/key ...`, `/quota`, `/stats`, `/export`, `/import`, `/share`) are answered
+here, and everything else is a chat turn (services/chat/turns.py) on this tab's page."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from services.web.chainlit_state import drop_chainlit_session, forget_chat_conte
 from services.web.chat_page import ChainlitPage
 from services.web.key_chat import answer_key_command
 from services.web.quota_chat import answer_quota_command, is_quota_command
+from services.web.transfer_chat import answer_transfer_command, is_transfer_command
 
 
 class ChatEvents:
@@ -53,14 +54,16 @@ class ChatEvents:
     async def message(self, message: cl.Message) -> None:
         if await self._sign_in_ended():  # an open tab's sign-in ended since it connected
             return
+        files = [(e.path, e.name) for e in message.elements if getattr(e, "path", None)]
         if is_key_command(message.content):  # the person's own API keys
             await answer_key_command(self.runtime, message.content)
         elif is_quota_command(message.content):  # the person's tokens used and left
             await answer_quota_command(self.runtime, self.page.person())
+        elif is_transfer_command(message.content):  # export, import, share links
+            await answer_transfer_command(self.runtime, message.content, files)
         elif is_command(message.content):  # operators' view; admins only
             await self._show_stats()
         else:
-            files = [(e.path, e.name) for e in message.elements if getattr(e, "path", None)]
             await self._turns().answer(self.page, message.content, files, message.id)
 
     async def edit(self, message_id: str, text: str) -> None:

@@ -34,6 +34,7 @@ from services.web.session_routes import install_session_routes
 from services.web.socket_events import guard_socket_events
 from services.web.socket_guard import install_socket_guard, socket_guard_for
 from services.web.stored_text import install_name_cap
+from services.web.transfer_routes import install_transfer_routes, with_import_limit
 from services.web.upload_guard import DEFAULT_UPLOAD_PATH, install_upload_guard
 
 
@@ -41,6 +42,7 @@ def _install_app_routes(http_app: Any, runtime: Runtime, origins: OriginPolicy) 
     """The app's own routes (ahead of Chainlit's page route), error pages and the name cap."""
     install_routes(http_app, runtime)
     install_admin(http_app, runtime, origins)
+    install_transfer_routes(http_app, runtime)
     install_api(http_app, runtime)
     install_access_guards(http_app, runtime)
     install_session_routes(http_app)
@@ -79,6 +81,7 @@ def install_edge(
         settings.max_request_body_bytes, settings.socket_max_event_bytes, DEFAULT_UPLOAD_PATH,
         api_served=runtime.api is not None,
     )  # fmt: skip
+    limits = with_import_limit(limits, settings.import_max_bytes)
     install_body_limit(http_app, limits, linger_seconds=settings.upload_linger_seconds)
     http_app.add_middleware(
         SecurityHeaders, content_security_policy=settings.content_security_policy, chainlit_url=chainlit_url

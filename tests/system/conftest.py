@@ -2,7 +2,8 @@
 share, one configuration from the session's server pool: password sign-in with the administrator
 ADMIN and the people ALICE and BOB, GitHub sign-in too (against `fake_github`, with an allowlist),
 uvicorn trusting every X-Forwarded-For (FORWARDED_ALLOW_IPS=*, as containers are often run), the
-operators' routes guarded by OPS_TOKEN, and a DATA_DIR left loose before the start (the server
+operators' routes guarded by OPS_TOKEN, share links on (SHARING=true: Chainlit's own share routes stay
+refused), and a DATA_DIR left loose before the start (the server
 must tighten it). Each test that signs in wrongly, ends sign-ins or adds people uses accounts and
 client addresses of its own, so the tests stay independent on the one server."""
 
@@ -87,7 +88,7 @@ def shared_password_server(
         model_dir, AUTH_MODE="password", ADMIN_USERNAME=ADMIN[0], ADMIN_PASSWORD=ADMIN[1],
         FORWARDED_ALLOW_IPS="*", SIGN_IN_CHECK_SECONDS=SIGN_IN_CHECK_SECONDS, OAUTH_ALLOWED_ORGS=GITHUB_ORG,
         OAUTH_ALLOWED_DOMAINS=ALLOWED_DOMAIN, OAUTH_ALLOWED_USERS=ALLOWED_GITHUB_USER, OPS_TOKEN=OPS_TOKEN,
-        **github.env(),
+        SHARING="true", **github.env(),
     )  # fmt: skip
     return server_pool.get(env, "password-server", loosened_data_dir, add_alice_and_bob)
 

@@ -1,0 +1,60 @@
+"""Export, import and share-by-link settings: how much one export or import may hold, and whether
+read-only share links exist at all (off unless SHARING=true)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.config.fields import setting
+
+
+@dataclass(frozen=True)
+class TransferSettings:
+    """Conversations leaving the app (export, share links) and coming in (import)."""
+
+    export_max_conversations: int = setting(
+        1000,
+        "EXPORT_MAX_CONVERSATIONS",
+        "Most conversations in one archive of all of a person's conversations (the most recently "
+        "active first); the archive says when some were left out. Each is read and written one at a "
+        "time, so the export holds one conversation in memory.",
+        1,
+    )
+    import_max_bytes: int = setting(
+        20 * 1024 * 1024,
+        "IMPORT_MAX_BYTES",
+        "Largest file `/import` and POST /conversations/import accept (the app's archive, its "
+        "Markdown export, or ChatGPT's conversations.json); a larger one is refused before it is read.",
+        1,
+    )
+    import_max_conversations: int = setting(
+        500,
+        "IMPORT_MAX_CONVERSATIONS",
+        "Most conversations one import may bring; a file with more is refused whole.",
+        1,
+    )
+    import_max_messages: int = setting(
+        2000,
+        "IMPORT_MAX_MESSAGES",
+        "Most messages of one imported conversation; a conversation with more is refused (the whole file).",
+        1,
+    )
+    import_max_message_chars: int = setting(
+        100_000,
+        "IMPORT_MAX_MESSAGE_CHARS",
+        "Longest text of one imported message; a longer one is refused (the whole file).",
+        1,
+    )
+    sharing: bool = setting(
+        False,
+        "SHARING",
+        "Let people share a read-only copy of a conversation by an unguessable link (`/share` in the "
+        "chat); false = every share route answers 404. SECURITY.md says what a link shows.",
+        tier="essential",
+    )
+    share_ttl_days: float = setting(
+        30.0,
+        "SHARE_TTL_DAYS",
+        "How long a share link works after it is made (its owner can revoke it sooner).",
+        0.01,
+    )

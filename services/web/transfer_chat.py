@@ -1,0 +1,95 @@
+"""`/export`, `/import` (with the file attached) and `/share` [`revoke`] in the chat: the page's way
+to the export, import and share routes. Their answers are never stored (a share link is shown once)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import chainlit as cl
+from chainlit.config import config as chainlit_config
+
+from services.runtime import Runtime
+from services.transfer.archive import BadImport
+from services.transfer.reading import FORMATS
+from services.web.transfer_routes import SHARE_PAGE
+
+TRANSFER_COMMANDS = ("/export", "/import", "/share")
+HELP = "Commands: `/export`, `/import` (attach the file), `/share`, `/share revoke`."
+
+
+def is_transfer_command(text: str) -> bool:
+    return text.strip().split(maxsplit=1)[:1] in ([c] for c in TRANSFER_COMMANDS)
+
+
+def base_url() -> str:
+    run = chainlit_config.run
+    return (os.environ.get("CHAINLIT_URL") or f"http://{run.host}:{run.port}").rstrip("/") + run.root_path
+
+
+async def _say(text: str) -> None:
+    reply = cl.Message(author="transfer", content=text)
+    reply.persisted = True  # never stored: a share link is shown here once
+    await reply.send()
+
+
+async def answer_transfer_command(runtime: Runtime, text: str, files: list[tuple[str, str]]) -> None:
+    """Answer one `/export`, `/import` or `/share` message; `files`: (path, name) of its attachments."""
+    user, thread_id = cl.context.session.user, cl.context.session.thread_id
+    words = text.split()
+    if runtime.transfers is None or user is None:
+        await _say("Conversations are not kept on this server: there is nothing to export, import or share.")
+    elif words[0] == "/export":
+        await _say(_export_links(thread_id))
+    elif words[0] == "/import":
+        await _say(await _import(runtime, user.identifier, files))
+    elif not runtime.settings.sharing:
+        await _say("Sharing is off on this server.")
+    elif words[1:] == ["revoke"]:
+        revoked = await runtime.transfers.revoke(thread_id, user.identifier)
+        await _say(f"Revoked {revoked or 0} link(s) to this conversation.")
+    elif len(words) == 1:
+        await _say(await _share(runtime, thread_id, user.identifier))
+    else:
+        await _say(HELP)
+
+
+async def _share(runtime: Runtime, thread_id: str, owner: str) -> str:
+    assert runtime.transfers is not None
+    created = await runtime.transfers.share(thread_id, owner)
+    if created is None:
+        return "Nothing to share yet: send a message first."
+    return (
+        "Anyone with this link can read a copy of this conversation as it is now, until "
+        f"{created.expires_at[:10]} (`/share revoke` ends it sooner):\n\n"
+        f"{base_url()}{SHARE_PAGE}{created.token}"
+    )
+
+
+def _export_links(thread_id: str) -> str:
+    root = chainlit_config.run.root_path
+    one = f"{root}/conversations/{thread_id}/export"
+    return (
+        f"Download this conversation as [Markdown]({one}?format=md) or [JSON]({one}?format=json), "
+        f"or [all your conversations]({root}/conversations/export) as one archive."
+    )
+
+
+async def _import(runtime: Runtime, owner: str, files: list[tuple[str, str]]) -> str:
+    if len(files) != 1:
+        return f"Attach one file to `/import`: {FORMATS}."
+    assert runtime.transfers is not None
+    path, name = Path(files[0][0]), files[0][1]
+    limit = runtime.settings.import_max_bytes
+    if path.stat().st_size > limit:
+        return f"«{name}» was not imported: it is larger than {limit:,} bytes."
+    try:
+        imported = await runtime.transfers.import_file(owner, path.read_bytes(), chainlit_config.ui.name)
+    except BadImport as error:
+        return f"«{name}» was not imported (nothing was stored): {error}"
+    titles = ", ".join(f"«{title}»" for title in imported.titles[:10])
+    more = f" and {len(imported.titles) - 10} more" if len(imported.titles) > 10 else ""
+    return (
+        f"Imported {len(imported.thread_ids)} conversation(s): {titles}{more}. "
+        "They are in the sidebar (reload the page if it does not show them yet)."
+    )

@@ -1,0 +1,166 @@
+"""The import readers against hostile and odd files: every bad file is refused with a clear message
+(BadImport) and nothing half-read comes out; ChatGPT's export gives only the shown branch."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import pytest
+
+from services.transfer.archive import BadImport, Conversation, ImportLimits, Message, archive_text
+from services.transfer.markdown import to_markdown
+from services.transfer.reading import read_conversations
+
+LIMITS = ImportLimits(max_conversations=5, max_messages=6, max_message_chars=1000, max_depth=16)
+
+
+def node(key: str, role: str | None, text: str | None, parent: str | None, children: list[str]) -> dict:
+    message = None
+    if role is not None:
+        message = {"id": key, "author": {"role": role}, "create_time": 1_700_000_000,
+                   "content": {"content_type": "text", "parts": [text]}}  # fmt: skip
+    return {"id": key, "message": message, "parent": parent, "children": children}
+
+
+def chatgpt(mapping: dict, current: str | None, title: str = "From ChatGPT") -> bytes:
+    return json.dumps([{"title": title, "create_time": 1_700_000_000.5, "mapping": mapping,
+                        "current_node": current}]).encode()  # fmt: skip
+
+
+def branched() -> dict:
+    """root -> system -> q1 -> (a1 old | a1 new) -> q2 on the new answer only."""
+    return {
+        "root": node("root", None, None, None, ["sys"]),
+        "sys": node("sys", "system", "You are ChatGPT", "root", ["q1"]),
+        "q1": node("q1", "user", "First question", "sys", ["a-old", "a-new"]),
+        "a-old": node("a-old", "assistant", "Old answer", "q1", []),
+        "a-new": node("a-new", "assistant", "New answer", "q1", ["q2"]),
+        "q2": node("q2", "user", "Second question", "a-new", []),
+    }
+
+
+def test_chatgpt_export_gives_only_the_current_branch() -> None:
+    [conversation] = read_conversations(chatgpt(branched(), "q2"), LIMITS)
+    assert conversation.title == "From ChatGPT"
+    assert [(m.role, m.content) for m in conversation.messages] == [
+        ("user", "First question"), ("assistant", "New answer"), ("user", "Second question"),
+    ]  # fmt: skip
+    assert conversation.messages[0].created_at == "2023-11-14T22:13:20.000Z"
+
+
+def test_chatgpt_current_node_on_another_branch_is_followed() -> None:
+    [conversation] = read_conversations(chatgpt(branched(), "a-old"), LIMITS)
+    assert [m.content for m in conversation.messages] == ["First question", "Old answer"]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda m: m["root"].update(parent="q2"), "cycle"),
+        (lambda m: m["q2"].update(parent="q2"), "cycle"),
+        (lambda m: m["q1"].update(parent="elsewhere"), "not in its"),
+        (lambda m: m["q1"].update(parent=["sys"]), "not in its"),
+        (lambda m: m["q1"].update(message="text"), "must be an object"),
+        (lambda m: m["q1"]["message"]["content"].update(parts="a string"), "must be a list"),
+        (lambda m: m["q1"]["message"]["content"].update(parts=["x" * 1001]), "longer than 1,000"),
+    ],
+)
+def test_chatgpt_broken_trees_are_refused(change, message: str) -> None:
+    mapping = branched()
+    change(mapping)
+    with pytest.raises(BadImport, match=message):
+        read_conversations(chatgpt(mapping, "q2"), LIMITS)
+
+
+def test_chatgpt_branch_longer_than_the_limit_is_refused_without_walking_it_all() -> None:
+    mapping = {"n0": node("n0", "user", "hi", None, ["n1"])}
+    for index in range(1, 50_000):
+        mapping[f"n{index}"] = node(f"n{index}", "user", "hi", f"n{index - 1}", [])
+    with pytest.raises(BadImport, match="more than 6 messages"):
+        read_conversations(chatgpt(mapping, "n49999"), LIMITS)
+
+
+def test_chatgpt_non_text_parts_and_tool_messages_are_skipped() -> None:
+    mapping = branched()
+    mapping["q2"]["message"]["content"] = {"content_type": "multimodal_text", "parts": [{"asset": "x"}]}
+    mapping["a-new"]["message"]["author"]["role"] = "tool"
+    [conversation] = read_conversations(chatgpt(mapping, "q2"), LIMITS)
+    assert [m.content for m in conversation.messages] == ["First question"]
+
+
+def test_ids_in_the_file_are_never_part_of_what_is_read() -> None:
+    victim = "0f8c1d2e-0000-4000-8000-000000000001"
+    mapping = {victim: node(victim, "user", "hello", None, [])}
+    mapping[victim]["message"]["id"] = victim
+    conversations = read_conversations(chatgpt(mapping, victim), LIMITS)
+    assert victim not in repr(conversations)
+
+
+def archive(conversations: list) -> bytes:
+    return json.dumps({"format": "vllm-chat-archive", "version": 1, "conversations": conversations}).encode()
+
+
+def test_the_apps_archive_and_markdown_round_trip() -> None:
+    tricky = "Hi\n<!-- message role=assistant -->\n\\<!-- message role=user -->"
+    at = "2026-12-01T10:00:00.000Z"
+    original = Conversation("Plans «today»", at, [
+        Message("user", tricky, at), Message("assistant", "# Not a title\n\n**You**\n", None),
+    ])  # fmt: skip
+    from_json = read_conversations(archive_text([original], datetime.now(UTC)).encode(), LIMITS)
+    from_markdown = read_conversations(to_markdown(original).encode(), LIMITS)
+    for [conversation] in (from_json, from_markdown):
+        assert conversation.title == original.title
+        assert conversation.messages == original.messages
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"", "empty"),
+        (b"   \n", "empty"),
+        (b"not json at all", "not JSON"),
+        (b"\xff\xfe\x00garbage", "not JSON"),
+        (b"[]", "no conversation"),
+        (b'{"some": "object"}', "not this app's"),
+        (b"[1, 2, 3]", "not this app's"),
+        (b"[" * 5000 + b"]" * 5000, "nested deeper"),
+        (b"[" * 20 + b"]" * 20, "nested deeper than 16"),
+        (json.dumps({"format": "vllm-chat-archive", "version": 99, "conversations": []}).encode(), "version"),
+        (json.dumps({"format": "vllm-chat-archive", "version": 1, "conversations": {}}).encode(), "a list"),
+        (archive([]), "no conversation"),
+        (archive(["x"]), "must be an object"),
+        (archive([{"messages": "x"}]), "must be an object with a list"),
+        (archive([{"messages": [{"role": "system", "content": "x"}]}]), "role"),
+        (archive([{"messages": [{"role": "user", "content": 5}]}]), "must be text"),
+        (archive([{"messages": [{"role": "user", "content": ["x"]}]}]), "must be text"),
+        (archive([{"messages": [{"role": "user", "content": "x" * 1001}]}]), "longer than 1,000"),
+        (archive([{"messages": [{"role": "user", "content": "x"}] * 7}]), "more than 6 messages"),
+        (archive([{"messages": []}] * 6), "more than 5 conversations"),
+    ],
+)
+def test_bad_files_are_refused_with_a_clear_message(data: bytes, message: str) -> None:
+    with pytest.raises(BadImport, match=message):
+        read_conversations(data, LIMITS)
+
+
+def test_wrong_types_in_optional_fields_are_dropped_not_trusted() -> None:
+    [conversation] = read_conversations(
+        archive([{"title": {"$ne": 1}, "created_at": 1e308, "messages": [
+            {"role": "user", "content": "hi", "created_at": "not a time"},
+            {"role": "assistant", "content": "yo", "created_at": [1]},
+        ]}]), LIMITS,
+    )  # fmt: skip
+    assert conversation.title == "Imported conversation" and conversation.created_at is None
+    assert [m.created_at for m in conversation.messages] == [None, None]
+
+
+def test_a_huge_title_is_cut() -> None:
+    [conversation] = read_conversations(archive([{"title": "t" * 100_000, "messages": []}]), LIMITS)
+    assert len(conversation.title) == 200
+
+
+def test_markdown_with_too_many_messages_is_refused() -> None:
+    text = to_markdown(Conversation("x", None, [Message("user", "hi")] * 7))
+    with pytest.raises(BadImport, match="more than 6 messages"):
+        read_conversations(text.encode(), LIMITS)
