@@ -18,7 +18,7 @@ What this subclass changes, and why:
 - deleting a conversation also deletes its stored document; new feedback is counted for /metrics;
 - a conversation's name is cut to MAX_THREAD_NAME_CHARS (Chainlit names a conversation after its
   first message), and the sidebar's list is one bounded statement per page that loads no messages
-  (thread_list.py).
+  (thread_list.py); its search goes through the full-text index (thread_search.py).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import sessionmaker
 
 from services.config import Settings
-from services.history import thread_list
+from services.history import thread_list, thread_search
 from services.history.database import POOL_SIZE
 from services.history.health import HistoryHealth, _first_line
 
@@ -213,12 +213,28 @@ class ChatDataLayer(SQLAlchemyDataLayer):
         if not filters.userId:
             raise ValueError("userId is required")
         settings = self.settings
+        if filters.search:
+            return await self._search_threads(pagination, filters)
         parameters = thread_list.page_parameters(
-            pagination, filters, settings.thread_list_page_max, settings.max_thread_name_chars,
-            settings.thread_search_max_chars,
-        )  # fmt: skip
+            pagination, filters, settings.thread_list_page_max, settings.max_thread_name_chars
+        )
         rows = await self.execute_sql(thread_list.page_statement(pagination, filters), parameters)
         size = thread_list.page_size(pagination, settings.thread_list_page_max)
+        return thread_list.page_response(rows if isinstance(rows, list) else [], size)
+
+    async def _search_threads(self, pagination: Pagination, filters: ThreadFilter) -> PaginatedResponse:
+        """The sidebar's search through the full-text index (thread_search.py); a text without a word
+        matches nothing."""
+        settings, dialect = self.settings, self.engine.dialect.name
+        size = thread_list.page_size(pagination, settings.thread_list_page_max)
+        words = thread_search.search_words(filters.search or "", settings.thread_search_max_chars)
+        if not words or not size:
+            return thread_list.page_response([], size)
+        parameters = thread_search.search_parameters(
+            dialect, words, pagination, filters, settings.thread_list_page_max, settings.max_thread_name_chars
+        )
+        statement = thread_search.search_statement(dialect, pagination, filters)
+        rows = await self.execute_sql(statement, parameters)
         return thread_list.page_response(rows if isinstance(rows, list) else [], size)
 
     async def step_exists(self, step_id: str) -> bool:

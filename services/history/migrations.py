@@ -22,6 +22,8 @@ from datetime import UTC, datetime
 from sqlalchemy import inspect, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from services.history.search_index import create_search_index
+
 logger = logging.getLogger(__name__)
 
 MIGRATION_LOCK_KEY = 7_311_042  # pg_advisory_xact_lock key of this app's migrations
@@ -156,6 +158,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(5, "API keys: sha256 of each key, its shown prefix, owner, revocation", _api_keys),
     Migration(6, "sessions: a generation per account, moved to end its sign-ins", _sessions),
     Migration(7, "provider identities (github:login) an administrator linked to an account", _identity_links),
+    Migration(11, "full-text search of conversation names and messages", create_search_index),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 
