@@ -54,7 +54,8 @@ class WebSettings:
     thread_search_max_chars: int = setting(
         200,
         "THREAD_SEARCH_MAX_CHARS",
-        "Longest text the sidebar's search looks for; a longer search is cut to it.",
+        "Longest text the sidebar's search looks for (its words are ANDed, the last one also a "
+        "prefix); a longer search is cut to it.",
         1,
     )
 
