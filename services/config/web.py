@@ -58,6 +58,13 @@ class WebSettings:
         "prefix); a longer search is cut to it.",
         1,
     )
+    thread_search_max_matches: int = setting(
+        1000,
+        "THREAD_SEARCH_MAX_MATCHES",
+        "Most matching messages one search ranks: for words in more of a person's messages, their "
+        "newest this many. Bounds a search's time however common its words (bench/history/search.py).",
+        1,
+    )
 
     allowed_origins: str = setting(
         "",

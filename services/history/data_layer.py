@@ -230,9 +230,7 @@ class ChatDataLayer(SQLAlchemyDataLayer):
         words = thread_search.search_words(filters.search or "", settings.thread_search_max_chars)
         if not words or not size:
             return thread_list.page_response([], size)
-        parameters = thread_search.search_parameters(
-            dialect, words, pagination, filters, settings.thread_list_page_max, settings.max_thread_name_chars
-        )
+        parameters = thread_search.search_parameters(dialect, words, pagination, filters, settings)
         statement = thread_search.search_statement(dialect, pagination, filters)
         rows = await self.execute_sql(statement, parameters)
         return thread_list.page_response(rows if isinstance(rows, list) else [], size)

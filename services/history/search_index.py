@@ -124,8 +124,13 @@ POSTGRES_STATEMENTS = (
 )
 
 
+# A conversation's newest message in one seek: search ranks, then orders its hits by it.
+LAST_MESSAGE_INDEX = 'CREATE INDEX IF NOT EXISTS steps_thread_created ON steps ("threadId", "createdAt")'
+
+
 async def create_search_index(connection: AsyncConnection) -> None:
     """Build (or rebuild) the index and fill it from the conversations already stored."""
+    await connection.execute(text(LAST_MESSAGE_INDEX))
     if connection.dialect.name == "postgresql":
         for statement in POSTGRES_STATEMENTS:
             await connection.execute(text(statement))

@@ -10,8 +10,10 @@ no word matches nothing.
 The index (search_index.py) narrows the search to the person's entries on SQLite; on both, the
 result is joined to `threads` on `userId`, so a conversation of someone else is never listed.
 Conversations are ranked by their best-matching message or name (FTS5's bm25, PostgreSQL's
-ts_rank), then by their newest message, and paged as the plain list is (thread_list.py): at most
-THREAD_LIST_PAGE_MAX, `cursor` the id of the previous page's last conversation.
+ts_rank) among the person's newest THREAD_SEARCH_MAX_MATCHES matching messages (so a word found in
+nearly every message costs no more than a rarer one), then by their newest message, and paged as
+the plain list is (thread_list.py): at most THREAD_LIST_PAGE_MAX, `cursor` the id of the previous
+page's last conversation.
 """
 
 from __future__ import annotations
@@ -21,25 +23,27 @@ from typing import Any
 
 from chainlit.types import Pagination, ThreadFilter
 
+from services.config import Settings
 from services.history.search_index import PG_CONFIGURATION
 from services.history.thread_list import FEEDBACK, LAST_MESSAGE, SHARED, page_size
 
 MIN_PREFIX_CHARS = 2
 WORD = re.compile(r"[^\W_]+")
 
-SQLITE_HITS = (
+SQLITE_HITS = (  # the newest matches first (entries are numbered as they are stored), at most :matches
     "matched AS MATERIALIZED (SELECT rowid AS entry, -bm25(conversation_search, 1.0, 0.0) AS score "
-    "FROM conversation_search WHERE conversation_search MATCH :match), "
+    "FROM conversation_search WHERE conversation_search MATCH :match ORDER BY rowid DESC LIMIT :matches), "
     "hits AS (SELECT r.thread_id AS thread_id, MAX(m.score) AS score FROM matched m "
     "JOIN conversation_search_rows r ON r.entry = m.entry GROUP BY r.thread_id)"
 )
 PG_QUERY = f"to_tsquery('{PG_CONFIGURATION}', :tsquery)"
-POSTGRES_HITS = (
-    f'matched AS (SELECT s."threadId" AS thread_id, ts_rank(s.search_vector, {PG_QUERY}) AS score '
+POSTGRES_HITS = (  # the newest matching messages, at most :matches, and the matching names
+    f'matched AS ((SELECT s."threadId" AS thread_id, ts_rank(s.search_vector, {PG_QUERY}) AS score '
     'FROM steps s JOIN threads o ON o."id" = s."threadId" '
     f'WHERE o."userId" = :user_id AND s.search_vector @@ {PG_QUERY} '
-    f'UNION ALL SELECT o."id", ts_rank(o.search_vector, {PG_QUERY}) FROM threads o '
-    f'WHERE o."userId" = :user_id AND o.search_vector @@ {PG_QUERY}), '
+    'ORDER BY s."createdAt" DESC LIMIT :matches) '
+    f'UNION ALL (SELECT o."id", ts_rank(o.search_vector, {PG_QUERY}) FROM threads o '
+    f'WHERE o."userId" = :user_id AND o.search_vector @@ {PG_QUERY} LIMIT :matches)), '
     "hits AS (SELECT thread_id, MAX(score) AS score FROM matched GROUP BY thread_id)"
 )
 AFTER_CURSOR = (
@@ -95,17 +99,14 @@ def search_statement(dialect: str, pagination: Pagination, filters: ThreadFilter
 
 
 def search_parameters(
-    dialect: str,
-    words: list[str],
-    pagination: Pagination,
-    filters: ThreadFilter,
-    page_max: int,
-    name_chars: int,
+    dialect: str, words: list[str], pagination: Pagination, filters: ThreadFilter, settings: Settings
 ) -> dict[str, Any]:
-    """The statement's values; `words` not empty (search_words), the page bounded by `page_max`."""
+    """The statement's values; `words` not empty (search_words), the page bounded by THREAD_LIST_PAGE_MAX."""
     assert filters.userId and words
     parameters: dict[str, Any] = {
-        "user_id": filters.userId, "name_chars": name_chars, "limit": page_size(pagination, page_max) + 1,
+        "user_id": filters.userId, "name_chars": settings.max_thread_name_chars,
+        "limit": page_size(pagination, settings.thread_list_page_max) + 1,
+        "matches": settings.thread_search_max_matches,
     }  # fmt: skip
     if dialect == "postgresql":
         parameters["tsquery"] = tsquery(words)

@@ -226,3 +226,18 @@ async def test_the_migration_indexes_what_was_stored_before_it_and_can_run_again
     assert await found(history, alice, "ancient manuscript") == [thread_id]
     later = await conversation(history, alice, "After", ["another manuscript"])
     assert set(await found(history, alice, "manuscript")) == {thread_id, later}, "triggers work again"
+
+
+@in_loop
+async def test_a_word_in_very_many_messages_ranks_only_the_newest_matches(history: History) -> None:
+    alice, _ = await people(history)
+    threads = [await conversation(history, alice, f"Day {i}", [f"weather report {i}"], i) for i in range(5)]
+    layer = history.layer
+    assert layer is not None
+    layer.settings = layer.settings.replace(thread_search_max_matches=2)
+    try:
+        assert set(await found(history, alice, "weather")) == set(threads[-2:]), "the two newest matches"
+        assert await found(history, alice, "weather 0") == [threads[0]], "a rarer search still finds old ones"
+    finally:
+        layer.settings = history.settings
+    assert set(await found(history, alice, "weather")) == set(threads)
