@@ -170,7 +170,7 @@ async def http_latencies(folder: Path, options: Any, queries: dict[str, list[str
         "HISTORY_MAX_CONVERSATIONS": "0",
         "DATA_DIR": str(folder / "data"),
     }
-    server = AppServer(env, OUT / "search-http-server.log").start()
+    server = AppServer(env, OUT / "search-http-server.log").start(timeout=900)  # slow on a busy machine
     times: dict[str, list[float]] = {}
     try:
         cookie = await sign_in(server.base_url, "bench-0", PASSWORD)
