@@ -231,7 +231,7 @@ class ChatDataLayer(SQLAlchemyDataLayer):
         if not words or not size:
             return thread_list.page_response([], size)
         parameters = thread_search.search_parameters(dialect, words, pagination, filters, settings)
-        statement = thread_search.search_statement(dialect, pagination, filters)
+        statement = thread_search.search_statement(dialect, words, pagination, filters)
         rows = await self.execute_sql(statement, parameters)
         return thread_list.page_response(rows if isinstance(rows, list) else [], size)
 

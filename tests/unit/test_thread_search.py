@@ -7,7 +7,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.history.thread_search import fts5_query, owner_token, search_words, tsquery
+from services.history.thread_search import fts5_query, owner_token, search_words, tsquery, tsquery_literal
 
 USER = "3f2b6a0e-1c4d-4e5f-8a9b-0c1d2e3f4a5b"
 # A word in FTS5's query: a quoted string of letters and digits, the last one maybe a prefix.
@@ -44,3 +44,4 @@ def test_any_text_becomes_words_only(text: str) -> None:
         return
     assert FTS5_SHAPE.fullmatch(fts5_query(words, USER)), fts5_query(words, USER)
     assert TSQUERY_SHAPE.fullmatch(tsquery(words)), tsquery(words)
+    assert tsquery_literal(words) == f"'{tsquery(words)}'", "no quote inside the SQL literal"
