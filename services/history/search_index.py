@@ -28,6 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 INDEXED_TYPES = "('user_message', 'assistant_message')"
 SQLITE_TOKENIZER = "unicode61 remove_diacritics 2"
 PG_CONFIGURATION = "simple"
+BUILD_TIMEOUT_SECONDS = 3600  # PostgreSQL: longest a statement of the build may take (the first start)
 
 # SQLite: entry (the index's rowid), what it holds ('s' a message, 'n' a conversation's name), whose.
 SQLITE_TABLES = (
@@ -132,8 +133,11 @@ async def create_search_index(connection: AsyncConnection) -> None:
     """Build (or rebuild) the index and fill it from the conversations already stored."""
     await connection.execute(text(LAST_MESSAGE_INDEX))
     if connection.dialect.name == "postgresql":
+        # Straight on asyncpg, for a timeout of its own: adding the columns rewrites both tables, longer
+        # than the app's 60 s statement timeout on a large history (500,000 messages on a busy machine).
+        driver = (await connection.get_raw_connection()).driver_connection
         for statement in POSTGRES_STATEMENTS:
-            await connection.execute(text(statement))
+            await driver.execute(statement, timeout=BUILD_TIMEOUT_SECONDS)  # type: ignore[union-attr]
         return
     for name in SQLITE_TRIGGERS:
         await connection.execute(text(f"DROP TRIGGER IF EXISTS {name}"))
