@@ -6,10 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
 from harness.browser import browser_page, sign_in_on_page, wait_for_session
@@ -21,12 +19,6 @@ from tests.system.conftest import ALICE, BOB
 
 SEARCH_INPUT = "[cmdk-input]"
 RESULT = "[cmdk-item]"
-
-
-@pytest.fixture
-def browser() -> Iterator[Any]:
-    with sync_playwright() as playwright:
-        yield playwright
 
 
 async def conversation(server: AppServer, who: tuple[str, str], *messages: str) -> str:
@@ -62,7 +54,7 @@ def screenshot(page: Page, name: str) -> None:
 
 
 def test_a_person_finds_only_their_own_conversation_by_a_word_of_a_message(
-    password_server: AppServer, browser: Any
+    password_server: AppServer,
 ) -> None:
     word = f"quetzal{secrets.token_hex(3)}"  # one word (letters and digits), new on every run
     asyncio.run(conversation(password_server, ALICE, "Bread recipes for a rainy day"))
@@ -72,29 +64,30 @@ def test_a_person_finds_only_their_own_conversation_by_a_word_of_a_message(
     asyncio.run(conversation(password_server, ALICE, "Notes on the garden"))
     bobs = asyncio.run(conversation(password_server, BOB, f"My own {word}x3 notes"))
 
-    chromium, page = browser_page(browser)
-    sign_in_on_page(page, password_server, ALICE)
-    wait_for_session(page)
-    answered = search(page, word)
-    assert [thread["id"] for thread in answered] == [found_id]
-    expect(page.locator(RESULT)).to_have_count(1, timeout=10_000)
-    expect(page.locator(RESULT)).to_have_text("Plans for the trip to Guatemala")
-    screenshot(page, "search-alice.png")
-    page.locator(RESULT).click()
-    page.wait_for_url(f"**/thread/{found_id}", timeout=10_000)
-    page.get_by_text(f"Remind me to photograph a {word} there").wait_for(timeout=15_000)
-    chromium.close()
+    with sync_playwright() as browser:  # after the seeding: playwright runs an event loop of its own
+        chromium, page = browser_page(browser)
+        sign_in_on_page(page, password_server, ALICE)
+        wait_for_session(page)
+        answered = search(page, word)
+        assert [thread["id"] for thread in answered] == [found_id]
+        expect(page.locator(RESULT)).to_have_count(1, timeout=10_000)
+        expect(page.locator(RESULT)).to_have_text("Plans for the trip to Guatemala")
+        screenshot(page, "search-alice.png")
+        page.locator(RESULT).click()
+        page.wait_for_url(f"**/thread/{found_id}", timeout=10_000)
+        page.get_by_text(f"Remind me to photograph a {word} there").wait_for(timeout=15_000)
+        chromium.close()
 
-    chromium, page = browser_page(browser)
-    sign_in_on_page(page, password_server, BOB)
-    wait_for_session(page)
-    assert search(page, word) == [], "Bob sees none of Alice's conversations"
-    expect(page.get_by_text("No threads found")).to_be_visible(timeout=10_000)
-    expect(page.locator(RESULT)).to_have_count(0)
-    screenshot(page, "search-bob.png")
-    page.locator(SEARCH_INPUT).fill("")
-    page.locator(SEARCH_INPUT).press_sequentially(f"{word}x3", delay=40)
-    expect(page.locator(RESULT)).to_have_text(f"My own {word}x3 notes", timeout=10_000)
-    page.locator(RESULT).click()
-    page.wait_for_url(f"**/thread/{bobs}", timeout=10_000)
-    chromium.close()
+        chromium, page = browser_page(browser)
+        sign_in_on_page(page, password_server, BOB)
+        wait_for_session(page)
+        assert search(page, word) == [], "Bob sees none of Alice's conversations"
+        expect(page.get_by_text("No threads found")).to_be_visible(timeout=10_000)
+        expect(page.locator(RESULT)).to_have_count(0)
+        screenshot(page, "search-bob.png")
+        page.locator(SEARCH_INPUT).fill("")
+        page.locator(SEARCH_INPUT).press_sequentially(f"{word}x3", delay=40)
+        expect(page.locator(RESULT)).to_have_text(f"My own {word}x3 notes", timeout=10_000)
+        page.locator(RESULT).click()
+        page.wait_for_url(f"**/thread/{bobs}", timeout=10_000)
+        chromium.close()
