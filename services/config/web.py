@@ -54,7 +54,15 @@ class WebSettings:
     thread_search_max_chars: int = setting(
         200,
         "THREAD_SEARCH_MAX_CHARS",
-        "Longest text the sidebar's search looks for; a longer search is cut to it.",
+        "Longest text the sidebar's search looks for (its words are ANDed, the last one also a "
+        "prefix); a longer search is cut to it.",
+        1,
+    )
+    thread_search_max_matches: int = setting(
+        1000,
+        "THREAD_SEARCH_MAX_MATCHES",
+        "Most matching messages one search ranks: for words in more of a person's messages, their "
+        "newest this many. Bounds a search's time however common its words (bench/history/search.py).",
         1,
     )
 

@@ -22,7 +22,7 @@ What this subclass changes, and why:
   the audit log; new feedback is counted for /metrics;
 - a conversation's name is cut to MAX_THREAD_NAME_CHARS (Chainlit names a conversation after its
   first message), and the sidebar's list is one bounded statement per page that loads no messages
-  (thread_list.py).
+  (thread_list.py); its search goes through the full-text index (thread_search.py).
 """
 
 from __future__ import annotations
@@ -49,9 +49,10 @@ from sqlalchemy.orm import sessionmaker
 from services.audit import actions
 from services.audit.log import AuditLog
 from services.config import Settings
-from services.history import thread_list
+from services.history import thread_list, thread_search
 from services.history.database import POOL_SIZE
 from services.history.health import HistoryHealth, _first_line
+from services.history.step_upsert import step_upsert
 
 logger = logging.getLogger(__name__)
 
@@ -91,29 +92,6 @@ def is_uuid(value: Any) -> bool:
         return isinstance(value, str) and str(uuid.UUID(value)) == value.lower()
     except ValueError:
         return False
-
-
-def step_upsert(step_dict: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """Chainlit's step upsert (`SQLAlchemyDataLayer.create_step`), except that a stored step of
-    another conversation is left as it is: a user message's id is chosen by the browser, and
-    Chainlit's `ON CONFLICT (id) DO UPDATE` moved anyone's step into the sender's conversation."""
-    step = dict(step_dict)
-    step["showInput"] = str(step.get("showInput", "")).lower() if "showInput" in step else None
-    parameters = {
-        key: value
-        for key, value in step.items()
-        if value is not None and not (isinstance(value, dict) and not value)
-    }
-    parameters["metadata"] = json.dumps(step.get("metadata", {}))
-    parameters["generation"] = json.dumps(step.get("generation", {}))
-    columns = ", ".join(f'"{key}"' for key in parameters)
-    values = ", ".join(f":{key}" for key in parameters)
-    updates = ", ".join(f'"{key}" = :{key}' for key in parameters if key != "id")
-    query = (
-        f"INSERT INTO steps ({columns}) VALUES ({values}) "
-        f'ON CONFLICT (id) DO UPDATE SET {updates} WHERE steps."threadId" = :threadId'
-    )
-    return query, parameters
 
 
 def _sortable(at: str) -> str:
@@ -264,12 +242,26 @@ class ChatDataLayer(SQLAlchemyDataLayer):
         if not filters.userId:
             raise ValueError("userId is required")
         settings = self.settings
+        if filters.search:
+            return await self._search_threads(pagination, filters)
         parameters = thread_list.page_parameters(
-            pagination, filters, settings.thread_list_page_max, settings.max_thread_name_chars,
-            settings.thread_search_max_chars,
-        )  # fmt: skip
+            pagination, filters, settings.thread_list_page_max, settings.max_thread_name_chars
+        )
         rows = await self.execute_sql(thread_list.page_statement(pagination, filters), parameters)
         size = thread_list.page_size(pagination, settings.thread_list_page_max)
+        return thread_list.page_response(rows if isinstance(rows, list) else [], size)
+
+    async def _search_threads(self, pagination: Pagination, filters: ThreadFilter) -> PaginatedResponse:
+        """The sidebar's search through the full-text index (thread_search.py); a text without a word
+        matches nothing."""
+        settings, dialect = self.settings, self.engine.dialect.name
+        size = thread_list.page_size(pagination, settings.thread_list_page_max)
+        words = thread_search.search_words(filters.search or "", settings.thread_search_max_chars)
+        if not words or not size:
+            return thread_list.page_response([], size)
+        parameters = thread_search.search_parameters(dialect, words, pagination, filters, settings)
+        statement = thread_search.search_statement(dialect, words, pagination, filters)
+        rows = await self.execute_sql(statement, parameters)
         return thread_list.page_response(rows if isinstance(rows, list) else [], size)
 
     async def step_exists(self, step_id: str) -> bool:

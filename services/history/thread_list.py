@@ -8,9 +8,9 @@ conversations with all their messages: with large conversations one sidebar requ
 by THREAD_LIST_PAGE_MAX) conversations, their names cut to MAX_THREAD_NAME_CHARS.
 
 Chainlit's semantics are kept: newest last message first (conversations without messages last);
-`cursor` is the id of the previous page's last conversation (unknown: from the start); `search` keeps
-conversations with a message containing it, case-insensitively (SQLite's lower() folds ASCII letters
-only); `feedback` keeps those with a feedback of that value. One difference: Chainlit ignores
+`cursor` is the id of the previous page's last conversation (unknown: from the start); `feedback`
+keeps those with a feedback of that value. A `search` goes through the full-text index instead
+(thread_search.py), which ranks by relevance. One difference: Chainlit ignores
 `feedback=0` (a falsy value), here it means thumbs down; the page never sends that filter.
 """
 
@@ -27,10 +27,6 @@ LAST_MESSAGE = 'COALESCE((SELECT MAX(s."createdAt") FROM steps s WHERE s."thread
 # text has the same spacing): a text match needs no JSON functions, which differ by dialect and fail
 # the whole statement on one malformed row.
 SHARED = 'CAST(t."metadata" AS TEXT) LIKE \'%"is_shared": true%\''
-SEARCH = (
-    'EXISTS (SELECT 1 FROM steps s WHERE s."threadId" = t."id" '
-    "AND LOWER(s.\"output\") LIKE :pattern ESCAPE '\\')"
-)
 FEEDBACK = (
     'EXISTS (SELECT 1 FROM feedbacks f JOIN steps s ON s."id" = f."forId" '
     'WHERE s."threadId" = t."id" AND f."value" = :feedback)'
@@ -45,8 +41,6 @@ AFTER_CURSOR = (
 def page_statement(pagination: Pagination, filters: ThreadFilter) -> str:
     """The one statement that selects a page (and one more row, to tell whether a next page exists)."""
     conditions = ['t."userId" = :user_id']
-    if filters.search:
-        conditions.append(SEARCH)
     if filters.feedback is not None:
         conditions.append(FEEDBACK)
     return (
@@ -60,16 +54,14 @@ def page_statement(pagination: Pagination, filters: ThreadFilter) -> str:
 
 
 def page_parameters(
-    pagination: Pagination, filters: ThreadFilter, page_max: int, name_chars: int, search_chars: int
+    pagination: Pagination, filters: ThreadFilter, page_max: int, name_chars: int
 ) -> dict[str, Any]:
-    """The statement's values: the page size bounded by `page_max`, the search cut to `search_chars`."""
+    """The statement's values: the page size bounded by `page_max`."""
     parameters: dict[str, Any] = {
         "user_id": filters.userId,
         "name_chars": name_chars,
         "limit": page_size(pagination, page_max) + 1,
     }
-    if filters.search:
-        parameters["pattern"] = f"%{like_escaped(filters.search[:search_chars].lower())}%"
     if filters.feedback is not None:
         parameters["feedback"] = int(filters.feedback)
     if pagination.cursor:
@@ -79,11 +71,6 @@ def page_parameters(
 
 def page_size(pagination: Pagination, page_max: int) -> int:
     return max(0, min(pagination.first, page_max))
-
-
-def like_escaped(text: str) -> str:
-    """`text` matched literally inside a LIKE pattern with ESCAPE '\\'."""
-    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
 def page_response(rows: list[dict[str, Any]], size: int) -> PaginatedResponse:

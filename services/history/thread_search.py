@@ -1,0 +1,131 @@
+"""The sidebar's search: a person's own conversations whose name or a message holds every word typed.
+
+The text (cut to THREAD_SEARCH_MAX_CHARS) is split into words (runs of letters and digits; all
+else, quotes, `*`, `:`, parentheses, operators, is a separator), so nothing typed is ever query
+syntax: FTS5 gets each word as a quoted string, PostgreSQL a tsquery built of bare words. The words
+are ANDed within one message or the name; the last word also matches as a prefix while it is being
+typed (from MIN_PREFIX_CHARS letters: one letter would match most of the vocabulary). A text with
+no word matches nothing.
+
+The index (search_index.py) narrows the search to the person's entries on SQLite; on both, the
+result is joined to `threads` on `userId`, so a conversation of someone else is never listed.
+Conversations are ranked by their best-matching message or name (SQLite: the shortest one holding
+every word; PostgreSQL: ts_rank, which also counts repeats) among the person's newest
+THREAD_SEARCH_MAX_MATCHES matching messages (so a word found in nearly every message costs no more
+than a rarer one), then by their newest message, and paged as the plain list is (thread_list.py):
+at most THREAD_LIST_PAGE_MAX, `cursor` the id of the previous page's last conversation.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from chainlit.types import Pagination, ThreadFilter
+
+from services.config import Settings
+from services.history.search_index import PG_CONFIGURATION
+from services.history.thread_list import FEEDBACK, LAST_MESSAGE, SHARED, page_size
+
+MIN_PREFIX_CHARS = 2
+WORD = re.compile(r"[^\W_]+")
+
+# The newest matches first (entries are numbered as they are stored), at most :matches; of those, the
+# shorter message or name ranks first. Not bm25: it counts every entry of each word and of the
+# owner over the whole index on every search (160 ms P50 for a word in most messages, bench).
+SQLITE_HITS = (
+    "matched AS MATERIALIZED (SELECT rowid AS entry, 1.0 / (1 + length(body)) AS score "
+    "FROM conversation_search WHERE conversation_search MATCH :match ORDER BY rowid DESC LIMIT :matches), "
+    "hits AS (SELECT r.thread_id AS thread_id, MAX(m.score) AS score FROM matched m "
+    "JOIN conversation_search_rows r ON r.entry = m.entry GROUP BY r.thread_id)"
+)
+PG_QUERY = f"to_tsquery('{PG_CONFIGURATION}', :tsquery)"
+POSTGRES_HITS = (  # the newest matching messages, at most :matches, and the matching names
+    f'matched AS ((SELECT s."threadId" AS thread_id, ts_rank(s.search_vector, {PG_QUERY}) AS score '
+    'FROM steps s JOIN threads o ON o."id" = s."threadId" '
+    f'WHERE o."userId" = :user_id AND s.search_vector @@ {PG_QUERY} '
+    'ORDER BY s."createdAt" DESC LIMIT :matches) '
+    f'UNION ALL (SELECT o."id", ts_rank(o.search_vector, {PG_QUERY}) FROM threads o '
+    f'WHERE o."userId" = :user_id AND o.search_vector @@ {PG_QUERY} LIMIT :matches)), '
+    "hits AS (SELECT thread_id, MAX(score) AS score FROM matched GROUP BY thread_id)"
+)
+AFTER_CURSOR = (
+    "WHERE NOT EXISTS (SELECT 1 FROM listed c WHERE c.id = :cursor) "
+    "OR EXISTS (SELECT 1 FROM listed c WHERE c.id = :cursor AND (listed.score < c.score "
+    "OR (listed.score = c.score AND (listed.active < c.active "
+    "OR (listed.active = c.active AND listed.id < c.id)))))"
+)
+
+
+def search_words(search: str, max_chars: int) -> list[str]:
+    """The words of what was typed, lowercased, each once, in order."""
+    return list(dict.fromkeys(WORD.findall(search[:max_chars].lower())))
+
+
+def fts5_query(words: list[str], user_id: str) -> str:
+    """An FTS5 query of the person's entries holding every word (the last also as a prefix)."""
+    quoted = [f'"{word}"' for word in words]  # a word has no quote: it is letters and digits only
+    if len(words[-1]) >= MIN_PREFIX_CHARS:
+        quoted[-1] += "*"
+    return f'owner : "{owner_token(user_id)}" AND body : ({" AND ".join(quoted)})'
+
+
+def owner_token(user_id: str) -> str:
+    """What the index holds as a conversation's owner: SQLite's hex() of the thread's userId."""
+    return user_id.encode().hex().upper()
+
+
+def tsquery(words: list[str]) -> str:
+    """A PostgreSQL tsquery of every word (the last also as a prefix); words are letters and digits."""
+    terms = list(words)
+    if len(terms[-1]) >= MIN_PREFIX_CHARS:
+        terms[-1] += ":*"
+    return " & ".join(terms)
+
+
+def tsquery_literal(words: list[str]) -> str:
+    """The tsquery as an SQL string literal. A bound parameter would do, but the driver prepares the
+    statement and PostgreSQL then plans it once for every query: a plan for rare words (the GIN
+    index over everyone's messages) took 1.6 s at P50 for a word in most messages (bench). Words are
+    letters and digits only (search_words), and quotes would be doubled all the same."""
+    return "'" + tsquery(words).replace("'", "''") + "'"
+
+
+def search_statement(dialect: str, words: list[str], pagination: Pagination, filters: ThreadFilter) -> str:
+    """One statement: the matching conversations of one person, best first, one page (and one more)."""
+    conditions = ['t."userId" = :user_id']
+    if filters.feedback is not None:
+        conditions.append(FEEDBACK)
+    if dialect == "postgresql":
+        hits = POSTGRES_HITS.replace(":tsquery", tsquery_literal(words))
+    else:
+        hits = SQLITE_HITS
+    return (
+        f'WITH {hits}, listed AS (SELECT t."id" AS id, t."createdAt" AS created_at, '
+        'SUBSTR(t."name", 1, :name_chars) AS name, t."userId" AS user_id, '
+        f't."userIdentifier" AS user_identifier, t."tags" AS tags, {SHARED} AS shared, '
+        f"hits.score AS score, {LAST_MESSAGE} AS active "
+        'FROM hits JOIN threads t ON t."id" = hits.thread_id '
+        f"WHERE {' AND '.join(conditions)}) "
+        "SELECT id, created_at, name, user_id, user_identifier, tags, shared FROM listed "
+        f"{AFTER_CURSOR if pagination.cursor else ''} ORDER BY score DESC, active DESC, id DESC LIMIT :limit"
+    )
+
+
+def search_parameters(
+    dialect: str, words: list[str], pagination: Pagination, filters: ThreadFilter, settings: Settings
+) -> dict[str, Any]:
+    """The statement's values; `words` not empty (search_words), the page bounded by THREAD_LIST_PAGE_MAX."""
+    assert filters.userId and words
+    parameters: dict[str, Any] = {
+        "user_id": filters.userId, "name_chars": settings.max_thread_name_chars,
+        "limit": page_size(pagination, settings.thread_list_page_max) + 1,
+        "matches": settings.thread_search_max_matches,
+    }  # fmt: skip
+    if dialect != "postgresql":  # PostgreSQL's words are in the statement (search_statement)
+        parameters["match"] = fts5_query(words, filters.userId)
+    if filters.feedback is not None:
+        parameters["feedback"] = int(filters.feedback)
+    if pagination.cursor:
+        parameters["cursor"] = pagination.cursor
+    return parameters
