@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import machine_info, run_until_signalled
+from bench.documents.arms import engine_for, make_sides, revisions
 from bench.documents.corpus import (
     attach,
     force_path,
@@ -43,14 +44,13 @@ from bench.documents.corpus import (
     sections_of_document,
     write_checksums,
 )
-from bench.documents.legacy_summaries import LOOP_GUARD_OFF, LegacyChatService
 from bench.documents.penalty_sweep import sweep
-from bench.documents.quality_metrics import Coverage, distinct_ngram_ratio, identify_language
+from bench.documents.quality_metrics import Coverage, distinct_ngram_ratio, echo_measure, identify_language
 from services.chat.service import ChatService
 from services.chat.session import ChatSession
 from services.config import Settings
+from services.documents.echo import ECHO_THRESHOLD
 from services.engine import (
-    AnswerTokens,
     ChatEngine,
     LoopGuardConfig,
     RepetitionError,
@@ -67,7 +67,7 @@ FOLLOW_UP = {
     "fr": "Quelle commande ou quel réglage le document mentionne-t-il en premier ?",
 }
 FOLLOW_UP_TOKENS = 48
-TARGETS = {"min_distinct_4": 0.9, "language_match": 0.9, "follow_up_ratio": 0.2}
+TARGETS = {"min_distinct_4": 0.9, "language_match": 0.9, "follow_up_ratio": 0.2, "max_echo": ECHO_THRESHOLD}
 
 
 def prefix_cache_hits() -> float:
@@ -136,13 +136,17 @@ async def one_run(
     if not force_path(chat, session, path):
         return {"skipped": f"the document does not fit the {path} path"}
     await engine._llm.reset_prefix_cache()
-    engine.loop_guard = LOOP_GUARD_OFF if side == "before" else LoopGuardConfig.from_settings(chat.settings)
-    # "before" re-encoded the summary for its follow-up; "after" quotes the ids the engine wrote
-    engine.answer_tokens = AnswerTokens(
-        0 if side == "before" else chat.settings.answer_token_cache_tokens, 3600
-    )
+    with engine_for(engine, side, chat.settings):
+        return await measured_run(engine, chat, session, doc, side, path, coverage, planned, notes)
+
+
+async def measured_run(
+    engine: ChatEngine, chat: ChatService, session: ChatSession, doc: dict, side: str, path: str,
+    coverage: Coverage, planned: bool, notes: tuple[str, ...],
+) -> dict:  # fmt: skip
     run = await timed_summary(chat, session, f"q-{side}-{path}-{doc['id']}")
     text = run.pop("text")
+    echo = echo_measure(text, chat.summarizer.prompts(chat._job(session, "")), chat.settings, doc["text"])
     share, per_section = coverage.of(doc["sections"], text)
     would = repeats_in(
         engine.tokenizer.encode(text, add_special_tokens=False),
@@ -166,12 +170,8 @@ async def one_run(
         "loop_guard_would_fire_on_summary": would is not None, "coverage": share,
         "coverage_per_section": per_section, "language": language,
         "language_match": language == doc["language"],
-        "follow_up": {**follow, "ttft_ratio": ratio}, "summary": text,
+        "follow_up": {**follow, "ttft_ratio": ratio}, "echo": echo, "summary": text,
     }  # fmt: skip
-
-
-def sides(engine: ChatEngine, settings: Settings) -> dict[str, ChatService]:
-    return {"before": LegacyChatService(engine, settings), "after": ChatService(engine, settings)}
 
 
 async def run(
@@ -184,8 +184,9 @@ async def run(
         for doc in docs:
             doc["sections"] = sections_of_document(engine, doc)
         coverage = Coverage([doc["sections"] for doc in docs])
-        services = sides(engine, settings)
-        results["settings"] = {k: v for k, v in services["after"].settings.non_default().items()}
+        services = make_sides(engine, settings, only)
+        results["settings"] = {k: v for k, v in settings.non_default().items()}
+        results["revisions"] = revisions(services)
         results["max_model_len"] = engine.max_model_len
         for index, doc in enumerate(docs):
             entry = {k: doc[k] for k in ("id", "path", "language", "size")}
@@ -194,11 +195,7 @@ async def run(
                 len(doc["sections"]),
                 {},
             )
-            order = [
-                side
-                for side in (("before", "after") if index % 2 == 0 else ("after", "before"))
-                if side in only
-            ]
+            order = list(only[index % len(only) :] + only[: index % len(only)])  # each side leads in turn
             for path in paths:
                 for side in order:
                     started = time.monotonic()
