@@ -46,10 +46,10 @@ from bench.documents.corpus import (
 )
 from bench.documents.penalty_sweep import sweep
 from bench.documents.quality_metrics import Coverage, distinct_ngram_ratio, echo_measure, identify_language
+from bench.documents.quality_overall import overall
 from services.chat.service import ChatService
 from services.chat.session import ChatSession
 from services.config import Settings
-from services.documents.echo import ECHO_THRESHOLD
 from services.engine import (
     ChatEngine,
     LoopGuardConfig,
@@ -67,7 +67,6 @@ FOLLOW_UP = {
     "fr": "Quelle commande ou quel réglage le document mentionne-t-il en premier ?",
 }
 FOLLOW_UP_TOKENS = 48
-TARGETS = {"min_distinct_4": 0.9, "language_match": 0.9, "follow_up_ratio": 0.2, "max_echo": ECHO_THRESHOLD}
 
 
 def prefix_cache_hits() -> float:
@@ -222,108 +221,9 @@ def summary_line(outcome: dict) -> str:
         f"planned={outcome['planned']!s:<5} d4={outcome['distinct_4']:.2f} cov={outcome['coverage']:.2f} "
         f"lang={outcome['language']} loop={looped} "
         f"ttft={outcome['ttft_seconds'] or 0:.1f}s total={outcome['total_seconds']:.1f}s "
-        f"follow={'-' if ratio is None else f'{ratio:.2f}x'} hits={hits:.0f}"
+        f"follow={'-' if ratio is None else f'{ratio:.2f}x'} hits={hits:.0f} "
+        f"echo={outcome['echo']['score']:.3f}"
     )
-
-
-def overall(documents: list[dict]) -> dict[str, Any]:
-    """Aggregates per side and path, over all runs and over the planned ones, and the targets."""
-    table: dict[str, Any] = {}
-    for key in sorted({key for doc in documents for key in doc["runs"]}):
-        runs = [
-            (doc, doc["runs"][key])
-            for doc in documents
-            if "skipped" not in doc["runs"].get(key, {"skipped": 1})
-        ]
-        planned = [(doc, r) for doc, r in runs if r["planned"]]
-        table[key] = {"all": aggregate(runs), "planned": aggregate(planned)}
-    table["first_words"] = first_words(documents)
-    after_single = table.get("after/single", {}).get("planned", {})
-    table["targets"] = {
-        "min_distinct_4_after": min(
-            (table[k]["all"].get("min_distinct_4", 1.0) for k in table if k.startswith("after/")),
-            default=None,
-        ),
-        "language_match_after": _mean(
-            [table[k]["all"].get("language_match") for k in table if k.startswith("after/")]
-        ),
-        "max_follow_up_ratio_after_single_planned": after_single.get("max_follow_up_ratio"),
-        "coverage_planned": planned_coverage(documents),
-        "targets": TARGETS,
-    }
-    return table
-
-
-def planned_coverage(documents: list[dict]) -> dict[str, Any]:
-    """Each document's coverage on the path each side picks, paired: the coverage target's comparison."""
-    rows = []
-    for doc in documents:
-        picked = {
-            side: next(
-                (r for key, r in doc["runs"].items() if key.startswith(f"{side}/") and r.get("planned")), None
-            )
-            for side in ("before", "after")
-        }
-        if picked["before"] and picked["after"]:
-            rows.append({"id": doc["id"], **{side: run["coverage"] for side, run in picked.items()}})
-    differences = [row["after"] - row["before"] for row in rows]
-    return {
-        "documents": rows,
-        "mean_before": _mean([row["before"] for row in rows]),
-        "mean_after": _mean([row["after"] for row in rows]),
-        "mean_difference": _mean(differences),
-        "after_higher": sum(d > 0 for d in differences),
-        "after_lower": sum(d < 0 for d in differences),
-    }
-
-
-def first_words(documents: list[dict]) -> dict[str, Any]:
-    """Single pass vs map-reduce time to the summary's first words (after side), and the crossover."""
-    pairs = []
-    for doc in sorted(documents, key=lambda d: d["tokens"]):
-        single, parts = doc["runs"].get("after/single", {}), doc["runs"].get("after/map-reduce", {})
-        if single.get("ttft_seconds") and parts.get("ttft_seconds"):
-            pairs.append(
-                {
-                    "id": doc["id"],
-                    "tokens": doc["tokens"],
-                    "single_ttft_seconds": single["ttft_seconds"],
-                    "map_reduce_ttft_seconds": parts["ttft_seconds"],
-                }
-            )
-    sooner_from = None
-    for index, pair in enumerate(pairs):  # the shortest length from which map-reduce is always sooner
-        if all(p["map_reduce_ttft_seconds"] < p["single_ttft_seconds"] for p in pairs[index:]):
-            sooner_from = pair["tokens"]
-            break
-    return {"pairs": pairs, "map_reduce_sooner_from_tokens": sooner_from}
-
-
-def aggregate(runs: list[tuple[dict, dict]]) -> dict[str, Any]:
-    if not runs:
-        return {"runs": 0}
-    ratios = [r["follow_up"]["ttft_ratio"] for _, r in runs if r["follow_up"]["ttft_ratio"] is not None]
-    return {
-        "runs": len(runs),
-        "mean_distinct_4": _mean([r["distinct_4"] for _, r in runs]),
-        "min_distinct_4": min(r["distinct_4"] for _, r in runs),
-        "loop_guard_fired": sum(r["loop_guard_fired"] for _, r in runs),
-        "loop_guard_would_fire_on_summary": sum(r["loop_guard_would_fire_on_summary"] for _, r in runs),
-        "mean_coverage": _mean([r["coverage"] for _, r in runs]),
-        "language_match": _mean([float(r["language_match"]) for _, r in runs]),
-        "mean_summary_words": _mean([r["summary_words"] for _, r in runs]),
-        "mean_ttft_seconds": _mean([r["ttft_seconds"] or 0.0 for _, r in runs]),
-        "mean_total_seconds": _mean([r["total_seconds"] for _, r in runs]),
-        "max_follow_up_ratio": max(ratios, default=None),
-        "follow_up_hits_at_least_document": sum(
-            r["follow_up"]["prefix_cache_hits_tokens"] >= d["tokens"] for d, r in runs
-        ),
-    }
-
-
-def _mean(values: list) -> float | None:
-    values = [v for v in values if v is not None]
-    return sum(values) / len(values) if values else None
 
 
 def main() -> None:
@@ -336,12 +236,19 @@ def main() -> None:
     parser.add_argument("--sides", default="before,after", help="which sides to run")
     parser.add_argument("--sweep", help="repetition_penalty:frequency_penalty pairs, comma-separated")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--overall-of", type=Path, help="recompute the overall numbers of a saved run")
     parser.add_argument(
         "--write-checksums", action="store_true", help="record the documents' sha256 and exit"
     )
     args = parser.parse_args()
     if args.write_checksums:
         write_checksums()
+        return
+    if args.overall_of:
+        saved = json.loads(args.overall_of.read_text())
+        saved["overall"] = overall(saved["documents"])
+        args.overall_of.write_text(json.dumps(saved, indent=2, ensure_ascii=False))
+        print(json.dumps(saved["overall"], indent=2))
         return
     ids = set(QUICK_IDS) if args.quick else set(args.ids.split(",")) if args.ids else None
     if args.sweep:
