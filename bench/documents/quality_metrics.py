@@ -8,8 +8,8 @@ words of the set's languages left out) are looked up in the summary, by word
 or by a shared 5-letter stem (so "packages" finds "package"). A document's
 coverage is the mean share over its sections.
 
-Instruction echo (services/documents/echo.py): the share of the summary's word
-4-grams that come from the instructions its side sent (every step's prompt,
+Instruction echo (services/documents/echo.py): the summary's word 4-grams (count
+and share) that come from the instructions its side sent (every step's prompt,
 taken from the side's own SummaryPrompts) and not from the document.
 """
 
@@ -111,4 +111,7 @@ def identify_language(text: str) -> str:
 def echo_measure(summary: str, prompts: SummaryPrompts, settings: Settings, document: str) -> dict:
     """The summary's echo of the instructions `prompts` sends (services/documents/echo.py)."""
     echo = echo_of(summary, instruction_texts(prompts, settings.system_prompt), document)
-    return {"score": echo.score, "echoed": echo.echoed, "ngrams": echo.total, "phrases": list(echo.phrases)}
+    return {
+        "echoed": echo.echoed, "score": echo.score, "ngrams": echo.total, "phrases": list(echo.phrases),
+        "repeats_instructions": echo.repeats_instructions,
+    }  # fmt: skip

@@ -6,7 +6,9 @@ from typing import Any
 
 from services.documents.echo import ECHO_THRESHOLD
 
-TARGETS = {"min_distinct_4": 0.9, "language_match": 0.9, "follow_up_ratio": 0.2, "max_echo": ECHO_THRESHOLD}
+TARGETS = {
+    "min_distinct_4": 0.9, "language_match": 0.9, "follow_up_ratio": 0.2, "max_echoed_ngrams": ECHO_THRESHOLD,
+}  # fmt: skip
 
 
 def overall(documents: list[dict]) -> dict[str, Any]:
@@ -80,8 +82,10 @@ def after_against_each_side(documents: list[dict]) -> dict[str, Any]:
             "mean_coverage_after": _mean([after["coverage"] for _, after in rows]),
             "after_higher": sum(after["coverage"] > other["coverage"] for other, after in rows),
             "after_lower": sum(after["coverage"] < other["coverage"] for other, after in rows),
-            "max_echo": max(other["echo"]["score"] for other, _ in rows),
-            "max_echo_after": max(after["echo"]["score"] for _, after in rows),
+            "max_echoed_ngrams": max(other["echo"]["echoed"] for other, _ in rows),
+            "max_echoed_ngrams_after": max(after["echo"]["echoed"] for _, after in rows),
+            "above_echo_threshold": sum(other["echo"]["echoed"] > ECHO_THRESHOLD for other, _ in rows),
+            "above_echo_threshold_after": sum(after["echo"]["echoed"] > ECHO_THRESHOLD for _, after in rows),
         }
         for key, rows in pairs.items()
     }
@@ -120,8 +124,8 @@ def aggregate(runs: list[tuple[dict, dict]]) -> dict[str, Any]:
         "loop_guard_fired": sum(r["loop_guard_fired"] for _, r in runs),
         "loop_guard_would_fire_on_summary": sum(r["loop_guard_would_fire_on_summary"] for _, r in runs),
         "mean_coverage": _mean([r["coverage"] for _, r in runs]),
-        "max_echo": max(r["echo"]["score"] for _, r in runs),
-        "echo_above_threshold": sum(r["echo"]["score"] > ECHO_THRESHOLD for _, r in runs),
+        "max_echoed_ngrams": max(r["echo"]["echoed"] for _, r in runs),
+        "echo_above_threshold": sum(r["echo"]["echoed"] > ECHO_THRESHOLD for _, r in runs),
         "language_match": _mean([float(r["language_match"]) for _, r in runs]),
         "mean_summary_words": _mean([r["summary_words"] for _, r in runs]),
         "mean_ttft_seconds": _mean([r["ttft_seconds"] or 0.0 for _, r in runs]),

@@ -222,7 +222,7 @@ def summary_line(outcome: dict) -> str:
         f"lang={outcome['language']} loop={looped} "
         f"ttft={outcome['ttft_seconds'] or 0:.1f}s total={outcome['total_seconds']:.1f}s "
         f"follow={'-' if ratio is None else f'{ratio:.2f}x'} hits={hits:.0f} "
-        f"echo={outcome['echo']['score']:.3f}"
+        f"echo={outcome['echo']['echoed']}"
     )
 
 

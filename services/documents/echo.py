@@ -4,8 +4,9 @@ A small model asked to "keep the key facts, names and numbers" may write "The do
 contains key facts, names and numbers": the summary repeats its instructions instead
 of the document. Measured on word n-grams (lower-cased, punctuation stripped, every
 number one token "#", so "part 3 of 7" matches "part {n} of {total}"): the summary's
-n-grams that occur in the instruction text and not in the document. A document that
-itself says those words never counts as echo.
+n-grams that occur in the instruction text and not in the document (a document that
+itself says those words never counts as echo): their count, their share of the summary's
+n-grams, and the phrases they make.
 """
 
 from __future__ import annotations
@@ -15,7 +16,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 ECHO_NGRAM = 4
-ECHO_THRESHOLD = 0.05  # a summary with more of its 4-grams from its instructions repeats them (measured)
+# A summary with more echoed 4-grams than this repeats its instructions: 3 are a copied run of 6
+# words or several shorter ones. On the 40 summaries of 14 documents of the 2026-12-01 quality run
+# (bench/documents/echo_rescore.py, BENCHMARKS.md) 34 had 0 or 1 ("of a longer document"), the 6
+# that copy an instruction sentence 6 to 21.
+ECHO_THRESHOLD = 2
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 _NUMBER = re.compile(r"\d")
 DOCUMENT_MARK = "\x00document\x00"  # stands for the document's text while instructions are collected
@@ -41,6 +46,10 @@ class Echo:
     echoed: int
     total: int
     phrases: tuple[str, ...]  # runs of consecutive echoed n-grams, joined back into words
+
+    @property
+    def repeats_instructions(self) -> bool:
+        return self.echoed > ECHO_THRESHOLD
 
 
 def instruction_ngrams(

@@ -72,10 +72,10 @@ def test_an_honest_summary_is_below_the_threshold_and_an_echo_above() -> None:
         "Apache License 2.0. Grants a copyright licence and a patent licence; contributors give no warranty."
     )
     honest = "The Apache License 2.0 grants a copyright and a patent licence. Contributors give no warranty."
-    assert echo_of(honest, texts, document).score <= ECHO_THRESHOLD
+    assert not echo_of(honest, texts, document).repeats_instructions
     for language, wording in WORDINGS.items():  # the instructions, copied, are an echo in every language
         echo = echo_of(f"{wording.summarize} {wording.reduce}", texts_of(language), document)
-        assert echo.score > ECHO_THRESHOLD, language
+        assert echo.echoed > ECHO_THRESHOLD and echo.repeats_instructions, language
 
 
 def texts_of(language: str) -> list[str]:
