@@ -174,8 +174,13 @@ async def measured_run(
 
 
 async def run(
-    ids: set[str] | None, paths: tuple[str, ...], only: tuple[str, ...] = ("before", "after")
+    ids: set[str] | None,
+    paths: tuple[str, ...],
+    only: tuple[str, ...] = ("before", "after"),
+    save: Path | None = None,
 ) -> dict:
+    """Every document on every path and side; with `save`, the results so far are written after each
+    document (a slow or interrupted run keeps what it measured; `--overall-of` scores it)."""
     settings = Settings.from_env({})
     docs, skipped = load_documents(ids)
     results: dict[str, Any] = {"machine_before": machine_info(), "skipped": skipped, "documents": []}
@@ -206,6 +211,9 @@ async def run(
                         flush=True,
                     )
             results["documents"].append(entry)
+            if save:
+                save.parent.mkdir(parents=True, exist_ok=True)
+                save.write_text(json.dumps(results, indent=2, ensure_ascii=False))
         results["unfinished_requests_after"] = engine.unfinished_requests()
     results["machine_after"] = machine_info()
     results["overall"] = overall(results["documents"])
@@ -254,7 +262,8 @@ def main() -> None:
     if args.sweep:
         results = run_until_signalled(sweep(ids, args.sweep))
     else:
-        results = run_until_signalled(run(ids, tuple(args.paths.split(",")), tuple(args.sides.split(","))))
+        paths, sides = tuple(args.paths.split(",")), tuple(args.sides.split(","))
+        results = run_until_signalled(run(ids, paths, sides, args.json))
     print(json.dumps(results["overall"], indent=2))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
