@@ -28,9 +28,8 @@ def installed_license(distribution: str) -> tuple[str, str]:
     """(file name, text) of the distribution's longest license file in the venv."""
     files = [f for f in importlib.metadata.files(distribution) or () if f.name.upper().startswith("LICENSE")]
     assert files, f"{distribution} installs no license file"
-    texts = {f.name: f.locate().read_text(encoding="utf-8") for f in files}
-    name = max(texts, key=lambda n: len(texts[n]))
-    return name, texts[name]
+    longest = max(files, key=lambda f: f.locate().stat().st_size)
+    return longest.name, longest.locate().read_text(encoding="utf-8")
 
 
 async def test_a_long_license_summary_does_not_repeat_its_instructions(default_server: AppServer) -> None:
