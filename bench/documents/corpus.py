@@ -14,7 +14,7 @@ import tempfile
 from collections import deque
 from pathlib import Path
 
-from bench.common import DATA
+from bench.common import DATA, ROOT
 from bench.documents.quality_metrics import sections_of
 from services.chat.service import ChatService
 from services.chat.session import ChatSession
@@ -31,7 +31,7 @@ def load_documents(ids: set[str] | None) -> tuple[list[dict], list[dict]]:
     for entry in listed:
         if ids and entry["id"] not in ids:
             continue
-        path = Path(entry["path"])
+        path = ROOT / entry["path"]  # absolute, or from the repository root (the venv's files)
         if not path.exists():
             skipped.append({**entry, "why": "missing"})
             continue
@@ -47,7 +47,7 @@ def load_documents(ids: set[str] | None) -> tuple[list[dict], list[dict]]:
 def write_checksums() -> None:
     listing = json.loads(DOCUMENTS_FILE.read_text())
     for entry in listing["documents"]:
-        entry["sha256"] = hashlib.sha256(Path(entry["path"]).read_bytes()).hexdigest()
+        entry["sha256"] = hashlib.sha256((ROOT / entry["path"]).read_bytes()).hexdigest()
     DOCUMENTS_FILE.write_text(json.dumps(listing, indent=2, ensure_ascii=False) + "\n")
 
 

@@ -1,4 +1,5 @@
-"""Measures of a summary: distinct 4-grams, coverage of each section's top TF-IDF terms, language.
+"""Measures of a summary: distinct 4-grams, coverage of each section's top TF-IDF terms, language,
+instruction echo.
 
 Coverage: the document is cut into sections of ~SECTION_TOKENS tokens (at
 paragraph breaks); each section's top TERMS_PER_SECTION terms by TF-IDF
@@ -6,6 +7,10 @@ paragraph breaks); each section's top TERMS_PER_SECTION terms by TF-IDF
 words of the set's languages left out) are looked up in the summary, by word
 or by a shared 5-letter stem (so "packages" finds "package"). A document's
 coverage is the mean share over its sections.
+
+Instruction echo (services/documents/echo.py): the summary's word 4-grams (count
+and share) that come from the instructions its side sent (every step's prompt,
+taken from the side's own SummaryPrompts) and not from the document.
 """
 
 from __future__ import annotations
@@ -15,7 +20,10 @@ import re
 from collections import Counter
 from collections.abc import Callable
 
+from services.config import Settings
 from services.documents.chunking import split_into_chunks
+from services.documents.echo import echo_of, instruction_texts
+from services.documents.prompts import SummaryPrompts
 
 SECTION_TOKENS = 600
 TERMS_PER_SECTION = 10
@@ -98,3 +106,12 @@ def identify_language(text: str) -> str:
     from services.documents.language import identify
 
     return identify(text)[0]
+
+
+def echo_measure(summary: str, prompts: SummaryPrompts, settings: Settings, document: str) -> dict:
+    """The summary's echo of the instructions `prompts` sends (services/documents/echo.py)."""
+    echo = echo_of(summary, instruction_texts(prompts, settings.system_prompt), document)
+    return {
+        "echoed": echo.echoed, "score": echo.score, "ngrams": echo.total, "phrases": list(echo.phrases),
+        "repeats_instructions": echo.repeats_instructions,
+    }  # fmt: skip

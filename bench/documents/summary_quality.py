@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import machine_info, run_until_signalled
+from bench.documents.arms import engine_for, make_sides, revisions
 from bench.documents.corpus import (
     attach,
     force_path,
@@ -43,14 +44,13 @@ from bench.documents.corpus import (
     sections_of_document,
     write_checksums,
 )
-from bench.documents.legacy_summaries import LOOP_GUARD_OFF, LegacyChatService
 from bench.documents.penalty_sweep import sweep
-from bench.documents.quality_metrics import Coverage, distinct_ngram_ratio, identify_language
+from bench.documents.quality_metrics import Coverage, distinct_ngram_ratio, echo_measure, identify_language
+from bench.documents.quality_overall import overall
 from services.chat.service import ChatService
 from services.chat.session import ChatSession
 from services.config import Settings
 from services.engine import (
-    AnswerTokens,
     ChatEngine,
     LoopGuardConfig,
     RepetitionError,
@@ -67,7 +67,6 @@ FOLLOW_UP = {
     "fr": "Quelle commande ou quel réglage le document mentionne-t-il en premier ?",
 }
 FOLLOW_UP_TOKENS = 48
-TARGETS = {"min_distinct_4": 0.9, "language_match": 0.9, "follow_up_ratio": 0.2}
 
 
 def prefix_cache_hits() -> float:
@@ -136,13 +135,17 @@ async def one_run(
     if not force_path(chat, session, path):
         return {"skipped": f"the document does not fit the {path} path"}
     await engine._llm.reset_prefix_cache()
-    engine.loop_guard = LOOP_GUARD_OFF if side == "before" else LoopGuardConfig.from_settings(chat.settings)
-    # "before" re-encoded the summary for its follow-up; "after" quotes the ids the engine wrote
-    engine.answer_tokens = AnswerTokens(
-        0 if side == "before" else chat.settings.answer_token_cache_tokens, 3600
-    )
+    with engine_for(engine, side, chat.settings):
+        return await measured_run(engine, chat, session, doc, side, path, coverage, planned, notes)
+
+
+async def measured_run(
+    engine: ChatEngine, chat: ChatService, session: ChatSession, doc: dict, side: str, path: str,
+    coverage: Coverage, planned: bool, notes: tuple[str, ...],
+) -> dict:  # fmt: skip
     run = await timed_summary(chat, session, f"q-{side}-{path}-{doc['id']}")
     text = run.pop("text")
+    echo = echo_measure(text, chat.summarizer.prompts(chat._job(session, "")), chat.settings, doc["text"])
     share, per_section = coverage.of(doc["sections"], text)
     would = repeats_in(
         engine.tokenizer.encode(text, add_special_tokens=False),
@@ -166,17 +169,18 @@ async def one_run(
         "loop_guard_would_fire_on_summary": would is not None, "coverage": share,
         "coverage_per_section": per_section, "language": language,
         "language_match": language == doc["language"],
-        "follow_up": {**follow, "ttft_ratio": ratio}, "summary": text,
+        "follow_up": {**follow, "ttft_ratio": ratio}, "echo": echo, "summary": text,
     }  # fmt: skip
 
 
-def sides(engine: ChatEngine, settings: Settings) -> dict[str, ChatService]:
-    return {"before": LegacyChatService(engine, settings), "after": ChatService(engine, settings)}
-
-
 async def run(
-    ids: set[str] | None, paths: tuple[str, ...], only: tuple[str, ...] = ("before", "after")
+    ids: set[str] | None,
+    paths: tuple[str, ...],
+    only: tuple[str, ...] = ("before", "after"),
+    save: Path | None = None,
 ) -> dict:
+    """Every document on every path and side; with `save`, the results so far are written after each
+    document (a slow or interrupted run keeps what it measured; `--overall-of` scores it)."""
     settings = Settings.from_env({})
     docs, skipped = load_documents(ids)
     results: dict[str, Any] = {"machine_before": machine_info(), "skipped": skipped, "documents": []}
@@ -184,8 +188,9 @@ async def run(
         for doc in docs:
             doc["sections"] = sections_of_document(engine, doc)
         coverage = Coverage([doc["sections"] for doc in docs])
-        services = sides(engine, settings)
-        results["settings"] = {k: v for k, v in services["after"].settings.non_default().items()}
+        services = make_sides(engine, settings, only)
+        results["settings"] = {k: v for k, v in settings.non_default().items()}
+        results["revisions"] = revisions(services)
         results["max_model_len"] = engine.max_model_len
         for index, doc in enumerate(docs):
             entry = {k: doc[k] for k in ("id", "path", "language", "size")}
@@ -194,11 +199,7 @@ async def run(
                 len(doc["sections"]),
                 {},
             )
-            order = [
-                side
-                for side in (("before", "after") if index % 2 == 0 else ("after", "before"))
-                if side in only
-            ]
+            order = list(only[index % len(only) :] + only[: index % len(only)])  # each side leads in turn
             for path in paths:
                 for side in order:
                     started = time.monotonic()
@@ -210,6 +211,9 @@ async def run(
                         flush=True,
                     )
             results["documents"].append(entry)
+            if save:
+                save.parent.mkdir(parents=True, exist_ok=True)
+                save.write_text(json.dumps(results, indent=2, ensure_ascii=False))
         results["unfinished_requests_after"] = engine.unfinished_requests()
     results["machine_after"] = machine_info()
     results["overall"] = overall(results["documents"])
@@ -225,108 +229,9 @@ def summary_line(outcome: dict) -> str:
         f"planned={outcome['planned']!s:<5} d4={outcome['distinct_4']:.2f} cov={outcome['coverage']:.2f} "
         f"lang={outcome['language']} loop={looped} "
         f"ttft={outcome['ttft_seconds'] or 0:.1f}s total={outcome['total_seconds']:.1f}s "
-        f"follow={'-' if ratio is None else f'{ratio:.2f}x'} hits={hits:.0f}"
+        f"follow={'-' if ratio is None else f'{ratio:.2f}x'} hits={hits:.0f} "
+        f"echo={outcome['echo']['echoed']}"
     )
-
-
-def overall(documents: list[dict]) -> dict[str, Any]:
-    """Aggregates per side and path, over all runs and over the planned ones, and the targets."""
-    table: dict[str, Any] = {}
-    for key in sorted({key for doc in documents for key in doc["runs"]}):
-        runs = [
-            (doc, doc["runs"][key])
-            for doc in documents
-            if "skipped" not in doc["runs"].get(key, {"skipped": 1})
-        ]
-        planned = [(doc, r) for doc, r in runs if r["planned"]]
-        table[key] = {"all": aggregate(runs), "planned": aggregate(planned)}
-    table["first_words"] = first_words(documents)
-    after_single = table.get("after/single", {}).get("planned", {})
-    table["targets"] = {
-        "min_distinct_4_after": min(
-            (table[k]["all"].get("min_distinct_4", 1.0) for k in table if k.startswith("after/")),
-            default=None,
-        ),
-        "language_match_after": _mean(
-            [table[k]["all"].get("language_match") for k in table if k.startswith("after/")]
-        ),
-        "max_follow_up_ratio_after_single_planned": after_single.get("max_follow_up_ratio"),
-        "coverage_planned": planned_coverage(documents),
-        "targets": TARGETS,
-    }
-    return table
-
-
-def planned_coverage(documents: list[dict]) -> dict[str, Any]:
-    """Each document's coverage on the path each side picks, paired: the coverage target's comparison."""
-    rows = []
-    for doc in documents:
-        picked = {
-            side: next(
-                (r for key, r in doc["runs"].items() if key.startswith(f"{side}/") and r.get("planned")), None
-            )
-            for side in ("before", "after")
-        }
-        if picked["before"] and picked["after"]:
-            rows.append({"id": doc["id"], **{side: run["coverage"] for side, run in picked.items()}})
-    differences = [row["after"] - row["before"] for row in rows]
-    return {
-        "documents": rows,
-        "mean_before": _mean([row["before"] for row in rows]),
-        "mean_after": _mean([row["after"] for row in rows]),
-        "mean_difference": _mean(differences),
-        "after_higher": sum(d > 0 for d in differences),
-        "after_lower": sum(d < 0 for d in differences),
-    }
-
-
-def first_words(documents: list[dict]) -> dict[str, Any]:
-    """Single pass vs map-reduce time to the summary's first words (after side), and the crossover."""
-    pairs = []
-    for doc in sorted(documents, key=lambda d: d["tokens"]):
-        single, parts = doc["runs"].get("after/single", {}), doc["runs"].get("after/map-reduce", {})
-        if single.get("ttft_seconds") and parts.get("ttft_seconds"):
-            pairs.append(
-                {
-                    "id": doc["id"],
-                    "tokens": doc["tokens"],
-                    "single_ttft_seconds": single["ttft_seconds"],
-                    "map_reduce_ttft_seconds": parts["ttft_seconds"],
-                }
-            )
-    sooner_from = None
-    for index, pair in enumerate(pairs):  # the shortest length from which map-reduce is always sooner
-        if all(p["map_reduce_ttft_seconds"] < p["single_ttft_seconds"] for p in pairs[index:]):
-            sooner_from = pair["tokens"]
-            break
-    return {"pairs": pairs, "map_reduce_sooner_from_tokens": sooner_from}
-
-
-def aggregate(runs: list[tuple[dict, dict]]) -> dict[str, Any]:
-    if not runs:
-        return {"runs": 0}
-    ratios = [r["follow_up"]["ttft_ratio"] for _, r in runs if r["follow_up"]["ttft_ratio"] is not None]
-    return {
-        "runs": len(runs),
-        "mean_distinct_4": _mean([r["distinct_4"] for _, r in runs]),
-        "min_distinct_4": min(r["distinct_4"] for _, r in runs),
-        "loop_guard_fired": sum(r["loop_guard_fired"] for _, r in runs),
-        "loop_guard_would_fire_on_summary": sum(r["loop_guard_would_fire_on_summary"] for _, r in runs),
-        "mean_coverage": _mean([r["coverage"] for _, r in runs]),
-        "language_match": _mean([float(r["language_match"]) for _, r in runs]),
-        "mean_summary_words": _mean([r["summary_words"] for _, r in runs]),
-        "mean_ttft_seconds": _mean([r["ttft_seconds"] or 0.0 for _, r in runs]),
-        "mean_total_seconds": _mean([r["total_seconds"] for _, r in runs]),
-        "max_follow_up_ratio": max(ratios, default=None),
-        "follow_up_hits_at_least_document": sum(
-            r["follow_up"]["prefix_cache_hits_tokens"] >= d["tokens"] for d, r in runs
-        ),
-    }
-
-
-def _mean(values: list) -> float | None:
-    values = [v for v in values if v is not None]
-    return sum(values) / len(values) if values else None
 
 
 def main() -> None:
@@ -339,6 +244,7 @@ def main() -> None:
     parser.add_argument("--sides", default="before,after", help="which sides to run")
     parser.add_argument("--sweep", help="repetition_penalty:frequency_penalty pairs, comma-separated")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--overall-of", type=Path, help="recompute the overall numbers of a saved run")
     parser.add_argument(
         "--write-checksums", action="store_true", help="record the documents' sha256 and exit"
     )
@@ -346,11 +252,18 @@ def main() -> None:
     if args.write_checksums:
         write_checksums()
         return
+    if args.overall_of:
+        saved = json.loads(args.overall_of.read_text())
+        saved["overall"] = overall(saved["documents"])
+        args.overall_of.write_text(json.dumps(saved, indent=2, ensure_ascii=False))
+        print(json.dumps(saved["overall"], indent=2))
+        return
     ids = set(QUICK_IDS) if args.quick else set(args.ids.split(",")) if args.ids else None
     if args.sweep:
         results = run_until_signalled(sweep(ids, args.sweep))
     else:
-        results = run_until_signalled(run(ids, tuple(args.paths.split(",")), tuple(args.sides.split(","))))
+        paths, sides = tuple(args.paths.split(",")), tuple(args.sides.split(","))
+        results = run_until_signalled(run(ids, paths, sides, args.json))
     print(json.dumps(results["overall"], indent=2))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,8 @@ from services.engine import Message
 
 @dataclass(frozen=True)
 class Wording:
-    """The instructions in one language; {n}, {total}, {language} are filled in."""
+    """The instructions in one language; short, with no list of what to keep (a small model copies
+    such lists into the summary)."""
 
     summarize: str  # the request is empty
     answer_request: str  # appended after the user's own request
@@ -29,63 +30,51 @@ WORDINGS = {
         "Summarize the document above in a few paragraphs: its purpose, its main points section by "
         "section, and its conclusions. Keep the names, commands and numbers that matter.",
         "(Answer about the document above, in English.)",
-        "This is part {n} of {total} of a longer document. Summarize this part in one short paragraph: "
-        "keep its key facts, names, commands and numbers.",
-        "Above are notes on consecutive parts of one document. Write one summary of the whole "
-        "document in your own words, in a few paragraphs: its purpose, its main points and its "
-        "conclusions. Do not list the parts and do not repeat a sentence.",
+        "Summarize the text the user sends in one short paragraph.",
+        "The user sends notes on one document, in order. Write one summary of that document from them, "
+        "in a few paragraphs.",
     ),
     "pt": Wording(
         "Resuma o documento acima em alguns parágrafos, em português: o seu objetivo, os pontos "
         "principais de cada secção e as conclusões. Mantenha os nomes, comandos e números importantes.",
         "(Responda sobre o documento acima, em português.)",
-        "Esta é a parte {n} de {total} de um documento mais longo. Resuma esta parte num parágrafo "
-        "curto, em português: mantenha os factos, nomes, comandos e números principais.",
-        "Acima estão notas sobre partes consecutivas de um documento. Escreva um único resumo do "
-        "documento inteiro por palavras suas, em alguns parágrafos, em português: o objetivo, os pontos "
-        "principais e as conclusões. Não enumere as partes nem repita frases.",
+        "Resuma o texto que o utilizador envia num parágrafo curto, em português.",
+        "O utilizador envia notas sobre um documento, por ordem. Escreva com elas um único resumo desse "
+        "documento, em alguns parágrafos, em português.",
     ),
     "es": Wording(
         "Resume el documento anterior en unos párrafos, en español: su propósito, los puntos "
         "principales de cada sección y sus conclusiones. Conserva los nombres, órdenes y cifras importantes.",
         "(Responde sobre el documento anterior, en español.)",
-        "Esta es la parte {n} de {total} de un documento más largo. Resume esta parte en un párrafo "
-        "breve, en español: conserva sus datos, nombres, órdenes y cifras clave.",
-        "Arriba hay notas sobre partes consecutivas de un documento. Escribe un único resumen del "
-        "documento completo con tus propias palabras, en unos párrafos, en español: su propósito, sus "
-        "puntos principales y sus conclusiones. No enumeres las partes ni repitas frases.",
+        "Resume el texto que envía el usuario en un párrafo breve, en español.",
+        "El usuario envía notas sobre un documento, en orden. Escribe con ellas un único resumen de ese "
+        "documento, en unos párrafos, en español.",
     ),
     "fr": Wording(
         "Résume le document ci-dessus en quelques paragraphes, en français : son objectif, ses points "
         "principaux section par section et ses conclusions. Garde les noms, commandes et chiffres "
         "importants.",
         "(Réponds à propos du document ci-dessus, en français.)",
-        "Voici la partie {n} sur {total} d'un document plus long. Résume cette partie en un court "
-        "paragraphe, en français : garde ses faits, noms, commandes et chiffres essentiels.",
-        "Ci-dessus, des notes sur des parties consécutives d'un même document. Écris un seul résumé "
-        "du document entier avec tes propres mots, en quelques paragraphes, en français : son objectif, "
-        "ses points principaux et ses conclusions. N'énumère pas les parties et ne répète aucune phrase.",
+        "Résume le texte que l'utilisateur envoie en un court paragraphe, en français.",
+        "L'utilisateur envoie des notes sur un document, dans l'ordre. Écris avec elles un seul résumé de ce "
+        "document, en quelques paragraphes, en français.",
     ),
     "de": Wording(
         "Fasse das obige Dokument in einigen Absätzen auf Deutsch zusammen: seinen Zweck, die "
         "wichtigsten Punkte jedes Abschnitts und seine Schlussfolgerungen. Behalte wichtige Namen, "
         "Befehle und Zahlen bei.",
         "(Antworte zum obigen Dokument, auf Deutsch.)",
-        "Dies ist Teil {n} von {total} eines längeren Dokuments. Fasse diesen Teil in einem kurzen "
-        "Absatz auf Deutsch zusammen: behalte die wichtigsten Fakten, Namen, Befehle und Zahlen.",
-        "Oben stehen Notizen zu aufeinanderfolgenden Teilen eines Dokuments. Schreibe eine einzige "
-        "Zusammenfassung des ganzen Dokuments in eigenen Worten, in einigen Absätzen, auf Deutsch: "
-        "Zweck, wichtigste Punkte und Schlussfolgerungen. Zähle die Teile nicht auf und wiederhole "
-        "keinen Satz.",
+        "Fasse den Text, den der Nutzer sendet, in einem kurzen Absatz auf Deutsch zusammen.",
+        "Der Nutzer sendet Notizen zu einem Dokument, der Reihe nach. Schreibe daraus eine einzige "
+        "Zusammenfassung dieses Dokuments, in einigen Absätzen, auf Deutsch.",
     ),
     "it": Wording(
         "Riassumi il documento qui sopra in alcuni paragrafi, in italiano: il suo scopo, i punti "
         "principali di ogni sezione e le conclusioni. Mantieni i nomi, i comandi e i numeri importanti.",
         "(Rispondi riguardo al documento qui sopra, in italiano.)",
-        "Questa è la parte {n} di {total} di un documento più lungo. Riassumi questa parte in un breve "
-        "paragrafo, in italiano: mantieni i fatti, i nomi, i comandi e i numeri principali.",
-        "Qui sopra ci sono i riassunti di parti consecutive di un documento. Uniscili in un unico "
-        "riassunto dell'intero documento, in italiano: scopo, punti principali di ogni parte e conclusioni.",
+        "Riassumi il testo che l'utente invia in un breve paragrafo, in italiano.",
+        "L'utente invia note su un documento, in ordine. Scrivi con esse un unico riassunto di quel "
+        "documento, in alcuni paragrafi, in italiano.",
     ),
 }
 WRITE_IN = " Write your answer in {language}."  # for languages without a translation
@@ -133,22 +122,25 @@ class SummaryPrompts:
         }
 
     def map_part(self, system_prompt: str, chunk: str, index: int, total: int) -> list[Message]:
-        text = wording(self.language).map_part.format(n=index, total=total)
-        if self.request.strip():
-            text += f"\n{self.request.strip()}"
-        return [
-            {"role": "system", "content": system_prompt},
-            {"role": "user", "content": f"{chunk}\n\n---\n{text}"},
-        ]
+        """The chunk alone in the user turn; the short instruction goes with the system prompt."""
+        return self._instructed(system_prompt, wording(self.language).map_part, chunk)
 
     def reduce(self, system_prompt: str, partials: list[str]) -> list[Message]:
         joined = "\n\n".join(without_repeated_sentences(partials))
-        text = wording(self.language).reduce
+        return self._instructed(system_prompt, wording(self.language).reduce, joined)
+
+    def _instructed(self, system_prompt: str, instruction: str, text: str) -> list[Message]:
+        """Instructions in the system message, the text to read alone in the user message.
+
+        Written after the text, the small model took the instructions for part of what
+        it was reading and summarized them too ("The document contains key facts, names,
+        commands and numbers...").
+        """
         if self.request.strip():
-            text += f"\n\n«{self.request.strip()}»"
+            instruction += f"\n\n«{self.request.strip()}»"
         return [
-            {"role": "system", "content": system_prompt},
-            {"role": "user", "content": f"{joined}\n\n---\n{text}"},
+            {"role": "system", "content": f"{system_prompt}\n\n{instruction}"},
+            {"role": "user", "content": text},
         ]
 
 
