@@ -18,8 +18,10 @@ TOKENIZER_FILES = (
 )
 
 
-def build_tiny_model(tokenizer_dir: Path, out_dir: Path, max_position_embeddings: int = 4096) -> Path:
-    """Write a 2-layer Llama with `tokenizer_dir`'s tokenizer into `out_dir`."""
+def build_tiny_model(
+    tokenizer_dir: Path, out_dir: Path, max_position_embeddings: int = 4096, seed: int = 0
+) -> Path:
+    """Write a 2-layer Llama with `tokenizer_dir`'s tokenizer into `out_dir` (`seed`: its random weights)."""
     import torch
     from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
@@ -41,7 +43,7 @@ def build_tiny_model(tokenizer_dir: Path, out_dir: Path, max_position_embeddings
         eos_token_id=eos_id,
         pad_token_id=eos_id,
     )
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=eos_id)
     partial = out_dir.with_name(out_dir.name + ".partial")

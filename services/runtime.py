@@ -32,6 +32,7 @@ from services.admission.service import Admission
 from services.admission.waiting_line import CHAT, DOCUMENT
 from services.api.gate import AdmitAll, ApiGate, SharedAdmission
 from services.api.metrics import ApiMetrics
+from services.api.models import ModelsServer
 from services.api.remote import RemoteApiServer
 from services.api.server import OpenAiServer
 from services.api.usage import AnswerMeter
@@ -39,7 +40,7 @@ from services.chat.service import ChatService
 from services.chat.store import SessionStore
 from services.chat.turns import ChatTurns, NothingKept
 from services.config import Settings
-from services.engine import ChatEngine, engine_lifespan
+from services.engine import ChatEngine, ServedModels, served_models_lifespan
 from services.engine.backends.local import engine_processes
 from services.history.database import ensure_data_dir
 from services.history.service import History, HistoryCollector
@@ -49,6 +50,7 @@ from services.observability.metrics import RequestMetrics, ServiceCollector
 from services.observability.ops_access import require_ops_token
 from services.observability.report import StatsReport
 from services.observability.status import ServiceStatus
+from services.presets.store import PresetStore
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +76,7 @@ class Serving:
     maintenance: Maintenance
     turns: ChatTurns
     api_admission: SharedAdmission | None  # the /v1 API's, when it is served
+    models: ServedModels | None = None  # every model served (MODELS), `engine` the default
 
 
 def set_up_people(
@@ -128,6 +131,10 @@ class Runtime:
         if self.history is not None:
             self.registry.register(HistoryCollector(self.history))
         self.report = StatsReport(self.status)
+        # A person's default settings and prompt templates (services/presets), when there is a database.
+        self.presets = (
+            PresetStore(self.history.engine, self.settings) if self.history and self.history.engine else None
+        )
         self._stack = contextlib.AsyncExitStack()
 
     def running(self) -> Serving | None:
@@ -140,41 +147,44 @@ class Runtime:
         if self.history is not None:
             await self.history.start()
             self._stack.push_async_callback(self.history.stop)
-        engine = await self._stack.enter_async_context(engine_lifespan(self.settings))
-        atexit.register(engine.shutdown)  # an exit that skips the shutdown hook
-        self._stack.callback(atexit.unregister, engine.shutdown)
-        self.serving = await self._serve(engine)
+        models = await self._stack.enter_async_context(served_models_lifespan(self.settings))
+        for _, engine in models:
+            atexit.register(engine.shutdown)  # an exit that skips the shutdown hook
+            self._stack.callback(atexit.unregister, engine.shutdown)
+        self.serving = await self._serve(models)
 
-    async def _serve(self, engine: ChatEngine) -> Serving:
+    async def _serve(self, models: ServedModels) -> Serving:
         """Build and start what needs the engine, in order; each stop is pushed to undo it."""
-        s, stack = self.settings, self._stack
+        s, stack, engine = self.settings, self._stack, models.default
         processes = engine_processes()
         requests = RequestMetrics(s.latency_samples_kept)
         self.registry.register(requests)
         stack.callback(self.registry.unregister, requests)
-        stack.callback(engine.on_finish(requests.record))
+        for _, each in models:
+            stack.callback(each.on_finish(requests.record))
+        # One admission door for every model: its running limit follows the default model's speed.
         admission = Admission(s, engine.load, _max_running(s))
         if engine.warm_up_report is not None:
             admission.learn_from_warm_up(engine.warm_up_report.decode_seconds_per_token)
         admission.start()
         stack.push_async_callback(admission.stop)
         sessions = SessionStore(s)
-        chat = ChatService(admission.engine(engine, CHAT), s, admission.engine(engine, DOCUMENT))
-        stack.callback(chat.summarizer.close)  # its prefill meter listens to the engine
+        chats = _chats(models, admission, s, stack)
+        chat = chats[models.default_name]
         maintenance = Maintenance(s, sessions, engine, self._maintenance_steps(engine))
         maintenance.start()
         stack.push_async_callback(maintenance.stop)
-        turns = ChatTurns(sessions, admission, chat, self.history or NothingKept())
+        turns = ChatTurns(sessions, admission, chat, self.history or NothingKept(), chats)
         if s.app_memory_probe_dir:
             start_app_probe(s.app_memory_probe_dir, s.app_memory_probe_seconds, s.app_memory_probe_frames,
                             s.app_memory_probe_deep)  # fmt: skip
         api_admission = None
         if self.api is not None:  # the same queue, priority and per-user limits as chat
             api_admission = SharedAdmission(admission, engine.count_tokens)
-            await self.api.server.start(engine.backend)
+            await self.api.server.start(models if len(models) > 1 else engine.backend)
             stack.push_async_callback(self.api.server.stop)
         return Serving(engine, processes, requests, admission, sessions, chat, maintenance, turns,
-                       api_admission)  # fmt: skip
+                       api_admission, models)  # fmt: skip
 
     def _maintenance_steps(self, engine: ChatEngine) -> list[Callable]:
         """What each maintenance round also runs: the copies vLLM's tokenizer pool adds
@@ -193,6 +203,18 @@ class Runtime:
         await self._stack.aclose()
 
 
+def _chats(
+    models: ServedModels, admission: Admission, settings: Settings, stack: contextlib.AsyncExitStack
+) -> dict[str, ChatService]:
+    """A chat service per served model, all behind the one admission."""
+    chats = {}
+    for name, engine in models:
+        chat = ChatService(admission.engine(engine, CHAT), settings, admission.engine(engine, DOCUMENT))
+        stack.callback(chat.summarizer.close)  # its prefill meter listens to the engine
+        chats[name] = chat
+    return chats
+
+
 def _max_running(settings: Settings) -> int:
     """The most requests admission may ever run at once: the engine's batch, per server."""
     return settings.max_num_seqs * max(1, len(settings.engine_url_list))
@@ -207,7 +229,10 @@ def _api_gate(
     """The /v1 API's one door (services/api/gate.py), over vLLM's layer or the ENGINE_URLS servers' own."""
     if not settings.api_enabled:
         return None
-    server = RemoteApiServer(settings) if settings.engine_url_list else OpenAiServer(settings)
+    if settings.engine_url_list:
+        server: RemoteApiServer | OpenAiServer | ModelsServer = RemoteApiServer(settings)
+    else:
+        server = ModelsServer(settings) if len(settings.model_list) > 1 else OpenAiServer(settings)
     keys = ApiKeyStore(history.engine, settings.api_keys_per_user) if history and history.engine else None
     return ApiGate(settings, server, ApiMetrics(registry), keys, _AdmissionWhenServing(running))
 

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from services.admission.feedback import Show, WaitingFeedback
 from services.admission.refusals import Refused
 from services.admission.service import Admission
+from services.chat.model_choice import MODEL_KEY, chat_for, choose, model_of_thread, refusal_of
 from services.chat.service import ChatService
 from services.chat.session import ChatSession, SessionDocument
 from services.chat.store import SessionStore
@@ -53,6 +54,11 @@ class Page(Protocol):
 
     @property
     def thread_id(self) -> str: ...
+
+    @property
+    def chosen_model(self) -> str | None:
+        """The model the page asks for (its chat profile); None: no choice made."""
+        ...
 
     def person(self) -> str:
         """Whose share a turn counts against (admission's per-user limits)."""
@@ -122,12 +128,19 @@ class ChatTurns:
     """Every chat page event of the service, over its sessions, admission, chat and kept history."""
 
     def __init__(
-        self, sessions: SessionStore, admission: Admission, chat: ChatService, history: KeptConversations
+        self,
+        sessions: SessionStore,
+        admission: Admission,
+        chat: ChatService,
+        history: KeptConversations,
+        chats: Mapping[str, ChatService] | None = None,
     ) -> None:
+        """`chats`: a chat service per served model, the default first (None: `chat` alone)."""
         self.sessions = sessions
         self.admission = admission
         self.chat = chat
         self.history = history
+        self.chats: dict[str, ChatService] = dict(chats) if chats else {"": chat}
 
     async def open(self, page: Page) -> ChatSession | None:
         """This tab's session; None (and the user told why) when the service holds all it can."""
@@ -137,9 +150,14 @@ class ChatTurns:
             await page.refused(refusal)
             return None
 
-    async def start(self, page: Page) -> None:
-        """A new chat: its settings panel, and whether conversations are saved."""
+    async def start(self, page: Page, defaults: Mapping[str, Any] | None = None) -> None:
+        """A new chat: the person's `defaults` applied, its settings panel, whether chats are saved."""
         if session := await self.open(page):
+            if defaults:
+                self.sessions.update_settings(session, defaults)
+                page.keep_settings(self.sessions.chat_settings(session))
+            if refusal := choose(self.chats, session, page.chosen_model):
+                await page.error(refusal)
             await page.send_settings(session, self.sessions.settings.max_new_tokens_limit)
             await self._tell_history_state(page, session)
 
@@ -150,6 +168,8 @@ class ChatTurns:
         if session is None:
             return
         await self.history.restore(self.sessions, session, thread)
+        if refusal := choose(self.chats, session, page.chosen_model or model_of_thread(thread)):
+            await page.error(refusal)
         await page.send_settings(session, self.sessions.settings.max_new_tokens_limit)
         if session.document is not None:
             await page.notice(
@@ -173,8 +193,11 @@ class ChatTurns:
         # Messages over MAX_MESSAGE_CHARS, and over the sender's message rate, never get here:
         # services/web/socket_guard.py refuses them before Chainlit stores them.
         await self._tell_history_state(page, session)
+        if (chat := chat_for(self.chats, session, None)) is None:
+            await page.error(refusal_of(self.chats, session))
+            return
         try:
-            await self._run_turn(page, session, text, files, page.reply())
+            await self._run_turn(page, session, text, files, page.reply(), chat)
         finally:
             # Also after a cancellation: a late reply.update() re-adds the session to
             # Chainlit's chat_contexts after on_chat_end has already cleared it.
@@ -194,18 +217,20 @@ class ChatTurns:
         return self.sessions.disconnect(session_id, keep_seconds)
 
     async def _run_turn(
-        self, page: Page, session: ChatSession, text: str, files: Files, reply: Reply
+        self, page: Page, session: ChatSession, text: str, files: Files, reply: Reply, chat: ChatService
     ) -> None:
         """Answer into `reply`, streaming; refusals and failures end up in the reply."""
         person = page.person()
+        if len(self.chats) > 1:  # which model wrote it: seen on the page, kept with the conversation
+            reply.metadata = {**reply.metadata, MODEL_KEY: session.model}
         async with self.sessions.turn(session) as request_id:
             try:
                 async with self.admission.turn(person, documents=len(files)) as turn:
-                    stream = await self._open_stream(page, session, text, files, request_id)
+                    stream = await self._open_stream(page, session, text, files, request_id, chat)
                     if stream is not None:
                         await _stream_into(reply, stream, self.admission.feedback(turn, page.status()))
             except Refused as refusal:  # the service is full, or a per-user limit: say when to retry
-                self.chat.attachments.discard(files)
+                chat.attachments.discard(files)
                 reply.content += ("\n\n" if reply.content else "") + f"⏳ {refusal}"
                 reply.metadata = {"refused": refusal.reason}
             except asyncio.CancelledError:
@@ -221,13 +246,12 @@ class ChatTurns:
             await reply.send()
 
     async def _open_stream(
-        self, page: Page, session: ChatSession, text: str, files: Files, request_id: str
+        self, page: Page, session: ChatSession, text: str, files: Files, request_id: str, chat: ChatService
     ) -> AsyncIterator[str] | None:
         """The answer's stream: a summary when files came with the message (the message is the
         request about them), else a chat reply; None when no file was readable."""
-        chat = self.chat
         if files:
-            if not await self._read_documents(page, session, files):
+            if not await self._read_documents(page, session, files, chat):
                 return None
             return chat.summarize(session, text, request_id, page.summary_progress())
         prompt = chat.build_prompt(session, text)
@@ -238,10 +262,12 @@ class ChatTurns:
             )
         return chat.reply(session, prompt, request_id)
 
-    async def _read_documents(self, page: Page, session: ChatSession, files: Files) -> bool:
+    async def _read_documents(
+        self, page: Page, session: ChatSession, files: Files, chat: ChatService
+    ) -> bool:
         """Attach uploads to the session, telling the user what happened; False if none was readable."""
         async with page.reading() as step:
-            result = await self.chat.attach_files(session, files)
+            result = await chat.attach_files(session, files)
             if result.document is not None:
                 step.output = f"«{result.document.name}»: {result.document.tokens:,} tokens."
         for error in result.errors:

@@ -141,6 +141,22 @@ async def _identity_links(connection: AsyncConnection) -> None:
     )
 
 
+async def _presets(connection: AsyncConnection) -> None:
+    """A person's default chat settings and named prompt templates (services/presets)."""
+    await connection.execute(
+        text(
+            "CREATE TABLE IF NOT EXISTS user_presets (user_identifier TEXT PRIMARY KEY, "
+            "settings TEXT NOT NULL, updated_at TEXT NOT NULL)"
+        )
+    )
+    await connection.execute(
+        text(
+            "CREATE TABLE IF NOT EXISTS prompt_templates (user_identifier TEXT NOT NULL, name TEXT NOT NULL, "
+            "text TEXT NOT NULL, created_at TEXT NOT NULL, PRIMARY KEY (user_identifier, name))"
+        )
+    )
+
+
 @dataclass(frozen=True)
 class Migration:
     version: int
@@ -156,6 +172,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(5, "API keys: sha256 of each key, its shown prefix, owner, revocation", _api_keys),
     Migration(6, "sessions: a generation per account, moved to end its sign-ins", _sessions),
     Migration(7, "provider identities (github:login) an administrator linked to an account", _identity_links),
+    Migration(13, "presets: default chat settings and prompt templates per person", _presets),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

@@ -31,8 +31,12 @@ def _as_dict(value: Any) -> dict[str, Any]:
 
 
 def is_command(text: str) -> bool:
-    """/stats, and /key ... (API keys): said to the service, never to the model."""
-    return text.strip() in COMMANDS or text.strip().split(maxsplit=1)[:1] == ["/key"]
+    """/stats, /key ... (API keys), /preset and /template ...: said to the service, never to the model."""
+    return text.strip() in COMMANDS or text.strip().split(maxsplit=1)[:1] in (
+        ["/key"],
+        ["/preset"],
+        ["/template"],
+    )
 
 
 def summary_request(document_name: str | None) -> str:

@@ -13,10 +13,18 @@ from services.accounts.key_commands import is_key_command
 from services.accounts.sign_in import SignIn
 from services.chat.turns import ChatTurns
 from services.history.resume import is_command
+from services.presets.commands import is_preset_command
 from services.runtime import Runtime
 from services.web.chainlit_state import drop_chainlit_session, forget_chat_context
 from services.web.chat_page import ChainlitPage
 from services.web.key_chat import answer_key_command
+from services.web.presets_chat import (
+    answer_preset_command,
+    chat_profiles,
+    default_settings,
+    save_if_asked,
+    starters,
+)
 
 
 class ChatEvents:
@@ -33,8 +41,8 @@ class ChatEvents:
         return serving.turns
 
     async def chat_start(self) -> None:
-        if not await self._sign_in_ended():
-            await self._turns().start(self.page)
+        if not await self._sign_in_ended():  # a new chat starts with the person's default settings
+            await self._turns().start(self.page, await default_settings(self.runtime.presets))
 
     async def chat_resume(self, thread: Mapping[str, Any]) -> None:
         if not await self._sign_in_ended():
@@ -42,17 +50,27 @@ class ChatEvents:
 
     async def settings_update(self, values: dict) -> None:
         await self._turns().update_settings(self.page, values)
+        await save_if_asked(self.runtime.presets, values, cl.context.session.chat_settings or {})
 
     async def message(self, message: cl.Message) -> None:
         if await self._sign_in_ended():  # an open tab's sign-in ended since it connected
             return
         if is_key_command(message.content):  # the person's own API keys
             await answer_key_command(self.runtime, message.content)
+        elif is_preset_command(message.content):  # the person's own presets and templates
+            in_effect = cl.context.session.chat_settings or {}
+            await answer_preset_command(self.runtime.presets, message.content, in_effect)
         elif is_command(message.content):  # operators' view; admins only
             await self._show_stats()
         else:
             files = [(e.path, e.name) for e in message.elements if getattr(e, "path", None)]
             await self._turns().answer(self.page, message.content, files)
+
+    async def starters(self, user: Any) -> list[cl.Starter]:
+        return await starters(self.runtime.presets, user)
+
+    def chat_profiles(self) -> list[cl.ChatProfile]:
+        return chat_profiles(self.runtime.settings)
 
     def stop(self) -> None:
         if (serving := self.runtime.running()) is not None:

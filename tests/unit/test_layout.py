@@ -24,6 +24,7 @@ LAYERS = (
     "services.api",
     "services.observability",
     "services.accounts",
+    "services.presets",
     "services.history",
     "services.chat",
     "services.documents",
