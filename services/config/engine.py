@@ -31,6 +31,7 @@ class EngineSettings:
         "conversation (the chat's model menu, `model` in /v1) under its folder's name; the first is "
         "the default. Each starts its own EngineCore and worker (~3 GB on the tiny test model): at "
         "most MAX_IN_PROCESS_MODELS. Empty = MODEL alone. Not with ENGINE_URLS.",
+        tier="essential",
     )
     max_in_process_models: int = setting(
         2,

@@ -9,6 +9,7 @@ which says what is.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -43,10 +44,23 @@ def model_settings(settings: Settings) -> list[tuple[str, Settings]]:
     paths = settings.model_list
     if not paths:
         return [(model_names(settings)[0], settings)]
+    longest = settings.max_model_len
     return [
-        (name, settings.replace(model=path, models="", api_model_name=name))
+        (name, settings.replace(model=path, models="", api_model_name=name,
+                                max_model_len=min(longest, _context_of(path) or longest)))
         for name, path in zip(model_names(settings), paths, strict=True)
-    ]
+    ]  # fmt: skip
+
+
+def _context_of(path: str) -> int | None:
+    """A model folder's own context length (config.json's max_position_embeddings): MAX_MODEL_LEN is
+    each model's upper bound, and a model with a shorter context keeps its own."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    value = config.get("max_position_embeddings") if isinstance(config, dict) else None
+    return value if isinstance(value, int) and value > 0 else None
 
 
 class ServedModels:
