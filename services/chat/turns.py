@@ -168,7 +168,8 @@ class ChatTurns:
         if session is None:
             return
         await self.history.restore(self.sessions, session, thread)
-        if refusal := choose(self.chats, session, page.chosen_model or model_of_thread(thread)):
+        # The model that answered it; a page the conversation's model was not kept for: its choice.
+        if refusal := choose(self.chats, session, model_of_thread(thread) or page.chosen_model):
             await page.error(refusal)
         await page.send_settings(session, self.sessions.settings.max_new_tokens_limit)
         if session.document is not None:

@@ -29,15 +29,17 @@ class EngineSettings:
         "MODELS",
         "Comma-separated model folders (or ids) served side by side in this process, each picked per "
         "conversation (the chat's model menu, `model` in /v1) under its folder's name; the first is "
-        "the default. Each starts its own EngineCore and worker (~3 GB on the tiny test model): at "
-        "most MAX_IN_PROCESS_MODELS. Empty = MODEL alone. Not with ENGINE_URLS.",
+        "the default. Each starts its own EngineCore and worker (~2 GB more memory even for the tiny "
+        "test model, bench/results/models/): at most MAX_IN_PROCESS_MODELS. Empty = MODEL alone. Not "
+        "with ENGINE_URLS.",
         tier="essential",
     )
     max_in_process_models: int = setting(
         2,
         "MAX_IN_PROCESS_MODELS",
         "Most models MODELS may list: each adds a whole engine (its processes, weights and "
-        "VLLM_CPU_KVCACHE_SPACE of KV) to this machine's memory, and they share its cores.",
+        "VLLM_CPU_KVCACHE_SPACE of KV: two tiny models took the tree from 0.8 to 4.8 GB) to this "
+        "machine's memory, and their workers share its cores (starts take longer one after another).",
         1,
     )
     dtype: str = setting(

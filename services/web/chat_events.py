@@ -50,7 +50,7 @@ class ChatEvents:
 
     async def settings_update(self, values: dict) -> None:
         await self._turns().update_settings(self.page, values)
-        await save_if_asked(self.runtime.presets, values, cl.context.session.chat_settings or {})
+        await save_if_asked(self.runtime.presets, values, self._in_effect())
 
     async def message(self, message: cl.Message) -> None:
         if await self._sign_in_ended():  # an open tab's sign-in ended since it connected
@@ -58,8 +58,7 @@ class ChatEvents:
         if is_key_command(message.content):  # the person's own API keys
             await answer_key_command(self.runtime, message.content)
         elif is_preset_command(message.content):  # the person's own presets and templates
-            in_effect = cl.context.session.chat_settings or {}
-            await answer_preset_command(self.runtime.presets, message.content, in_effect)
+            await answer_preset_command(self.runtime.presets, message.content, self._in_effect())
         elif is_command(message.content):  # operators' view; admins only
             await self._show_stats()
         else:
@@ -88,6 +87,12 @@ class ChatEvents:
         forget_chat_context(cl.context.session.id)
         for session_id in dropped:
             await drop_chainlit_session(session_id)
+
+    def _in_effect(self) -> dict[str, Any]:
+        """This tab's chat settings in effect (what `/preset save` and the switch keep)."""
+        sessions = self._turns().sessions
+        session = sessions.get(cl.context.session.id)
+        return sessions.chat_settings(session) if session is not None else {}
 
     async def _show_stats(self) -> None:
         if await self.sign_in.role_of(cl.user_session.get("user")) != "admin" or not self.sign_in.required:

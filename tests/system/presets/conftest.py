@@ -18,9 +18,11 @@ OTHER_MODEL_CONTEXT = 2048  # the second model's own context, shorter than MAX_M
 
 @pytest.fixture(scope="session")
 def other_model_dir(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A second tiny model: other random weights (other answers), its own shorter context."""
+    """A second tiny model: other random weights, untied (other answers), its own shorter context."""
     folder = tmp_path_factory.mktemp("models") / "tiny-other"
-    return build_tiny_model(default_model_dir, folder, max_position_embeddings=OTHER_MODEL_CONTEXT, seed=1)
+    return build_tiny_model(
+        default_model_dir, folder, max_position_embeddings=OTHER_MODEL_CONTEXT, seed=1, tied=False
+    )
 
 
 @pooled(group="models")

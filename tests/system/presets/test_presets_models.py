@@ -151,6 +151,19 @@ async def test_each_model_answers_the_conversations_that_chose_it(models_server:
 
 
 @in_loop
+async def test_each_model_keeps_its_own_context_length(models_server: AppServer) -> None:
+    long_message = " ".join(f"fact{i}" for i in range(700))  # ~2,700 tokens: fits 4,096, not 2,048
+    on_other = await opened(models_server, ALICE, chat_profile="tiny-other")
+    refused = await on_other.ask(long_message)
+    assert "too long for this model" in (refused.final or "") and "(2048 tokens)" in (refused.final or "")
+    await on_other.close()
+    on_first = await opened(models_server, ALICE, chat_profile="tiny-llama")
+    answered = await on_first.ask(long_message)
+    assert answered.final and "too long" not in answered.final and answered.streamed_text
+    await on_first.close()
+
+
+@in_loop
 async def test_a_resumed_conversation_keeps_its_model(models_server: AppServer) -> None:
     client = await opened(models_server, ALICE, chat_profile="tiny-other")
     assert (await client.ask(QUESTION)).final and client.thread_id
