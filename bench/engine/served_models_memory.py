@@ -70,7 +70,7 @@ def main() -> None:
     )
     parser.add_argument("--models", type=int, default=2, help="measure 1..N models (default 2)")
     parser.add_argument(
-        "--save-results", action="store_true", help="copy the summary to bench/results/models/"
+        "--save-results", action="store_true", help="copy the summary to bench/results/engine/"
     )
     args = parser.parse_args()
     folder = OUT / "served-models"
@@ -81,7 +81,7 @@ def main() -> None:
     print(text)
     (folder / "summary.json").write_text(text)
     if args.save_results:
-        path = result_path("models", "served-models-memory")
+        path = result_path("engine", "served-models-memory")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         print(f"saved {path}")

@@ -30,7 +30,7 @@ class EngineSettings:
         "Comma-separated model folders (or ids) served side by side in this process, each picked per "
         "conversation (the chat's model menu, `model` in /v1) under its folder's name; the first is "
         "the default. Each starts its own EngineCore and worker (~2 GB more memory even for the tiny "
-        "test model, bench/results/models/): at most MAX_IN_PROCESS_MODELS. Empty = MODEL alone. Not "
+        "test model, bench/results/engine/): at most MAX_IN_PROCESS_MODELS. Empty = MODEL alone. Not "
         "with ENGINE_URLS.",
         tier="essential",
     )
