@@ -22,7 +22,7 @@ from harness.browser import (
 from harness.server import AppServer
 from tests.conftest import ARTIFACTS
 from tests.system.conftest import ADMIN
-from tests.system.presets.conftest import models_server  # noqa: F401  (the fixture, shared)
+from tests.system.presets.conftest import models_server, other_model_dir  # noqa: F401  (shared fixtures)
 
 SCREENSHOTS = ARTIFACTS / "screenshots"
 PROMPT = "Answer like a ship's captain."
