@@ -14,6 +14,9 @@ from tests.conftest import TINY_MAX_MODEL_LEN, TINY_OPS_TOKEN, ServerPool, poole
 from tests.system.conftest import ADMIN, add_alice_and_bob
 
 OTHER_MODEL_CONTEXT = 2048  # the second model's own context, shorter than MAX_MODEL_LEN
+# Two engines start and warm up one after the other: twice a one-model server's time, and much more
+# on a machine other engines share.
+START_TIMEOUT_SECONDS = 1200
 
 
 @pytest.fixture(scope="session")
@@ -32,6 +35,7 @@ def models_server(
     env = server_env(
         MODELS=f"{tiny_model_dir},{other_model_dir}", MAX_MODEL_LEN=TINY_MAX_MODEL_LEN,
         MAX_NUM_BATCHED_TOKENS=4096, MAX_NEW_TOKENS=8, AUTH_MODE="password", ADMIN_USERNAME=ADMIN[0],
-        ADMIN_PASSWORD=ADMIN[1], OPS_TOKEN=TINY_OPS_TOKEN, PRESETS_MAX_TEMPLATES=3,
+        ADMIN_PASSWORD=ADMIN[1], OPS_TOKEN=TINY_OPS_TOKEN, PRESETS_MAX_TEMPLATES=3, MAX_NUM_SEQS=8,
     )  # fmt: skip
-    return server_pool.get(env, "models-server", after_start=add_alice_and_bob, user=request.module.__name__)
+    return server_pool.get(env, "models-server", after_start=add_alice_and_bob, user=request.module.__name__,
+                           start_timeout=START_TIMEOUT_SECONDS)  # fmt: skip

@@ -21,7 +21,7 @@ from harness.server import AppServer
 from tests.conftest import TINY_MAX_MODEL_LEN
 from tests.system.accounts.test_people import stored_thread
 from tests.system.conftest import ALICE, BOB, accounts
-from tests.system.presets.conftest import OTHER_MODEL_CONTEXT
+from tests.system.presets.conftest import OTHER_MODEL_CONTEXT, START_TIMEOUT_SECONDS
 
 in_loop = pytest.mark.asyncio(loop_scope="module")
 LAST_ON_ITS_SERVER = True  # the restart test ends this module; the browser tests run before it
@@ -217,7 +217,7 @@ def test_the_api_lists_and_answers_from_exactly_the_served_models(models_server:
 @in_loop
 async def test_presets_survive_a_restart(models_server: AppServer) -> None:
     models_server.stop()
-    models_server.start()
+    models_server.start(START_TIMEOUT_SECONDS)
     client = await opened(models_server, ALICE)
     assert widgets(client)["system_prompt"] == "Answer like a poet."
     assert [s["label"] for s in (await project_settings(client))["starters"]] == ["Rainbow"]
