@@ -171,7 +171,7 @@ class Runtime:
         sessions = SessionStore(s)
         chats = _chats(models, admission, s, stack)
         chat = chats[models.default_name]
-        maintenance = Maintenance(s, sessions, engine, self._maintenance_steps(engine))
+        maintenance = Maintenance(s, sessions, engine, self._maintenance_steps(models))
         maintenance.start()
         stack.push_async_callback(maintenance.stop)
         turns = ChatTurns(sessions, admission, chat, self.history or NothingKept(), chats)
@@ -186,10 +186,10 @@ class Runtime:
         return Serving(engine, processes, requests, admission, sessions, chat, maintenance, turns,
                        api_admission, models)  # fmt: skip
 
-    def _maintenance_steps(self, engine: ChatEngine) -> list[Callable]:
+    def _maintenance_steps(self, models: ServedModels) -> list[Callable]:
         """What each maintenance round also runs: the copies vLLM's tokenizer pool adds
-        (word_caches.py), and the history's retention."""
-        steps: list[Callable] = [engine.word_caches.round] if engine.word_caches is not None else []
+        (word_caches.py, every model's), and the history's retention."""
+        steps: list[Callable] = [e.word_caches.round for _, e in models if e.word_caches is not None]
         return steps + ([self.history.retention_round] if self.history is not None else [])
 
     async def stop(self) -> None:

@@ -4,6 +4,7 @@ picked from the starters, and a model picked in the chat profile menu answers.""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -58,8 +59,11 @@ def open_settings(page: Page) -> None:
 
 
 def stored_steps(page: Page, server: AppServer) -> list[dict[str, Any]]:
-    """The conversation on the page as the server stored it (the page's own cookie)."""
-    thread_id = page.url.rstrip("/").rsplit("/", 1)[-1]
+    """The newest conversation as the server stored it (the page's own cookie)."""
+    listed = page.request.post(
+        f"{server.base_url}/project/threads", data={"pagination": {"first": 1}, "filter": {}}
+    )
+    thread_id = listed.json()["data"][0]["id"]
     for _ in range(50):
         response = page.request.get(f"{server.base_url}/project/thread/{thread_id}")
         steps = response.json().get("steps") or [] if response.ok else []
@@ -87,7 +91,8 @@ def test_a_default_system_prompt_applies_to_the_next_new_chat(page: Page) -> Non
 def test_a_saved_template_is_picked_from_the_starters(page: Page, models_server: AppServer) -> None:  # noqa: F811
     send_message(page, "/template save Three colours | Name three colours of the rainbow.")
     page.get_by_text("Template «Three colours» saved").wait_for(timeout=15_000)
-    new_chat(page)
+    page.goto(models_server.base_url)  # the page reads its starters when it loads
+    wait_for_session(page)
     starter = page.locator("#starter-three-colours")
     starter.wait_for(timeout=15_000)
     page.screenshot(path=str(SCREENSHOTS / "presets-starters.png"))
@@ -111,5 +116,6 @@ def test_a_model_picked_in_the_menu_answers(page: Page, models_server: AppServer
     answers = [
         s for s in stored_steps(page, models_server) if s["type"] == "assistant_message" and s["output"]
     ]
-    assert answers[-1]["metadata"]["model"] == "tiny-other"
+    metadata = answers[-1]["metadata"]
+    assert (json.loads(metadata) if isinstance(metadata, str) else metadata)["model"] == "tiny-other"
     assert page.locator(ANSWER).count() >= 1

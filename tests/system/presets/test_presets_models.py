@@ -10,6 +10,7 @@ each one's own context length, and a model that is not served is refused, on the
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +22,17 @@ from harness.server import AppServer
 from tests.conftest import TINY_MAX_MODEL_LEN
 from tests.system.accounts.test_people import stored_thread
 from tests.system.conftest import ALICE, BOB, accounts
-from tests.system.presets.conftest import OTHER_MODEL_CONTEXT, START_TIMEOUT_SECONDS
+from tests.system.presets.conftest import OTHER_MODEL_CONTEXT, restart
 
 in_loop = pytest.mark.asyncio(loop_scope="module")
 LAST_ON_ITS_SERVER = True  # the restart test ends this module; the browser tests run before it
 MODELS = ["tiny-llama", "tiny-other"]
 QUESTION = "Name three colours of the rainbow."
+
+
+def as_dict(metadata: Any) -> dict[str, Any]:
+    """A stored step's metadata: JSON text on SQLite."""
+    return json.loads(metadata) if isinstance(metadata, str) else metadata
 
 
 def widgets(client: ChatClient) -> dict[str, Any]:
@@ -136,7 +142,7 @@ async def answer_of(server: AppServer, profile: str) -> tuple[str, str]:
     thread = await stored_thread(client, client.thread_id, steps=2, containing=reply.final)
     answers = [s for s in thread["steps"] if s["type"] == "assistant_message" and s["output"] == reply.final]
     await client.close()
-    return reply.final, answers[0]["metadata"]["model"]
+    return reply.final, as_dict(answers[0]["metadata"])["model"]
 
 
 @in_loop
@@ -216,8 +222,7 @@ def test_the_api_lists_and_answers_from_exactly_the_served_models(models_server:
 
 @in_loop
 async def test_presets_survive_a_restart(models_server: AppServer) -> None:
-    models_server.stop()
-    models_server.start(START_TIMEOUT_SECONDS)
+    restart(models_server)
     client = await opened(models_server, ALICE)
     assert widgets(client)["system_prompt"] == "Answer like a poet."
     assert [s["label"] for s in (await project_settings(client))["starters"]] == ["Rainbow"]
