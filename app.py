@@ -116,3 +116,15 @@ async def stop_turn() -> None:
 @cl.on_chat_end
 async def end_chat() -> None:
     await chat.chat_end(chainlit_config.project.session_timeout)
+
+
+@cl.set_starters
+async def starters(user: cl.User | None = None, language: str | None = None) -> list[cl.Starter]:
+    """The person's saved prompt templates (services/presets), offered on a new chat."""
+    return await chat.starters(user)
+
+
+@cl.set_chat_profiles
+async def chat_profiles(user: cl.User | None = None, language: str | None = None) -> list[cl.ChatProfile]:
+    """The served models (MODELS) as the page's model menu; none when one model is served."""
+    return chat.chat_profiles()

@@ -87,10 +87,10 @@ def sign_in_sync(base_url: str, username: str | None = None, password: str | Non
         return None if request is None else _cookie_from(http.post(**request))
 
 
-def handshake(session_id: str, thread_id: str = "") -> dict[str, str]:
-    """Chainlit's socket.io `auth`, as its web page sends it."""
+def handshake(session_id: str, thread_id: str = "", chat_profile: str = "") -> dict[str, str]:
+    """Chainlit's socket.io `auth`, as its web page sends it (`chat_profile`: the model menu's choice)."""
     return {"sessionId": session_id, "clientType": "webapp", "threadId": thread_id, "userEnv": "{}",
-            "chatProfile": ""}  # fmt: skip
+            "chatProfile": chat_profile}  # fmt: skip
 
 
 def client_headers(address: str, cookie: str | None) -> dict[str, str]:
@@ -180,8 +180,10 @@ class ChatClient:
         cookie: str | None = None,
         session_id: str | None = None,
         address: str | None = None,
+        chat_profile: str = "",
     ) -> None:
         self.base_url = base_url
+        self.chat_profile = chat_profile  # the chat profile the page asks for (the model menu)
         self.address = address or new_address()  # X-Forwarded-For: the person to per-user limits
         self.username = username
         self.password = password
@@ -285,7 +287,7 @@ class ChatClient:
             self.base_url,
             socketio_path=SOCKET_PATH,
             transports=["websocket"],
-            auth=handshake(self.session_id, thread_id),
+            auth=handshake(self.session_id, thread_id, self.chat_profile),
             wait_timeout=10,
             headers=client_headers(self.address, self.cookie),
         )

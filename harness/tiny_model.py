@@ -18,8 +18,13 @@ TOKENIZER_FILES = (
 )
 
 
-def build_tiny_model(tokenizer_dir: Path, out_dir: Path, max_position_embeddings: int = 4096) -> Path:
-    """Write a 2-layer Llama with `tokenizer_dir`'s tokenizer into `out_dir`."""
+def build_tiny_model(
+    tokenizer_dir: Path, out_dir: Path, max_position_embeddings: int = 4096, seed: int = 0, tied: bool = True
+) -> Path:
+    """Write a 2-layer Llama with `tokenizer_dir`'s tokenizer into `out_dir` (`seed`: its random weights).
+
+    Tied embeddings (the default) make a greedy answer repeat the prompt's last token whatever the seed;
+    `tied=False` gives a model whose answers differ from the default one's."""
     import torch
     from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
@@ -36,12 +41,12 @@ def build_tiny_model(tokenizer_dir: Path, out_dir: Path, max_position_embeddings
         num_key_value_heads=1,
         head_dim=64,  # the CPU attention kernels support 32, 64, 80, 96, 112, 128, ...
         max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=True,
+        tie_word_embeddings=tied,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=eos_id,
         pad_token_id=eos_id,
     )
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=eos_id)
     partial = out_dir.with_name(out_dir.name + ".partial")

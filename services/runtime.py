@@ -33,6 +33,7 @@ from services.admission.service import Admission
 from services.admission.waiting_line import CHAT, DOCUMENT
 from services.api.gate import AdmitAll, ApiGate, SharedAdmission
 from services.api.metrics import ApiMetrics
+from services.api.models import ModelsServer
 from services.api.remote import RemoteApiServer
 from services.api.server import OpenAiServer
 from services.api.usage import AnswerMeter
@@ -43,7 +44,7 @@ from services.chat.service import ChatService
 from services.chat.store import SessionStore
 from services.chat.turns import ChatTurns, NothingKept
 from services.config import Settings
-from services.engine import ChatEngine, engine_lifespan
+from services.engine import ChatEngine, ServedModels, served_models_lifespan
 from services.engine.backends.local import engine_processes
 from services.history.database import ensure_data_dir
 from services.history.service import History, HistoryCollector
@@ -53,6 +54,7 @@ from services.observability.metrics import RequestMetrics, ServiceCollector
 from services.observability.ops_access import require_ops_token
 from services.observability.report import StatsReport
 from services.observability.status import ServiceStatus
+from services.presets.store import PresetStore
 from services.transfer.service import Transfers
 from services.usage import UsageLedger, UsageStore
 from services.usage.metrics import UsageCollector
@@ -82,6 +84,7 @@ class Serving:
     turns: ChatTurns
     api_admission: SharedAdmission | None  # the /v1 API's, when it is served
     usage: UsageLedger | None = None  # usage and budgets, when kept (a database, USAGE_ACCOUNTING)
+    models: ServedModels | None = None  # every model served (MODELS), `engine` the default
 
 
 def set_up_people(
@@ -146,6 +149,10 @@ class Runtime:
         if self.history is not None:
             self.registry.register(HistoryCollector(self.history))
         self.report = StatsReport(self.status)
+        # A person's default settings and prompt templates (services/presets), when there is a database.
+        self.presets = (
+            PresetStore(self.history.engine, self.settings) if self.history and self.history.engine else None
+        )
         self._stack = contextlib.AsyncExitStack()
 
     def running(self) -> Serving | None:
@@ -158,43 +165,46 @@ class Runtime:
         if self.history is not None:
             await self.history.start()
             self._stack.push_async_callback(self.history.stop)
-        engine = await self._stack.enter_async_context(engine_lifespan(self.settings))
-        atexit.register(engine.shutdown)  # an exit that skips the shutdown hook
-        self._stack.callback(atexit.unregister, engine.shutdown)
-        self.serving = await self._serve(engine)
+        models = await self._stack.enter_async_context(served_models_lifespan(self.settings))
+        for _, engine in models:
+            atexit.register(engine.shutdown)  # an exit that skips the shutdown hook
+            self._stack.callback(atexit.unregister, engine.shutdown)
+        self.serving = await self._serve(models)
 
-    async def _serve(self, engine: ChatEngine) -> Serving:
+    async def _serve(self, models: ServedModels) -> Serving:
         """Build and start what needs the engine, in order; each stop is pushed to undo it."""
-        s, stack = self.settings, self._stack
+        s, stack, engine = self.settings, self._stack, models.default
         processes = engine_processes()
         requests = RequestMetrics(s.latency_samples_kept)
         self.registry.register(requests)
         stack.callback(self.registry.unregister, requests)
-        stack.callback(engine.on_finish(requests.record))
         usage = self._usage()
+        # One admission door for every model: its running limit follows the default model's speed.
         admission = Admission(s, engine.load, _max_running(s), usage)
-        stack.callback(engine.on_finish(admission.engine_finished))  # chat's tokens, for usage
+        for _, each in models:
+            stack.callback(each.on_finish(requests.record))
+            stack.callback(each.on_finish(admission.engine_finished))  # chat's tokens, for usage
         if engine.warm_up_report is not None:
             admission.learn_from_warm_up(engine.warm_up_report.decode_seconds_per_token)
         admission.start()
         stack.push_async_callback(admission.stop)
         sessions = SessionStore(s)
-        chat = ChatService(admission.engine(engine, CHAT), s, admission.engine(engine, DOCUMENT))
-        stack.callback(chat.summarizer.close)  # its prefill meter listens to the engine
-        maintenance = Maintenance(s, sessions, engine, self._maintenance_steps(engine, usage))
+        chats = _chats(models, admission, s, stack)
+        chat = chats[models.default_name]
+        maintenance = Maintenance(s, sessions, engine, self._maintenance_steps(models, usage))
         maintenance.start()
         stack.push_async_callback(maintenance.stop)
-        turns = ChatTurns(sessions, admission, chat, self.history or NothingKept())
+        turns = ChatTurns(sessions, admission, chat, self.history or NothingKept(), chats)
         if s.app_memory_probe_dir:
             start_app_probe(s.app_memory_probe_dir, s.app_memory_probe_seconds, s.app_memory_probe_frames,
                             s.app_memory_probe_deep)  # fmt: skip
         api_admission = None
         if self.api is not None:  # the same queue, priority and per-user limits as chat
             api_admission = SharedAdmission(admission, engine.count_tokens)
-            await self.api.server.start(engine.backend)
+            await self.api.server.start(models if len(models) > 1 else engine.backend)
             stack.push_async_callback(self.api.server.stop)
         return Serving(engine, processes, requests, admission, sessions, chat, maintenance, turns,
-                       api_admission, usage)  # fmt: skip
+                       api_admission, usage, models)  # fmt: skip
 
     def _usage(self) -> UsageLedger | None:
         """Usage and budgets (services/usage), started, with their stop pushed; None without a database
@@ -211,10 +221,10 @@ class Runtime:
         self._stack.callback(self.registry.unregister, collector)
         return usage
 
-    def _maintenance_steps(self, engine: ChatEngine, usage: UsageLedger | None) -> list[Callable]:
+    def _maintenance_steps(self, models: ServedModels, usage: UsageLedger | None) -> list[Callable]:
         """What each maintenance round also runs: the copies vLLM's tokenizer pool adds
-        (word_caches.py), the audit log's retention, the history's and usage's."""
-        steps: list[Callable] = [engine.word_caches.round] if engine.word_caches is not None else []
+        (word_caches.py, every model's), the audit log's retention, the history's and usage's."""
+        steps: list[Callable] = [e.word_caches.round for _, e in models if e.word_caches is not None]
         if self.history is not None and self.history.audit is not None:
             steps.append(self.history.audit.retention_round)
         steps += [self.history.retention_round] if self.history is not None else []
@@ -238,6 +248,18 @@ def _transfers(settings: Settings, history: History | None) -> Transfers | None:
     return Transfers(history.engine, settings, history.audit)
 
 
+def _chats(
+    models: ServedModels, admission: Admission, settings: Settings, stack: contextlib.AsyncExitStack
+) -> dict[str, ChatService]:
+    """A chat service per served model, all behind the one admission."""
+    chats = {}
+    for name, engine in models:
+        chat = ChatService(admission.engine(engine, CHAT), settings, admission.engine(engine, DOCUMENT))
+        stack.callback(chat.summarizer.close)  # its prefill meter listens to the engine
+        chats[name] = chat
+    return chats
+
+
 def _max_running(settings: Settings) -> int:
     """The most requests admission may ever run at once: the engine's batch, per server."""
     return settings.max_num_seqs * max(1, len(settings.engine_url_list))
@@ -252,7 +274,10 @@ def _api_gate(
     """The /v1 API's one door (services/api/gate.py), over vLLM's layer or the ENGINE_URLS servers' own."""
     if not settings.api_enabled:
         return None
-    server = RemoteApiServer(settings) if settings.engine_url_list else OpenAiServer(settings)
+    if settings.engine_url_list:
+        server: RemoteApiServer | OpenAiServer | ModelsServer = RemoteApiServer(settings)
+    else:
+        server = ModelsServer(settings) if len(settings.model_list) > 1 else OpenAiServer(settings)
     keys = ApiKeyStore(history.engine, settings.api_keys_per_user) if history and history.engine else None
     return ApiGate(settings, server, ApiMetrics(registry), keys, _AdmissionWhenServing(running))
 

@@ -75,10 +75,11 @@ class ServerPool:
         before_start: Callable[[AppServer], None] | None = None,
         after_start: Callable[[AppServer], None] | None = None,
         user: str = "",
+        start_timeout: float = 300,
     ) -> AppServer:
         """The running server of this configuration, started now if none is; `user` (a module's
-        name, say) is remembered in `users[id(server)]`."""
-        server = self._get(env, log_name, before_start, after_start)
+        name, say) is remembered in `users[id(server)]`; `start_timeout`: seconds to become ready."""
+        server = self._get(env, log_name, before_start, after_start, start_timeout)
         self.users.setdefault(id(server), []).append(user)
         return server
 
@@ -88,6 +89,7 @@ class ServerPool:
         log_name: str,
         before_start: Callable[[AppServer], None] | None,
         after_start: Callable[[AppServer], None] | None,
+        start_timeout: float = 300,
     ) -> AppServer:
         steps = tuple(step.__qualname__ if step else "" for step in (before_start, after_start))
         key = (tuple(sorted(env.items())), steps)
@@ -99,7 +101,7 @@ class ServerPool:
         server = AppServer(env, ARTIFACTS / "logs" / f"{log_name}.log")
         if before_start:
             before_start(server)
-        server.start()
+        server.start(start_timeout)
         self.alive[key] = server
         try:
             if after_start:

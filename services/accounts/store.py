@@ -145,6 +145,10 @@ class AccountStore:
                 ),
                 {"who": identifier, "now": _now()},
             )
+            for table in ("user_presets", "prompt_templates"):  # their presets (services/presets)
+                await connection.execute(
+                    text(f"DELETE FROM {table} WHERE user_identifier = :who"), {"who": identifier}
+                )
         ids = await conversations.thread_ids_of_user(self.engine, identifier)
         return await conversations.delete_threads(self.engine, ids)
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 import dataclasses
 
 from services.chat import branch
+from services.chat.page import Page
 from services.chat.session import ChatSession
-from services.chat.turns import Asked, ChatTurns, Page
+from services.chat.turns import Asked, ChatTurns
 from services.engine import SamplingSettings
 
 # A regenerated answer samples at least this hot: at the default temperature (or greedy) the small

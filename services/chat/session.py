@@ -41,6 +41,7 @@ class ChatSession:
     reconnect_deadline: float | None = None  # set while disconnected: dropped when the page has not returned
     history_outage_told: int = 0  # the history outage this session was last told about (0 = none)
     last_used: float = 0.0  # monotonic; opening the session or ending a turn refreshes it
+    model: str = ""  # the served model that answers (model_choice.py); empty = the default
 
     def __post_init__(self) -> None:
         self.history_ids = deque(self.history_ids, maxlen=self.history.maxlen)

@@ -12,17 +12,18 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from services.admission.feedback import Show, WaitingFeedback
+from services.admission.feedback import WaitingFeedback
 from services.admission.refusals import Refused
 from services.admission.service import Admission
 from services.chat import branch
 from services.chat.kept import KeptConversations, NothingKept  # noqa: F401  (NothingKept: re-exported)
+from services.chat.model_choice import MODEL_KEY, chat_for, choose, model_of_thread, refusal_of
+from services.chat.page import Page, Reply
 from services.chat.service import ChatService
 from services.chat.session import ChatSession
 from services.chat.store import SessionStore
-from services.documents.progress import Progress
 from services.engine import SamplingSettings
 from services.engine.errors import RepetitionError, report_failure
 from services.engine.route_hint import set_route_hint
@@ -45,93 +46,19 @@ class Asked:
     sampling: SamplingSettings | None = None
 
 
-class Reply(Protocol):
-    """The answer's message on the page, streamed into, sent at the end of the turn."""
-
-    id: str
-    content: str
-    metadata: dict[str, Any]
-
-    async def stream_token(self, token: str) -> None: ...
-
-    async def send(self) -> Any: ...
-
-    async def update(self) -> Any: ...
-
-
-class Step(Protocol):
-    output: str
-
-
-class Page(Protocol):
-    """The chat page of one tab, as a turn sees it."""
-
-    @property
-    def session_id(self) -> str: ...
-
-    @property
-    def user_identifier(self) -> str | None: ...
-
-    @property
-    def thread_id(self) -> str: ...
-
-    def person(self) -> str:
-        """Whose share a turn counts against (admission's per-user limits)."""
-        ...
-
-    def reply(self) -> Reply:
-        """A new, empty answer, marked as part of the model's history."""
-        ...
-
-    def status(self) -> Show:
-        """Where a waiting turn's status is shown (its place in line)."""
-        ...
-
-    def summary_progress(self) -> Progress: ...
-
-    def reading(self) -> contextlib.AbstractAsyncContextManager[Step]:
-        """A step shown while uploads are read."""
-        ...
-
-    async def refused(self, refusal: Refused) -> None: ...
-
-    async def error(self, text: str) -> None: ...
-
-    async def notice(self, text: str) -> None: ...
-
-    async def send_settings(self, session: ChatSession, max_new_tokens_limit: int) -> None: ...
-
-    def keep_settings(self, values: dict[str, Any]) -> None:
-        """What the page keeps as the conversation's chat settings."""
-        ...
-
-    def forget(self) -> None:
-        """Drop the page framework's own copy of the session's messages."""
-        ...
-
-    async def offer_regenerate(self, answer_id: str | None) -> None:
-        """The Regenerate button on this answer only (None: on none)."""
-        ...
-
-    async def remove_messages(self, ids: list[str]) -> None: ...
-
-    async def show_edited(self, message_id: str, text: str) -> None: ...
-
-    def run(self, message_id: str | None) -> contextlib.AbstractAsyncContextManager[Any]:
-        """The run an answer belongs to, as the message handler makes one (its answer gets feedback)."""
-        ...
-
-
 class ChatTurns:
     """Every chat page event of the service, over its sessions, admission, chat and kept history."""
 
     def __init__(
-        self, sessions: SessionStore, admission: Admission, chat: ChatService, history: KeptConversations
-    ) -> None:
+        self, sessions: SessionStore, admission: Admission, chat: ChatService, history: KeptConversations,
+        chats: Mapping[str, ChatService] | None = None,
+    ) -> None:  # fmt: skip
+        """`chats`: a chat service per served model, the default first (None: `chat` alone)."""
         self.sessions = sessions
         self.admission = admission
         self.chat = chat
         self.history = history
+        self.chats: dict[str, ChatService] = dict(chats) if chats else {"": chat}
 
     async def open(self, page: Page) -> ChatSession | None:
         """This tab's session; None (and the user told why) when the service holds all it can."""
@@ -141,9 +68,14 @@ class ChatTurns:
             await page.refused(refusal)
             return None
 
-    async def start(self, page: Page) -> None:
-        """A new chat: its settings panel, and whether conversations are saved."""
+    async def start(self, page: Page, defaults: Mapping[str, Any] | None = None) -> None:
+        """A new chat: the person's `defaults` applied, its settings panel, whether chats are saved."""
         if session := await self.open(page):
+            if defaults:
+                self.sessions.update_settings(session, defaults)
+                page.keep_settings(self.sessions.chat_settings(session))
+            if refusal := choose(self.chats, session, page.chosen_model):
+                await page.error(refusal)
             await page.send_settings(session, self.sessions.settings.max_new_tokens_limit)
             await self._tell_history_state(page, session)
 
@@ -154,6 +86,9 @@ class ChatTurns:
         if session is None:
             return
         await self.history.restore(self.sessions, session, thread)
+        # The model that answered it; a page the conversation's model was not kept for: its choice.
+        if refusal := choose(self.chats, session, model_of_thread(thread) or page.chosen_model):
+            await page.error(refusal)
         await page.send_settings(session, self.sessions.settings.max_new_tokens_limit)
         await self._offer_regenerate(page, session)
         if session.document is not None:
@@ -180,6 +115,9 @@ class ChatTurns:
         # Messages over MAX_MESSAGE_CHARS, and over the sender's message rate, never get here:
         # services/web/socket_guard.py refuses them before Chainlit stores them.
         await self._tell_history_state(page, session)
+        if chat_for(self.chats, session, None) is None:
+            await page.error(refusal_of(self.chats, session))
+            return
         try:
             if await self._run_turn(page, session, asked):
                 await self._offer_regenerate(page, session)
@@ -217,15 +155,17 @@ class ChatTurns:
         self, page: Page, session: ChatSession, asked: Asked, reply: Reply, request_id: str
     ) -> None:
         """Answer into `reply`, streaming; refusals and failures end up in the reply."""
-        person, files = page.person(), asked.files
+        person, files, chat = page.person(), asked.files, chat_for(self.chats, session)
         set_route_hint(page.thread_id, person)  # a router keeps the conversation on one server
+        if len(self.chats) > 1:  # which model wrote it: seen on the page, kept with the conversation
+            reply.metadata = {**reply.metadata, MODEL_KEY: session.model}
         try:
             async with self.admission.turn(person, documents=len(files)) as turn:
                 stream = await self._open_stream(page, session, asked, request_id, reply.id)
                 if stream is not None:
                     await _stream_into(reply, stream, self.admission.feedback(turn, page.status()))
         except Refused as refusal:  # the service is full, or a per-user limit: say when to retry
-            self.chat.attachments.discard(files)
+            chat.attachments.discard(files)
             reply.content += ("\n\n" if reply.content else "") + f"⏳ {refusal}"
             reply.metadata = {"refused": refusal.reason}
         except asyncio.CancelledError:
@@ -249,9 +189,9 @@ class ChatTurns:
     ) -> AsyncIterator[str] | None:
         """The answer's stream: a summary when files came with the message (the message is the
         request about them), else a chat reply; None when no file was readable."""
-        chat, ids = self.chat, (asked.message_id, reply_id)
+        chat, ids = chat_for(self.chats, session), (asked.message_id, reply_id)
         if asked.files:
-            if not await self._read_documents(page, session, asked.files):
+            if not await self._read_documents(page, session, asked.files, chat):
                 return None
             return chat.summarize(session, asked.text, request_id, page.summary_progress(), ids)
         prompt = chat.build_prompt(session, asked.text)
@@ -262,10 +202,12 @@ class ChatTurns:
             )
         return chat.reply(session, prompt, request_id, ids, asked.sampling)
 
-    async def _read_documents(self, page: Page, session: ChatSession, files: Files) -> bool:
+    async def _read_documents(
+        self, page: Page, session: ChatSession, files: Files, chat: ChatService
+    ) -> bool:
         """Attach uploads to the session, telling the user what happened; False if none was readable."""
         async with page.reading() as step:
-            result = await self.chat.attach_files(session, files)
+            result = await chat.attach_files(session, files)
             if result.document is not None:
                 step.output = f"«{result.document.name}»: {result.document.tokens:,} tokens."
         for error in result.errors:

@@ -24,6 +24,24 @@ class EngineSettings:
     model: str = setting(
         "", "MODEL", "Model folder or id vLLM loads; empty = bundled SmolLM2-135M-Instruct.", tier="essential"
     )
+    models: str = setting(
+        "",
+        "MODELS",
+        "Comma-separated model folders (or ids) served side by side in this process, each picked per "
+        "conversation (the chat's model menu, `model` in /v1) under its folder's name; the first is "
+        "the default. Each starts its own EngineCore and worker (~2 GB more memory even for the tiny "
+        "test model, bench/results/engine/): at most MAX_IN_PROCESS_MODELS. Empty = MODEL alone. Not "
+        "with ENGINE_URLS.",
+        tier="essential",
+    )
+    max_in_process_models: int = setting(
+        2,
+        "MAX_IN_PROCESS_MODELS",
+        "Most models MODELS may list: each adds a whole engine (its processes, weights and "
+        "VLLM_CPU_KVCACHE_SPACE of KV: two tiny models took the tree from 0.8 to 4.8 GB) to this "
+        "machine's memory, and their workers share its cores (starts take longer one after another).",
+        1,
+    )
     dtype: str = setting(
         "auto",
         "DTYPE",
@@ -254,6 +272,12 @@ class EngineSettings:
         return [url.strip() for url in self.engine_urls.split(",") if url.strip()]
 
     @property
+    def model_list(self) -> list[str]:
+        """MODELS as a list (empty: MODEL alone)."""
+        return [path.strip() for path in self.models.split(",") if path.strip()]
+
+    @property
     def model_path(self) -> str:
-        """What vLLM loads: MODEL, or the prepared default model's folder."""
-        return self.model or str(Path(self.cache_dir) / "models" / DEFAULT_MODEL_NAME)
+        """What vLLM loads: MODEL, else the first of MODELS, else the prepared default model's folder."""
+        first = self.model_list[0] if self.model_list else ""
+        return self.model or first or str(Path(self.cache_dir) / "models" / DEFAULT_MODEL_NAME)

@@ -23,7 +23,7 @@ class LdapSettings:
         "LDAP mode: the directory, ldap://host[:port] or ldaps://host[:port]. Beyond loopback use "
         "ldaps:// or LDAP_START_TLS=true: people's passwords cross the network. The other LDAP_* "
         "settings: docs/settings.md.",
-        tier="essential",
+        tier="tuning",
     )
     ldap_user_dn_template: str = setting(
         "",

@@ -20,6 +20,7 @@ import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from services.config.accounts import AUTH_MODES, AccountSettings
@@ -34,6 +35,7 @@ from services.config.fields import SettingsError, parse
 from services.config.history import HistorySettings
 from services.config.ldap import LdapSettings, check_ldap
 from services.config.observability import ObservabilitySettings
+from services.config.presets import PresetSettings
 from services.config.reference import Section, write_generated
 from services.config.transfer import TransferSettings
 from services.config.usage import UsageSettings
@@ -47,6 +49,7 @@ SENSITIVE_NAMES = ("DATABASE_URL",)  # may carry a password
 SECTIONS: tuple[Section, ...] = (
     Section("Engine", EngineSettings),
     Section("Chat", ChatSettings),
+    Section("Presets", PresetSettings),
     Section("Documents", DocumentSettings),
     Section("Overload and fair share", AdmissionSettings),
     Section("OpenAI-compatible API", ApiSettings),
@@ -78,6 +81,7 @@ class Settings(
     HistorySettings,
     ObservabilitySettings,
     DocumentSettings,
+    PresetSettings,
     ChatSettings,
     EngineSettings,
 ):
@@ -112,6 +116,7 @@ class Settings(
             raise SettingsError(f"TOP_P={self.top_p} must be at most 1")
         if self.frequency_penalty > 2:
             raise SettingsError(f"FREQUENCY_PENALTY={self.frequency_penalty} must be at most 2")
+        self._check_models()
         for url in self.engine_url_list:
             if not url.startswith(("http://", "https://")):
                 raise SettingsError(f"ENGINE_URLS entry {url!r} is not an http:// or https:// URL")
@@ -128,6 +133,21 @@ class Settings(
             raise SettingsError(f"DIAGNOSTICS={self.diagnostics!r} is not one of {levels}")
         self._check_sign_in()
         parse_origins("ALLOWED_ORIGINS", self.allowed_origins)  # raises on a bad one
+
+    def _check_models(self) -> None:
+        models = self.model_list
+        if not models:
+            return
+        if self.model or self.engine_url_list:
+            raise SettingsError("MODELS replaces MODEL and cannot be used with ENGINE_URLS: set one of them")
+        if len(models) > self.max_in_process_models:
+            raise SettingsError(
+                f"MODELS lists {len(models)} models; MAX_IN_PROCESS_MODELS={self.max_in_process_models} "
+                "(each is a whole engine in this machine's memory)"
+            )
+        names = [Path(path.rstrip("/")).name for path in models]
+        if len(set(names)) != len(names):
+            raise SettingsError(f"MODELS: two models have the same folder name ({', '.join(names)})")
 
     def _check_sign_in(self) -> None:
         if self.auth_mode not in AUTH_MODES:

@@ -170,6 +170,22 @@ async def _shares(connection: AsyncConnection) -> None:
     await connection.execute(text("CREATE INDEX IF NOT EXISTS shares_thread ON shares (thread_id)"))
 
 
+async def _presets(connection: AsyncConnection) -> None:
+    """A person's default chat settings and named prompt templates (services/presets)."""
+    await connection.execute(
+        text(
+            "CREATE TABLE IF NOT EXISTS user_presets (user_identifier TEXT PRIMARY KEY, "
+            "settings TEXT NOT NULL, updated_at TEXT NOT NULL)"
+        )
+    )
+    await connection.execute(
+        text(
+            "CREATE TABLE IF NOT EXISTS prompt_templates (user_identifier TEXT NOT NULL, name TEXT NOT NULL, "
+            "text TEXT NOT NULL, created_at TEXT NOT NULL, PRIMARY KEY (user_identifier, name))"
+        )
+    )
+
+
 @dataclass(frozen=True)
 class Migration:
     version: int
@@ -192,6 +208,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(10, "audit log: who did what, append-only (services/audit/)", _audit_log),
     Migration(11, "full-text search of conversation names and messages", create_search_index),
     Migration(12, "share links: token hash, owner, snapshot, expiry, revocation", _shares),
+    Migration(13, "presets: default chat settings and prompt templates per person", _presets),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

@@ -22,7 +22,14 @@ CUT_ANSWER_NOTICE = (
     "Your last message has no complete answer: it was cut off when the page closed or the server "
     "answering it stopped. Send it again to get one."
 )
-COMMAND_WORDS = ("/key", "/export", "/import", "/share")  # a message starting with one is a command
+COMMAND_WORDS = (
+    "/key",
+    "/export",
+    "/import",
+    "/share",
+    "/preset",
+    "/template",
+)  # a message starting with one is a command
 
 
 def _as_dict(value: Any) -> dict[str, Any]:
@@ -36,8 +43,8 @@ def _as_dict(value: Any) -> dict[str, Any]:
 
 
 def is_command(text: str) -> bool:
-    """/stats, /quota, /key ... (API keys), /export, /import and /share ...: said to the service,
-    never to the model."""
+    """/stats, /quota, /key ... (API keys), /export, /import, /share, /preset and /template ...: said to
+    the service, never to the model."""
     words = text.strip().split(maxsplit=1)[:1]
     return text.strip() in COMMANDS or (bool(words) and words[0] in COMMAND_WORDS)
 

@@ -17,10 +17,18 @@ from services.chat import rewinds
 from services.chat.turns import ChatTurns
 from services.history.data_layer import is_uuid
 from services.history.resume import CUT_ANSWER_NOTICE, is_command, unanswered_message
+from services.presets.commands import is_preset_command
 from services.runtime import Runtime
 from services.web.chainlit_state import drop_chainlit_session, forget_chat_context
 from services.web.chat_page import ChainlitPage
 from services.web.key_chat import answer_key_command
+from services.web.presets_chat import (
+    answer_preset_command,
+    chat_profiles,
+    default_settings,
+    save_if_asked,
+    starters,
+)
 from services.web.quota_chat import answer_quota_command, is_quota_command
 from services.web.transfer_chat import answer_transfer_command, is_transfer_command
 
@@ -39,8 +47,8 @@ class ChatEvents:
         return serving.turns
 
     async def chat_start(self) -> None:
-        if not await self._sign_in_ended():
-            await self._turns().start(self.page)
+        if not await self._sign_in_ended():  # a new chat starts with the person's default settings
+            await self._turns().start(self.page, await default_settings(self.runtime.presets))
 
     async def chat_resume(self, thread: Mapping[str, Any]) -> None:
         if not await self._sign_in_ended():
@@ -50,6 +58,7 @@ class ChatEvents:
 
     async def settings_update(self, values: dict) -> None:
         await self._turns().update_settings(self.page, values)
+        await save_if_asked(self.runtime.presets, values, self._in_effect())
 
     async def message(self, message: cl.Message) -> None:
         if await self._sign_in_ended():  # an open tab's sign-in ended since it connected
@@ -61,6 +70,8 @@ class ChatEvents:
             await answer_quota_command(self.runtime, self.page.person())
         elif is_transfer_command(message.content):  # export, import, share links
             await answer_transfer_command(self.runtime, message.content, files)
+        elif is_preset_command(message.content):  # the person's own presets and templates
+            await answer_preset_command(self.runtime.presets, message.content, self._in_effect())
         elif is_command(message.content):  # operators' view; admins only
             await self._show_stats()
         else:
@@ -103,6 +114,12 @@ class ChatEvents:
         finally:
             await emitter.task_end()
 
+    async def starters(self, user: Any) -> list[cl.Starter]:
+        return await starters(self.runtime.presets, user)
+
+    def chat_profiles(self) -> list[cl.ChatProfile]:
+        return chat_profiles(self.runtime.settings)
+
     def stop(self) -> None:
         if (serving := self.runtime.running()) is not None:
             serving.turns.stop(cl.context.session.id)
@@ -119,6 +136,12 @@ class ChatEvents:
         forget_chat_context(cl.context.session.id)
         for session_id in dropped:
             await drop_chainlit_session(session_id)
+
+    def _in_effect(self) -> dict[str, Any]:
+        """This tab's chat settings in effect (what `/preset save` and the switch keep)."""
+        sessions = self._turns().sessions
+        session = sessions.get(cl.context.session.id)
+        return sessions.chat_settings(session) if session is not None else {}
 
     async def _show_stats(self) -> None:
         if await self.sign_in.role_of(cl.user_session.get("user")) != "admin" or not self.sign_in.required:

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import chainlit as cl
-from chainlit.input_widget import Slider, TextInput
+from chainlit.input_widget import Slider, Switch, TextInput
 from chainlit.utils import utc_now
 
 from services.admission.feedback import Show
@@ -51,6 +51,10 @@ class ChainlitPage:
     def thread_id(self) -> str:
         return cl.context.session.thread_id
 
+    @property
+    def chosen_model(self) -> str | None:
+        return cl.context.session.chat_profile
+
     def person(self) -> str:
         return session_user_key(people_sign_in=self._people_sign_in)
 
@@ -89,6 +93,8 @@ class ChainlitPage:
                 Slider(id="max_new_tokens", label="Max new tokens", initial=sampling.max_new_tokens,
                        min=16, max=max_new_tokens_limit, step=16),
                 TextInput(id="system_prompt", label="System prompt", initial=session.system_prompt),
+                Switch(id="save_as_default", label="Save as my default", initial=False,
+                       description="While on, these settings are saved as the default of your new chats."),
             ]
         ).send()  # fmt: skip
 

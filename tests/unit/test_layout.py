@@ -26,6 +26,7 @@ LAYERS = (
     "services.observability",
     "services.usage",
     "services.accounts",
+    "services.presets",
     "services.transfer",
     "services.history",
     "services.audit",

@@ -46,6 +46,7 @@ class FakePage:
 
     session_id = "tab-1"
     user_identifier = None
+    chosen_model = None
     thread_id = "thread-1"
 
     def __init__(self) -> None:

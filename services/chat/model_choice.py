@@ -1,0 +1,55 @@
+"""Which model answers a conversation: the one chosen on the page (Chainlit's chat profile), else the
+one its stored answers name, else the default; a name that is not served is refused, saying what is."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from services.chat.session import ChatSession
+from services.engine import UnknownModelError
+
+MODEL_KEY = "model"  # in an answer's metadata: the model that wrote it (when several are served)
+Chat = TypeVar("Chat")
+
+
+def chat_for(chats: Mapping[str, Chat], session: ChatSession, *missing: None) -> Chat | None:
+    """The chat service of the session's model (empty: the first, the default). When the session names
+    one that is not served: None if `missing` is given, else UnknownModelError."""
+    name = session.model or next(iter(chats))
+    if name not in chats:
+        if missing:
+            return None
+        raise UnknownModelError(name, list(chats))
+    return chats[name]
+
+
+def refusal_of(chats: Mapping[str, Any], session: ChatSession) -> str:
+    """What the user is told when the session's model is not served."""
+    return f"{UnknownModelError(session.model, list(chats))} Choose one in the model menu at the top."
+
+
+def choose(chats: Mapping[str, Any], session: ChatSession, requested: object) -> str | None:
+    """Set the session's model to `requested` (None or empty: the default); return the refusal to tell
+    the user when that model is not served (the session then answers nothing until a served one is
+    chosen)."""
+    if requested is None or requested == "" or len(chats) == 1:  # one model: there is no choice
+        session.model = next(iter(chats))
+        return None
+    session.model = requested if isinstance(requested, str) else repr(requested)
+    return refusal_of(chats, session) if chat_for(chats, session, None) is None else None
+
+
+def model_of_thread(thread: Mapping[str, Any]) -> str | None:
+    """The model a stored conversation was answered by: its newest answer's MODEL_KEY."""
+    for step in reversed(list(thread.get("steps") or [])):
+        metadata = step.get("metadata") if isinstance(step, Mapping) else None
+        if isinstance(metadata, str):
+            try:
+                metadata = json.loads(metadata)
+            except ValueError:
+                continue
+        if isinstance(metadata, dict) and isinstance(metadata.get(MODEL_KEY), str):
+            return metadata[MODEL_KEY]
+    return None
