@@ -5,6 +5,7 @@ page, so that no path under /admin reaches anything before the administrator che
     GET  /admin/<section>           a section's page (sections.py)
     POST /admin/<section>/<action>  a section's action: Origin, CSRF token and form checked first
     GET  /admin/audit.csv           the audit log as CSV, with the page's filters
+    GET  /admin/usage.csv           usage per person per day as CSV, with the page's filters
     GET  /admin/admin.css           the page's style sheet
 
 The edge's guards apply as to every route (services/web/edge.py): the body limit, the client's
@@ -29,6 +30,7 @@ from services.admin.gate import Admin, AdminGate, Origins, Refusal
 from services.admin.html import Html, layout
 from services.admin.live import LIVE
 from services.admin.sections import ActionError, Section, Visit
+from services.admin.usage_section import USAGE, usage_csv_text
 from services.runtime import Runtime
 
 logger = logging.getLogger(__name__)
@@ -37,7 +39,7 @@ STYLE = (Path(__file__).parent / "static" / "admin.css").read_text()
 METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
 NO_STORE = {"Cache-Control": "no-store"}
 # The sections in the order of the navigation; the first is /admin's own page (sections.py: adding one).
-SECTIONS: tuple[Section, ...] = (ACCOUNTS, KEYS, LIVE, AUDIT)
+SECTIONS: tuple[Section, ...] = (ACCOUNTS, KEYS, USAGE, LIVE, AUDIT)
 
 
 class AdminPages:
@@ -78,8 +80,8 @@ class AdminPages:
         if method == "GET" and parts == ["admin.css"]:
             return Response(STYLE, media_type="text/css", headers=NO_STORE)
         visit = self._visit(request, admin)
-        if method == "GET" and parts == ["audit.csv"]:
-            return await self._csv(visit)
+        if method == "GET" and parts in (["audit.csv"], ["usage.csv"]):
+            return await self._csv(visit, parts[0])
         if len(parts) > 2 or (parts and parts[0] not in self.sections):
             return PlainTextResponse("Not Found", 404, headers=NO_STORE)
         section = self.sections[parts[0]] if parts else next(iter(self.sections.values()))
@@ -112,12 +114,13 @@ class AdminPages:
         html = layout(section.title, self.nav, section.slug, visit.admin.identifier, body, notice, error)
         return HTMLResponse(html, status, headers=NO_STORE)
 
-    async def _csv(self, visit: Visit) -> Response:
+    async def _csv(self, visit: Visit, name: str) -> Response:
         try:
-            text = await audit_csv(visit)
+            text = await (audit_csv(visit) if name == "audit.csv" else usage_csv_text(visit))
         except ActionError as error:
             return PlainTextResponse(str(error), 400, headers=NO_STORE)
-        disposition = {"Content-Disposition": 'attachment; filename="audit-log.csv"'}
+        filename = "audit-log.csv" if name == "audit.csv" else "usage.csv"
+        disposition = {"Content-Disposition": f'attachment; filename="{filename}"'}
         return Response(text, media_type="text/csv; charset=utf-8", headers={**NO_STORE, **disposition})
 
 

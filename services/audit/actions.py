@@ -30,6 +30,10 @@ SHARE_CREATED = "share.created"
 SHARE_REVOKED = "share.revoked"  # details.links
 SHARE_OPENED = "share.opened"  # actor None: a reader with the link (never the token)
 
+QUOTA_SET = "quota.set"  # target = the person; details.day, details.month (tokens; None = unchanged)
+QUOTA_CLEARED = "quota.cleared"  # target = the person: back to the role's budgets
+USAGE_EXPORTED = "usage.exported"  # an administrator downloaded usage (target = the person, or all)
+
 SYSTEM = "system"  # the actor of what the service does by itself
 CLI = "cli"  # the actor of the accounts command (an operator on the machine)
 
@@ -37,5 +41,5 @@ ALL = (
     SIGN_IN, SIGN_IN_FAILED, ACCOUNT_ADDED, ACCOUNT_REMOVED, ACCOUNT_ROLE_CHANGED, PASSWORD_RESET,
     IDENTITY_LINKED, IDENTITY_UNLINKED, KEY_CREATED, KEY_REVOKED, CONVERSATION_DELETED, SERVICE_STARTED,
     AUDIT_EXPORTED, CONVERSATION_EXPORTED, CONVERSATIONS_EXPORTED, CONVERSATIONS_IMPORTED, IMPORT_REFUSED,
-    SHARE_CREATED, SHARE_REVOKED, SHARE_OPENED,
+    SHARE_CREATED, SHARE_REVOKED, SHARE_OPENED, QUOTA_SET, QUOTA_CLEARED, USAGE_EXPORTED,
 )  # fmt: skip

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import sqlite3
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -19,7 +22,7 @@ from playwright.sync_api import expect, sync_playwright
 
 from harness.browser import browser_page, sign_in_on_page, wait_for_session
 from harness.chat_client import ChatClient, SignInError, new_address, sign_in
-from harness.server import AppServer
+from harness.server import ROOT, AppServer
 from tests.conftest import ARTIFACTS
 from tests.system.accounts.test_people import stored_thread
 from tests.system.conftest import ADMIN, ALICE, BOB, OPS_TOKEN, accounts
@@ -108,6 +111,9 @@ def test_the_administrator_manages_accounts_and_keys_in_the_browser(server: AppS
             page.goto(f"{server.base_url}/admin/audit?actor={ADMIN[0]}&since=1h", timeout=PAGE_TIMEOUT_MS)
             expect(page.locator("td", has_text="api_key.revoked").first).to_be_visible()
             page.screenshot(path=str(SHOTS / "admin-audit.png"), full_page=True)
+            page.goto(f"{server.base_url}/admin/usage?days=7", timeout=PAGE_TIMEOUT_MS)
+            expect(page.locator("h1")).to_have_text("Usage and quotas")
+            page.screenshot(path=str(SHOTS / "admin-usage.png"), full_page=True)
             assert page.evaluate("window.cspViolations") == []
         finally:
             browser.close()
@@ -216,3 +222,50 @@ def test_the_audit_page_filters_and_refuses_bad_filters(server: AppServer) -> No
         refused = admin.http.get("/admin/audit", params=bad)
         assert refused.status_code == 400 and 'class="error"' in refused.text, bad
     assert admin.http.get("/admin/audit.csv", params={"since": "soon"}).status_code == 400
+
+
+def test_usage_per_person_per_day_and_a_budget_set_on_the_page(server: AppServer) -> None:
+    """A person chats; the administrator sees their day's usage, downloads it as CSV, gives them a
+    budget of their own (the command line shows it) and puts them back on the role's; each is audited."""
+    name, password = new_person(server)
+
+    async def chat() -> None:
+        client = ChatClient(server.base_url, name, password, address=new_address())
+        await client.connect()
+        try:
+            assert (await client.ask("Count me in.")).final
+        finally:
+            await client.close()
+
+    asyncio.run(chat())
+    admin = AdminClient(server)
+    listed = ""
+    for _ in range(40):  # usage is written every USAGE_FLUSH_SECONDS (5)
+        listed = admin.http.get("/admin/usage", params={"person": name, "days": "1"}).text
+        if f"<td>{name}</td>" in listed:
+            break
+        asyncio.run(asyncio.sleep(0.5))
+    assert f"<td>{name}</td>" in listed and "Per day" in listed, listed[-2000:]
+    exported = admin.http.get("/admin/usage.csv", params={"person": name})
+    assert exported.status_code == 200 and exported.text.splitlines()[0].startswith("person,day")
+    assert any(line.startswith(f"{name},") for line in exported.text.splitlines()), exported.text
+    refused = admin.post("/admin/usage/set-quota", person=name, day="-5")
+    assert refused.status_code == 400 and "whole number" in refused.text
+    assert admin.post("/admin/usage/set-quota", person="nobody-" + name, month="5").status_code == 400
+    done = admin.post("/admin/usage/set-quota", person=name, day="0", month="123456")
+    assert done.status_code == 200 and f"{name}&#x27;s budget is set" in done.text, done.text[-1500:]
+    shown = subprocess_usage(server, "quota", "show", name)
+    assert "123,456 tokens (own budget" in shown and "unlimited (own budget" in shown, shown
+    assert admin.post("/admin/usage/clear-quota", person=name).status_code == 200
+    assert "own budget" not in subprocess_usage(server, "quota", "show", name)
+    done_actions = [(r["action"], r["target"]) for r in audit_rows(server) if r["actor"] == ADMIN[0]]
+    for action in ("usage.exported", "quota.set", "quota.cleared"):
+        assert (action, name) in done_actions, (action, done_actions[-10:])
+
+
+def subprocess_usage(server: AppServer, *args: str) -> str:
+    """`python -m services.usage ...` on the server's database, as an operator runs it."""
+    env = {**os.environ, "DATA_DIR": str(data_dir(server))}
+    result = subprocess.run([sys.executable, "-m", "services.usage", *args], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=300, check=True)  # fmt: skip
+    return result.stdout

@@ -22,11 +22,13 @@ in_loop = pytest.mark.asyncio(loop_scope="package")
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 PAGES = [
     "/admin", "/admin/", "/admin/accounts", "/admin/keys", "/admin/live", "/admin/audit", "/admin/audit.csv",
-    "/admin/admin.css", "/admin/nothing/here", "/admin/accounts/add", "/admin/../admin/accounts",
+    "/admin/usage", "/admin/usage.csv", "/admin/admin.css", "/admin/nothing/here", "/admin/accounts/add",
+    "/admin/../admin/accounts",
 ]  # fmt: skip
 ACTIONS = [
     "/admin/accounts/add", "/admin/accounts/remove", "/admin/accounts/set-role",
-    "/admin/accounts/reset-password", "/admin/keys/revoke", "/admin", "/admin/unknown/action",
+    "/admin/accounts/reset-password", "/admin/keys/revoke", "/admin/usage/set-quota",
+    "/admin/usage/clear-quota", "/admin", "/admin/unknown/action",
 ]  # fmt: skip
 FORM = "application/x-www-form-urlencoded"
 
