@@ -156,6 +156,8 @@ async def local_engine_lifespan(settings: Settings) -> AsyncIterator[tuple[LLMBa
     stat logger feeds), and shut it down on every exit path."""
     rpc_dir = tempfile.mkdtemp(prefix=RPC_DIR_PREFIX)
     llm = guard = None
+    others = {p.pid for p in engine_processes()}  # another model's engine (MODELS): never reaped here
+    mine: list[Any] = []  # psutil processes of this engine: EngineCore and its workers
     try:
         prepare_process_env(settings)
         await prepare_default_model(settings)
@@ -166,11 +168,12 @@ async def local_engine_lifespan(settings: Settings) -> AsyncIterator[tuple[LLMBa
         with engine_temp_folder(rpc_dir):
             llm = AsyncLLM.from_engine_args(engine_args(settings), stat_loggers=[load_stat_logger(load)])
         forget_preload()  # EngineCore and its worker run: later children keep their own malloc
-        guard = OrphanGuard(engine_processes(), rpc_dir)
+        mine = [p for p in engine_processes() if p.pid not in others]
+        guard = OrphanGuard(mine, rpc_dir)
         logger.info("engine started in %.1f s (model %s)", time.monotonic() - started, settings.model_path)
         yield llm, llm.model_config.max_model_len, load
     finally:
-        children = engine_processes()
+        children = mine or [p for p in engine_processes() if p.pid not in others]
         if llm is not None:
             llm.shutdown()
         reap(children)
