@@ -71,12 +71,21 @@ def sign_in_on_page(page: Any, server: AppServer, who: tuple[str, str]) -> None:
     page.locator("#password").press("Enter")
 
 
-def send_message(page: Any, text: str) -> None:
+def send_message(page: Any, text: str, attempts: int = 3) -> None:
+    """Type `text` and send it. The page may re-render its input box just after an answer ends (the
+    answer's buttons arrive), emptying what was typed: then it is typed again."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import expect
 
-    page.locator("#chat-input").fill(text)
-    expect(page.locator("#chat-submit")).to_be_enabled(timeout=10_000)
-    page.locator("#chat-submit").click()
+    for attempt in range(attempts):
+        page.locator("#chat-input").fill(text)
+        try:
+            expect(page.locator("#chat-submit")).to_be_enabled(timeout=10_000)
+            page.locator("#chat-submit").click(timeout=10_000)
+            return
+        except (AssertionError, PlaywrightTimeout):
+            if attempt == attempts - 1:
+                raise
 
 
 def wait_for_answer(page: Any, timeout_ms: int = 60_000) -> str:

@@ -38,8 +38,9 @@ MAX_HISTORY = 6
 MAX_SESSIONS = 64
 LONG = 3000  # tokens: an answer that is still running when the test intervenes
 
-CHURN_REQUESTS = 2000
-CHURN_WARM_UP = 400  # requests before tracemalloc starts: caches of the stack fill here
+CHURN_REQUESTS = 2200
+CHURN_WARM_UP = 600  # requests before tracemalloc starts: caches of the stack fill here (the
+# waiting line's and the wait promises' records hold the last 512 turns)
 CHURN_HALF = (CHURN_REQUESTS - CHURN_WARM_UP) // 2  # two traced halves of 800 requests
 CHURN_CONCURRENCY = 16
 CHURN_SAMPLING = SamplingSettings(temperature=1.0, top_p=1.0, max_new_tokens=4)

@@ -73,7 +73,8 @@ async def test_a_conversation_goes_on_from_the_other_replica(topology: Topology,
     first = on_replica(topology, admin_cookie, 1)
     await first.connect()
     try:
-        assert sessions(topology.replicas[0]) >= 1 and sessions(topology.replicas[1]) == 0
+        await topology.replicas[0].poll(lambda s: s["sessions"] >= 1, timeout=15)  # its chat start ran
+        assert sessions(topology.replicas[1]) == 0
         assert (await first.ask("Remember the word lighthouse.")).final
         thread_id = first.thread_id
     finally:
@@ -83,7 +84,7 @@ async def test_a_conversation_goes_on_from_the_other_replica(topology: Topology,
     reloaded = on_replica(topology, admin_cookie, 2)
     try:
         resumed = await reloaded.resume(thread_id)
-        assert sessions(topology.replicas[1]) >= 1, "the reload went to the other replica"
+        await topology.replicas[1].poll(lambda s: s["sessions"] >= 1, timeout=15)  # the other replica
         outputs = [step.get("output") for step in resumed.get("steps", [])]
         assert "Remember the word lighthouse." in outputs, outputs
         assert CUT_ANSWER_NOTICE not in reloaded.notices(), "the answer was complete"

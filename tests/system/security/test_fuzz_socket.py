@@ -302,6 +302,7 @@ def settings_problems(stored: dict[str, Any]) -> list[str]:
             type(v) in (int, float) and v in range(1, limits.max_new_tokens_limit + 1)
         ),
         "system_prompt": lambda v: isinstance(v, str) and len(v) <= limits.max_message_chars,
+        "save_as_default": lambda v: isinstance(v, bool),  # the presets' switch (services/presets)
     }
     return [
         f"{key}={str(value)[:80]!r}" for key, value in stored.items() if not expected.get(key, bool)(value)

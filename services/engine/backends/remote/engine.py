@@ -220,14 +220,29 @@ class RemoteLLM:
 
         async def probe(server: Server) -> None:
             try:
+                if self.router:  # its /health fails while any one server is down: ask for one that is up
+                    server.healthy = await self._router_serves(server)
+                    return
                 response = await self._client.get(f"{server.url}/health", timeout=self._probe_timeout)
                 server.healthy = response.status_code == 200
-            except httpx.HTTPError:
+            except (httpx.HTTPError, ValueError):
                 server.healthy = False
 
         await asyncio.gather(*(probe(s) for s in self.servers))
         if not any(s.healthy for s in self.servers):
             raise ServerUnreachableError("no vLLM server answered /health")
+
+    async def _router_serves(self, router: Server) -> bool:
+        """A router serves while at least one of its servers is healthy (vLLM's router lists them at
+        /workers); a router without that page, while it lists a model."""
+        response = await self._client.get(f"{router.url}/workers", timeout=self._probe_timeout)
+        if response.status_code == 200:
+            workers = response.json().get("workers")
+            return isinstance(workers, list) and any(
+                isinstance(w, dict) and w.get("is_healthy") is True for w in workers
+            )
+        models = await self._client.get(f"{router.url}/v1/models", timeout=self._probe_timeout)
+        return models.status_code == 200
 
     async def aclose(self) -> None:
         """Stop polling, close open streams and the connection pool."""
