@@ -175,7 +175,9 @@ def start_servers(model: str) -> tuple[AppServer, AppServer]:
     logs = ROOT / "artifacts" / "logs"
     context = {"MAX_MODEL_LEN": "4096"} if model else {}  # the tiny model's positions
     common = {**context, "MODEL": model, "MAX_NEW_TOKENS": "32", "TEMPERATURE": "0", "AUTH_MODE": "password",
-              "ADMIN_USERNAME": "admin", "ADMIN_PASSWORD": "admin-password-1"}  # fmt: skip
+              "ADMIN_USERNAME": "admin", "ADMIN_PASSWORD": "admin-password-1",
+              # one person sends every turn, faster than a person types: the per-person rates stay out
+              "USER_MESSAGES_PER_MINUTE": "100000", "USER_TOKENS_PER_MINUTE": "0"}  # fmt: skip
     servers = []
     for side, accounting in (("on", "true"), ("off", "false")):
         data_dir = Path(tempfile.mkdtemp(prefix=f"usage-bench-{side}-"))
