@@ -171,7 +171,7 @@ async def database_costs() -> dict[str, Any]:
     return costs
 
 
-def start_servers(model: str) -> tuple[AppServer, AppServer]:
+def start_servers(model: str, off_first: bool = False) -> tuple[AppServer, AppServer]:
     logs = ROOT / "artifacts" / "logs"
     context = {"MAX_MODEL_LEN": "4096"} if model else {}  # the tiny model's positions
     common = {**context, "MODEL": model, "MAX_NEW_TOKENS": "32", "TEMPERATURE": "0", "AUTH_MODE": "password",
@@ -179,12 +179,13 @@ def start_servers(model: str) -> tuple[AppServer, AppServer]:
               # one person sends every turn, faster than a person types: the per-person rates stay out
               "USER_MESSAGES_PER_MINUTE": "100000", "USER_TOKENS_PER_MINUTE": "0"}  # fmt: skip
     servers = []
-    for side, accounting in (("on", "true"), ("off", "false")):
+    sides = [("on", "true"), ("off", "false")]
+    for side, accounting in reversed(sides) if off_first else sides:  # which engine starts first
         data_dir = Path(tempfile.mkdtemp(prefix=f"usage-bench-{side}-"))
         add_person(data_dir)
         env = {**common, "USAGE_ACCOUNTING": accounting, "DATA_DIR": str(data_dir)}
         servers.append(AppServer(env, logs / f"bench-usage-{side}.log").start(timeout=1800))
-    return servers[0], servers[1]
+    return (servers[1], servers[0]) if off_first else (servers[0], servers[1])
 
 
 def main() -> int:
@@ -192,6 +193,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer turns (a smoke run)")
     parser.add_argument("--save-results", action="store_true", help="also write bench/results/overhead/")
     parser.add_argument("--tiny", action="store_true", help="the tiny test model (2 layers), not the default")
+    parser.add_argument("--off-first", action="store_true", help="start the server without accounting first")
     options = parser.parse_args()
     conversations_n, turns = (2, 4) if options.quick else (8, 6)
     costs = asyncio.run(database_costs())
@@ -199,7 +201,7 @@ def main() -> int:
     model = ""
     if options.tiny:
         model = str(build_tiny_model(ensure_default_model(Settings.from_env({})), OUT / "tiny-llama"))
-    on, off = start_servers(model)
+    on, off = start_servers(model, options.off_first)
     try:
         ttft = asyncio.run(ttft_side_by_side(on, off, conversations_n, turns))
     finally:
@@ -210,7 +212,7 @@ def main() -> int:
         "ttft_s": ttft, "database": costs, "machine": machine_info(),
         "model": "tiny" if options.tiny else "default", "load_average": os.getloadavg(),
         "command": "python bench/overhead/usage_quotas.py" + (" --quick" if options.quick else "")
-        + (" --tiny" if options.tiny else ""),
+        + (" --tiny" if options.tiny else "") + (" --off-first" if options.off_first else ""),
     }  # fmt: skip
     paths = [OUT / f"usage-quotas-{datetime.now():%Y%m%d-%H%M%S}.json"]
     if options.save_results:
