@@ -32,7 +32,7 @@ COMMAND_WORDS = (
 )  # a message starting with one is a command
 
 
-def _as_dict(value: Any) -> dict[str, Any]:
+def stored_dict(value: Any) -> dict[str, Any]:
     """Stored JSON comes back as text on SQLite and as text or a dict elsewhere."""
     if isinstance(value, str):
         try:
@@ -73,7 +73,7 @@ def turns_from_steps(
             if is_command(text) or len(text) > max_message_chars:
                 continue
             messages.append(({"role": "user", "content": text or summary_request(document_name)}, step_id))
-        elif kind == "assistant_message" and text and _as_dict(step.get("metadata")).get(ANSWER_KEY):
+        elif kind == "assistant_message" and text and stored_dict(step.get("metadata")).get(ANSWER_KEY):
             messages.append(({"role": "assistant", "content": text}, step_id))
     return messages
 
@@ -93,4 +93,4 @@ def unanswered_message(steps: Iterable[Mapping[str, Any]]) -> str | None:
 
 def chat_settings_of(thread: Mapping[str, Any]) -> dict[str, Any]:
     """The chat settings Chainlit stored with the conversation (at the last disconnect)."""
-    return _as_dict(_as_dict(thread.get("metadata")).get("chat_settings"))
+    return stored_dict(stored_dict(thread.get("metadata")).get("chat_settings"))

@@ -18,7 +18,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.history.conversations import LAST_ACTIVE, timestamp
-from services.history.resume import ANSWER_KEY, ANSWER_METADATA, is_command
+from services.history.resume import ANSWER_KEY, ANSWER_METADATA, is_command, stored_dict
 from services.transfer.archive import Conversation, Message
 
 IMPORTED_AT_KEY = "created_at"  # the file's time of an imported message, in the step's metadata
@@ -35,18 +35,9 @@ _OWNED_IDS = (
 )
 
 
-def _metadata(value: Any) -> dict[str, Any]:
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            return {}
-    return value if isinstance(value, dict) else {}
-
-
 def _message(kind: str, output: str | None, metadata: Any, created_at: str | None) -> Message | None:
     """A stored step as a message of the conversation, or None (commands, notices, errors)."""
-    body, meta = output or "", _metadata(metadata)
+    body, meta = output or "", stored_dict(metadata)
     at = meta.get(IMPORTED_AT_KEY) if isinstance(meta.get(IMPORTED_AT_KEY), str) else created_at
     if kind == "user_message" and body and not is_command(body):
         return Message("user", body, at)
