@@ -151,6 +151,8 @@ class History:
             return []
         if not self.available or self.layer is None:
             return None
+        # The message may have been sent a moment ago: its write lands before its place is looked up.
+        await self.layer.writes_done(thread_id, self.settings.database_timeout_seconds)
         found = await self._guarded(branches.point(self.engine, thread_id, step_id, keep_step))  # type: ignore[arg-type]
         if found is FAILED or found is None:
             return None if found is FAILED else []

@@ -146,6 +146,26 @@ async def test_an_edit_while_an_answer_streams_aborts_it_first(password_server: 
 
 
 @in_loop
+async def test_an_edit_sent_at_once_waits_for_its_message_to_be_stored(password_server: AppServer) -> None:
+    """The edit comes as soon as the page shows the conversation, while the message's own write may
+    still be under way: it is cut all the same, and the answer it stopped is not stored."""
+    alice = await signed_in(password_server, ALICE)
+    await alice.update_settings(max_new_tokens=LONG_ANSWER_TOKENS, temperature=1.0)
+    await alice.send("Tell me everything you know.")
+    for _ in range(200):
+        if alice.thread_id:
+            break
+        await asyncio.sleep(0.01)
+    await alice.update_settings(max_new_tokens=8)
+    edited = await done(await alice.edit(alice.sent[-1]["id"], "Just say hi."))
+    assert edited.final is not None
+    thread = await thread_when(alice, alice.thread_id or "", lambda steps: len(answers(steps)) == 1)
+    assert said(thread["steps"], "user_message") == ["Just say hi."]
+    assert answers(thread["steps"])[0]["id"] == edited.message_id
+    await alice.close()
+
+
+@in_loop
 async def test_regenerate_replaces_the_last_answer_only(password_server: AppServer) -> None:
     alice, bob = await signed_in(password_server, ALICE), await signed_in(password_server, BOB)
     first = await alice.ask("Name a colour.")
