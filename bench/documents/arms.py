@@ -3,6 +3,8 @@
 - `before`: the summary code before the summary rework (legacy_summaries.py), loop guard off,
   no answer-token quoting;
 - `after`: the code as it is now;
+- `unguarded`: the code as it is now without the forbidden instruction phrases (echo_guard.py), so
+  the sampler's part of the echo fix is measured apart from the prompts';
 - `prompts@REV`: the code as it is now with the summary prompts of git revision REV
   (services/documents/prompts.py read with `git show`, e.g. `prompts@main` or a commit id),
   so a prompt change is measured against the prompts it replaces, in the same run.
@@ -24,6 +26,7 @@ from bench.common import ROOT
 from bench.documents.legacy_summaries import LOOP_GUARD_OFF, LegacyChatService
 from services.chat.service import ChatService
 from services.config import Settings
+from services.documents.echo_guard import StepGuards
 from services.documents.prompts import SummaryPrompts
 from services.documents.summarizer import Summarizer, SummaryJob
 from services.engine import AnswerTokens, ChatEngine, LoopGuardConfig
@@ -61,6 +64,24 @@ class RevisionSummarizer(Summarizer):
         return self.prompts_class(today.language, today.request)
 
 
+class NothingForbidden(StepGuards):
+    def _guard(self, messages: list) -> tuple[str, ...]:
+        return ()
+
+
+class UnguardedSummarizer(Summarizer):
+    """Today's summarizer with no step's instructions forbidden."""
+
+    def step_guards(self, prompts: SummaryPrompts, job: SummaryJob) -> StepGuards:
+        return NothingForbidden(prompts, job.text, self.engine.count_tokens)
+
+
+class UnguardedChatService(ChatService):
+    def __init__(self, engine: ChatEngine, settings: Settings) -> None:
+        super().__init__(engine, settings)
+        self.summarizer = UnguardedSummarizer(engine, settings)
+
+
 class RevisionChatService(ChatService):
     def __init__(self, engine: ChatEngine, settings: Settings, revision: str) -> None:
         super().__init__(engine, settings)
@@ -69,17 +90,19 @@ class RevisionChatService(ChatService):
 
 
 def make_sides(engine: ChatEngine, settings: Settings, names: tuple[str, ...]) -> dict[str, ChatService]:
-    """The chat service of each named side (before, after, prompts@REV)."""
+    """The chat service of each named side (before, after, unguarded, prompts@REV)."""
     made: dict[str, ChatService] = {}
     for name in names:
         if name == "before":
             made[name] = LegacyChatService(engine, settings)
         elif name == "after":
             made[name] = ChatService(engine, settings)
+        elif name == "unguarded":
+            made[name] = UnguardedChatService(engine, settings)
         elif name.startswith(REVISION_PREFIX):
             made[name] = RevisionChatService(engine, settings, name.removeprefix(REVISION_PREFIX))
         else:
-            raise SystemExit(f"unknown side {name!r}: before, after or {REVISION_PREFIX}REVISION")
+            raise SystemExit(f"unknown side {name!r}: before, after, unguarded or {REVISION_PREFIX}REVISION")
     return made
 
 

@@ -8,7 +8,8 @@ cache reuses its KV. The loop guard (services/engine/loop_guard.py) watches
 every request for exact and (summaries being prose) paraphrased loops: a map
 or reduce part that starts repeating itself keeps the text before the
 repetition and the summary goes on (the user is told); a final summary that
-loops ends with the guard's message.
+loops ends with the guard's message. No step may copy four words of its own instructions in a row
+(echo_guard.py: vLLM's bad_words), so a summary says what the document says, not what it was asked.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import AsyncIterator
 from services.config import Settings
 from services.documents.cache import SummaryCache, summary_key
 from services.documents.chunking import split_into_chunks
+from services.documents.echo_guard import StepGuards
 from services.documents.language import answer_language, document_language
 from services.documents.planning import Budget, DocumentPlan, plan_document
 from services.documents.progress import Progress, ProgressTracker
@@ -109,6 +111,10 @@ class Summarizer:
         language = job.language or document_language(job.text)
         return SummaryPrompts(answer_language(job.request, language), job.request)
 
+    def step_guards(self, prompts: SummaryPrompts, job: SummaryJob) -> StepGuards:
+        """What each step may not write: its own instructions' phrases."""
+        return StepGuards(prompts, job.text, self.engine.count_tokens)
+
     def fingerprint(self, job: SummaryJob, sampling: SamplingSettings, plan: DocumentPlan) -> str:
         """What besides the text changes a summary."""
         s = self.settings
@@ -132,16 +138,21 @@ class Summarizer:
             yield cached
             return
         prompts = self.prompts(job)
+        guards = self.step_guards(prompts, job)
         tracker = ProgressTracker(progress, self.prefill, plan.document_tokens)
         if plan.whole:
             messages = prompts.single_pass(job.system_prompt, job.name, job.text)
+            forbidden = guards.single_pass(job.system_prompt)
         else:
             chunks = split_into_chunks(job.text, self.engine.count_tokens, self.chunk_tokens())
-            partials = await self._map(chunks, prompts, sampling, request_id, tracker)
-            partials = await self._reduce_until_it_fits(partials, prompts, sampling, request_id)
+            partials = await self._map(chunks, prompts, guards, sampling, request_id, tracker)
+            partials = await self._reduce_until_it_fits(partials, prompts, guards, sampling, request_id)
             messages = prompts.reduce(self.settings.system_prompt, partials)
+            forbidden = guards.reduce(self.settings.system_prompt)
         parts: list[str] = []
-        sampling = dataclasses.replace(sampling, min_new_tokens=self.min_tokens(job, plan.document_tokens))
+        sampling = dataclasses.replace(
+            sampling, min_new_tokens=self.min_tokens(job, plan.document_tokens), forbidden_phrases=forbidden
+        )
         stream = self.engine.generate(messages, sampling, f"{request_id}-final", prose=self.prose)
         async with contextlib.aclosing(tick_until_first(stream, tracker.tick, self._interval())) as deltas:
             async for delta in deltas:
@@ -159,6 +170,7 @@ class Summarizer:
         self,
         chunks: list[str],
         prompts: SummaryPrompts,
+        guards: StepGuards,
         sampling: SamplingSettings,
         request_id: str,
         tracker: ProgressTracker,
@@ -166,7 +178,11 @@ class Summarizer:
         """Summarize every chunk concurrently; cancelling this cancels (aborts) them all."""
         total = len(chunks)
         limit = asyncio.Semaphore(self.settings.summary_concurrency)
-        map_sampling = dataclasses.replace(sampling, max_new_tokens=self._map_tokens(self.chunk_tokens()))
+        map_sampling = dataclasses.replace(
+            sampling,
+            max_new_tokens=self._map_tokens(self.chunk_tokens()),
+            forbidden_phrases=guards.map_part(self.settings.system_prompt),
+        )
         tracker.split(total, min(self.chunk_tokens(), tracker.tokens_total))
 
         async def one(index: int, chunk: str) -> str:
@@ -199,9 +215,15 @@ class Summarizer:
         return tokens + self.answer_tokens() <= self.engine.max_model_len
 
     async def _reduce_until_it_fits(
-        self, partials: list[str], prompts: SummaryPrompts, sampling: SamplingSettings, request_id: str
+        self,
+        partials: list[str],
+        prompts: SummaryPrompts,
+        guards: StepGuards,
+        sampling: SamplingSettings,
+        request_id: str,
     ) -> list[str]:
         """Merge groups of partial summaries (concurrently) until all of them fit one prompt."""
+        sampling = dataclasses.replace(sampling, forbidden_phrases=guards.reduce(self.settings.system_prompt))
         for level in range(MAX_REDUCE_LEVELS):
             if self._fits(partials, prompts) or len(partials) == 1:
                 return partials

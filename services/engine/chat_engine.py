@@ -1,9 +1,8 @@
 """Chat on top of an engine backend: chat template, token budgets, streaming, aborts.
 
-`ChatEngine.generate` guarantees that leaving a stream early (stop, task
-cancellation, disconnect, exception) aborts the request inside the engine, so
-no KV cache outlives its reader. It works the same over the in-process
-AsyncLLM and over vLLM servers (see backend.py).
+`ChatEngine.generate` guarantees that leaving a stream early (stop, task cancellation, disconnect,
+exception) aborts the request inside the engine, so no KV cache outlives its reader. It works the
+same over the in-process AsyncLLM and over vLLM servers (see backend.py).
 """
 
 from __future__ import annotations
@@ -50,6 +49,7 @@ class SamplingSettings:
     repetition_penalty: float = 1.0  # vLLM's (HF-style: prompt and answer tokens)
     frequency_penalty: float = 0.0  # vLLM's (OpenAI-style: answer tokens, by count)
     min_new_tokens: int = 0  # vLLM's min_tokens: the answer may not end (or stop) sooner
+    forbidden_phrases: tuple[str, ...] = ()  # vLLM's bad_words: the answer never spells one of them
 
 
 def token_budget(max_model_len: int, prompt_tokens: int, max_new_tokens: int) -> int:
@@ -286,6 +286,7 @@ def _sampling_params(sampling: SamplingSettings, max_tokens: int, stop: tuple[st
         frequency_penalty=sampling.frequency_penalty,
         min_tokens=min(sampling.min_new_tokens, max_tokens),
         stop=list(stop) or None,
+        bad_words=list(sampling.forbidden_phrases) or None,
         output_kind=RequestOutputKind.DELTA,
     )
 

@@ -63,6 +63,8 @@ def completion_body(
     }
     if getattr(params, "stop", None):
         body["stop"] = list(params.stop)
+    if getattr(params, "bad_words", None):
+        body["bad_words"] = list(params.bad_words)  # vLLM's extension of the API
     if priority is not None:
         body["priority"] = priority
     return body

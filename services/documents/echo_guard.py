@@ -1,0 +1,97 @@
+"""The instructions' own phrases, forbidden in the summary they ask for (vLLM's `bad_words`).
+
+Moving the instructions out of the user turn lowered instruction echo (echo.py measures it) but did
+not end it: on a long license the default model still opened its final summary with the reduce
+instruction ("The user sends notes on one document, in order...") and looped. A prompt can only ask;
+the sampler can forbid. Each step's instructions (system prompt, the step's instruction and frame;
+not the document, the parts being read, nor the person's own request) give their word 4-grams, as
+written in the prompt, and vLLM sets the last token of each to -inf whenever the answer's previous
+tokens spell the rest: the summary cannot copy four instruction words in a row. A 4-gram the
+document itself holds stays allowed (the echo measure does not count it either).
+
+vLLM takes at most VLLM_MAX_NUM_BAD_WORDS (128) token sequences of VLLM_MAX_BAD_WORDS_TOTAL_TOKENS
+(1024) tokens in all per request, and each phrase makes up to two (with and without a leading space);
+past either a request is refused (a GPU worker raises). So phrases are counted with the model's own
+tokenizer and taken while both fit: every 4-gram as written first, then with its first letter's
+case swapped (a copy that starts a sentence, or one in the middle of one) while room is left.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+
+from services.documents.echo import DOCUMENT_MARK, ECHO_NGRAM, NAME_MARK, ngrams, words_of
+from services.documents.prompts import SummaryPrompts
+from services.engine import Message
+
+MAX_SEQUENCES = 128  # vLLM's defaults (envs.VLLM_MAX_NUM_BAD_WORDS, VLLM_MAX_BAD_WORDS_TOTAL_TOKENS)
+MAX_TOKENS = 1024
+_WORD = re.compile(r"[^\W_]+", re.UNICODE)
+
+
+def phrases_of(text: str, n: int = ECHO_NGRAM) -> list[tuple[str, tuple[str, ...]]]:
+    """Each run of `n` words of `text` as written (punctuation between them kept), with its n-gram."""
+    words = list(_WORD.finditer(text))
+    runs = []
+    for i in range(len(words) - n + 1):
+        phrase = text[words[i].start() : words[i + n - 1].end()]
+        runs.append((phrase, tuple(words_of(phrase))))
+    return runs
+
+
+def forbidden_phrases(
+    instructions: Iterable[str], document: str, count_tokens: Callable[[str], int]
+) -> tuple[str, ...]:
+    """The phrases a summary may not write: the instructions' 4-grams the document does not hold,
+    as many as vLLM takes in one request (`count_tokens`: the model's tokenizer)."""
+    allowed = set(ngrams(document))
+    seen: set[tuple[str, ...]] = set()
+    written: list[str] = []
+    for text in instructions:
+        for phrase, gram in phrases_of(text):
+            if gram not in allowed and gram not in seen:
+                seen.add(gram)
+                written.append(phrase)
+    swapped = [p[0].swapcase() + p[1:] for p in written if p[0].swapcase() != p[0]]
+    taken: list[str] = []
+    sequences = tokens = 0
+    for phrase in dict.fromkeys([*written, *swapped]):
+        cost = count_tokens(phrase) + count_tokens(" " + phrase)
+        if sequences + 2 > MAX_SEQUENCES or tokens + cost > MAX_TOKENS:
+            break
+        taken.append(phrase)
+        sequences, tokens = sequences + 2, tokens + cost
+    return tuple(taken)
+
+
+def step_instructions(messages: list[Message], marks: Iterable[str]) -> list[str]:
+    """The pieces of one step's messages around `marks` (stand-ins for what is read)."""
+    pieces = []
+    for message in messages:
+        content = str(message["content"])
+        for mark in marks:
+            content = content.replace(mark, DOCUMENT_MARK)
+        pieces.extend(piece for piece in content.split(DOCUMENT_MARK) if piece.strip())
+    return pieces
+
+
+class StepGuards:
+    """The forbidden phrases of each step of one summary: single pass, map part, reduce."""
+
+    def __init__(self, prompts: SummaryPrompts, document: str, count_tokens: Callable[[str], int]) -> None:
+        self.prompts, self.document, self.count_tokens = prompts, document, count_tokens
+        request = prompts.request.strip()
+        self.marks = [NAME_MARK, *([request] if request else [])]  # the person's own words are allowed
+
+    def _guard(self, messages: list[Message]) -> tuple[str, ...]:
+        return forbidden_phrases(step_instructions(messages, self.marks), self.document, self.count_tokens)
+
+    def single_pass(self, system_prompt: str) -> tuple[str, ...]:
+        return self._guard(self.prompts.single_pass(system_prompt, NAME_MARK, DOCUMENT_MARK))
+
+    def map_part(self, system_prompt: str) -> tuple[str, ...]:
+        return self._guard(self.prompts.map_part(system_prompt, DOCUMENT_MARK, 1, 2))
+
+    def reduce(self, system_prompt: str) -> tuple[str, ...]:
+        return self._guard(self.prompts.reduce(system_prompt, [DOCUMENT_MARK]))
