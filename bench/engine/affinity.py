@@ -14,7 +14,10 @@ round, side by side in one run, on the same servers. Each round
 runs --conversations conversations at once, each about a document of its own (~1,500 tokens in
 the system message, as after an upload) with --turns questions; a follow-up's prompt is the
 previous one plus the answer and the new question, so a server that served the previous turn
-has all but the last few dozen tokens in its prefix cache. Writes bench/out/affinity-<time>/summary.json.
+has all but the last few dozen tokens in its prefix cache. Behind a router the app cannot see which
+server took a request, so each arm also reports the servers' own prefix-cache hit share over its
+turns (vLLM's counters, read before and after each arm's round). Writes
+bench/out/affinity-<time>/summary.json; --save-results copies it to bench/results/engine/.
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import machine_info, percentile
+import urllib.request
+
+from bench.common import machine_info, percentile, result_path
 from harness.documents import long_document
 from harness.router import VllmRouter
 from harness.server import VllmServer
@@ -94,17 +99,35 @@ async def conversation(
     return records
 
 
+def prefix_cache_counts(urls: list[str]) -> tuple[float, float]:
+    """vLLM's prefix-cache hits and queries (tokens), summed over the servers."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    hits = queries = 0.0
+    for url in urls:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "vllm:prefix_cache_hits_total":
+                    hits += sample.value
+                elif sample.name == "vllm:prefix_cache_queries_total":
+                    queries += sample.value
+    return hits, queries
+
+
 async def run_round(
-    engines: dict[str, tuple[ChatEngine, TracedRemote]], options, round_: int
+    engines: dict[str, tuple[ChatEngine, TracedRemote]], options, round_: int, urls: list[str]
 ) -> dict[str, list]:
     results: dict[str, list] = {}
-    for name, (engine, remote) in engines.items():
-        documents = [
-            long_document(1100, seed=1000 * round_ + 10 * i + len(name)) for i in range(options.conversations)
-        ]
+    for arm, (name, (engine, remote)) in enumerate(engines.items()):
+        # a document of its own for every conversation of every arm and round: no arm finds another's
+        # prefix in the servers' caches
+        seeds = [100_000 * round_ + 1000 * arm + i for i in range(options.conversations)]
+        documents = [long_document(1100, seed=seed) for seed in seeds]
         timing = random.Random(round_)  # the same pauses for every arm
         pauses = [[timing.uniform(0, options.pause) for _ in range(options.turns)] for _ in documents]
-        started = time.monotonic()
+        started, cache_before = time.monotonic(), prefix_cache_counts(urls)
         batches = await asyncio.gather(
             *(
                 conversation(engine, remote, doc, options.turns, f"{name}-r{round_}-c{i}", pauses[i])
@@ -112,7 +135,10 @@ async def run_round(
             )
         )
         seconds = time.monotonic() - started
-        results[name] = [{**record, "round_seconds": seconds} for batch in batches for record in batch]
+        (hits_after, queries_after), (hits_before, queries_before) = prefix_cache_counts(urls), cache_before
+        hits, queries = hits_after - hits_before, queries_after - queries_before
+        cache = {"round": round_, "round_seconds": seconds, "cache_hits": hits, "cache_queries": queries}
+        results[name] = [{**record, **cache} for batch in batches for record in batch]
         print(name, "round", round_, [round(r["ttft_seconds"], 2) for r in results[name]], flush=True)
     return results
 
@@ -121,16 +147,21 @@ def summary(records: list[dict]) -> dict[str, Any]:
     follow_ups = [r for r in records if r["turn"] > 0]
     ttfts = [r["ttft_seconds"] for r in follow_ups]
     firsts = [r["ttft_seconds"] for r in records if r["turn"] == 0]
+    rounds = {r["round"]: (r["round_seconds"], r["cache_hits"], r["cache_queries"]) for r in records}
     return {
         "follow_ups": len(follow_ups),
         "follow_up_ttft_seconds": {f"p{q}": round(percentile(ttfts, q) or 0, 3) for q in (50, 95)},
         "first_turn_ttft_seconds": {"p50": round(percentile(firsts, 50) or 0, 3)},
+        # prompt tokens the servers found in their prefix cache, over all the arm's turns
+        "prefix_cache_hit_share": round(
+            sum(hits for _, hits, _ in rounds.values()) / max(1.0, sum(q for _, _, q in rounds.values())), 3
+        ),
         "follow_ups_on_the_same_server": None
         if any(r["same_server"] is None for r in follow_ups)
         else round(sum(r["same_server"] for r in follow_ups) / max(1, len(follow_ups)), 3),
         # answer tokens over the rounds' wall time (pauses included: the same for every arm)
         "tokens_per_second": round(
-            sum(r["answer_tokens"] for r in records) / max(1e-9, sum({r["round_seconds"] for r in records})),
+            sum(r["answer_tokens"] for r in records) / max(1e-9, sum(s for s, _, _ in rounds.values())),
             2,
         ),
     }
@@ -155,7 +186,7 @@ async def measure(urls: list[str], routers: dict[str, str], options) -> dict[str
     collected: dict[str, list] = {name: [] for name in arms}
     try:
         for round_ in range(options.rounds):
-            for name, records in (await run_round(engines, options, round_)).items():
+            for name, records in (await run_round(engines, options, round_, urls)).items():
                 collected[name].extend(records)
     finally:
         for _, remote in engines.values():
@@ -181,6 +212,9 @@ def main() -> None:
     )
     parser.add_argument("--model", type=Path, default=None, help="Default: the bundled default model.")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--save-results", action="store_true", help="copy the summary to bench/results/engine/"
+    )
     options = parser.parse_args()
     options.model = options.model or ensure_default_model(Settings.from_env({}))
     out = options.out or ROOT / "bench" / "out" / f"affinity-{datetime.now():%Y%m%d-%H%M%S}"
@@ -202,6 +236,8 @@ def main() -> None:
         for part in (*routers, *servers):
             part.stop()
     (out / "summary.json").write_text(json.dumps(report, indent=2))
+    if options.save_results:
+        result_path("engine", "affinity").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
 
 
