@@ -48,6 +48,7 @@ from bench.history.search_stores import (
     http_latencies,
     index_sizes,
     server_cpu_seconds,
+    vacuum,
 )
 from services.config import Settings
 from services.history.conversations import timestamp
@@ -184,6 +185,7 @@ async def add_index(settings: Settings) -> dict[str, Any]:
         "rerun_seconds": round(again, 3),
         "before": before,
         "after": after,
+        "vacuum_seconds": await vacuum(settings),
     }
 
 

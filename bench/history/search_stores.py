@@ -144,6 +144,21 @@ def server_cpu_seconds(settings: Settings) -> float:
     return total
 
 
+async def vacuum(settings: Settings) -> float | None:
+    """PostgreSQL: VACUUM ANALYZE what migration 14 rewrote (as autovacuum soon would, and would do
+    while the searches run): its seconds. SQLite: nothing to do (None)."""
+    if not settings.database_url:
+        return None
+    started = time.perf_counter()
+    connection = await asyncpg.connect(settings.database_url)
+    try:
+        for table in ("steps", "threads"):
+            await connection.execute(f"VACUUM ANALYZE {table}", timeout=3600)
+    finally:
+        await connection.close()
+    return round(time.perf_counter() - started, 1)
+
+
 async def index_sizes(engine: AsyncEngine) -> dict[str, int]:
     """Bytes of the search index and of the whole database."""
     async with engine.connect() as connection:

@@ -45,7 +45,8 @@ PG_OWNED = f"({PG_QUERY} && CAST(:owner_lexeme AS tsquery))"  # the words, in th
 # How the person's newest messages are searched (search_index_upgrade.py): if at least DENSE_OF_SAMPLE
 # of their newest SAMPLE_MESSAGES hold the words, newest first until :matches are found (a few
 # thousand rows at most); else the GIN index finds the person's matching messages (few), sorted.
-# `IS TRUE` keeps the walk a walk: the planner judges a word by everyone's messages, not the person's.
+# The walk's test is a CASE so the planner cannot estimate it (it takes half): it would judge the words
+# by everyone's messages, not the person's, and sort all of a person's messages for a word rare overall.
 SAMPLE_MESSAGES, DENSE_OF_SAMPLE = 200, 25
 POSTGRES_HITS = (  # the newest matching messages, at most :matches, then ranked; and the matching names
     f"sample AS MATERIALIZED (SELECT COUNT(*) AS n FROM (SELECT s.search_vector FROM steps s "
@@ -53,7 +54,7 @@ POSTGRES_HITS = (  # the newest matching messages, at most :matches, then ranked
     f"WHERE x.search_vector @@ {PG_QUERY}), "
     f"matched AS (SELECT m.thread_id, ts_rank(m.vector, {PG_QUERY}) AS score FROM ("
     '(SELECT s."threadId" AS thread_id, s.search_vector AS vector FROM steps s '
-    f"WHERE s.search_owner = :user_id AND (s.search_vector @@ {PG_QUERY}) IS TRUE "
+    f"WHERE s.search_owner = :user_id AND CASE WHEN s.search_vector @@ {PG_QUERY} THEN TRUE ELSE FALSE END "
     f'AND (SELECT n FROM sample) >= {DENSE_OF_SAMPLE} ORDER BY s."createdAt" DESC LIMIT :matches) '
     f'UNION ALL (SELECT s."threadId", s.search_vector FROM steps s WHERE s.search_vector @@ {PG_OWNED} '
     f'AND (SELECT n FROM sample) < {DENSE_OF_SAMPLE} ORDER BY s."createdAt" DESC LIMIT :matches) '
