@@ -9,7 +9,7 @@ For each database (SQLite in a temp folder; PostgreSQL in a throwaway cluster, h
   2. `--conversations` conversations of `--turns` messages for `--people` people, written straight
      into the tables (search_corpus.py: Zipf-distributed words);
   3. migrations 11 and 14 as the app runs them at start: the time to build and backfill the index, and
-     its size;
+     its size (PostgreSQL: then VACUUM ANALYZE, as autovacuum soon would);
   4. each query of QUERIES (1-3 words, from the most common word to absent ones, prefixes while
      typing) as several people, `--repeats` times, through the app's own data layer
      (`ChatDataLayer.list_threads`, a page of 20 as the sidebar asks): P50/P95/P99 per kind and overall,

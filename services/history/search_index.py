@@ -14,7 +14,8 @@ the index would grow by whole documents; the message sent with a document is ind
 - PostgreSQL: a stored generated `search_vector tsvector` column on steps and on threads, each
   with a GIN index. The configuration is 'simple': lowercased words, no stemming and no stop
   words, so it is language-neutral and finds what SQLite finds (accents are not folded there:
-  that needs the unaccent extension, which only a superuser may create).
+  that needs the unaccent extension, which only a superuser may create). Migration 14
+  (search_index_upgrade.py) makes steps' a trigger-kept column that also holds the owner.
 
 Every statement can run again: the migration drops and rebuilds the SQLite index and its triggers
 (a backfill of the rows already stored) and creates PostgreSQL's columns and indexes if missing.

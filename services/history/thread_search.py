@@ -7,8 +7,9 @@ are ANDed within one message or the name; the last word also matches as a prefix
 typed (from MIN_PREFIX_CHARS letters: one letter would match most of the vocabulary). A text with
 no word matches nothing.
 
-The index (search_index.py) narrows the search to the person's entries on SQLite; on both, the
-result is joined to `threads` on `userId`, so a conversation of someone else is never listed.
+The index (search_index.py, search_index_upgrade.py) narrows the search to the person's entries;
+on both databases the result is also joined to `threads` on `userId`, so a conversation of someone
+else is never listed.
 Conversations are ranked by their best-matching message or name (SQLite: the shortest one holding
 every word; PostgreSQL: ts_rank, which also counts repeats) among the person's newest
 THREAD_SEARCH_MAX_MATCHES matching messages (so a word found in nearly every message costs no more
