@@ -5,13 +5,15 @@
     .venv/bin/python bench/history/search.py --http                  # + the server's HTTP route
 
 For each database (SQLite in a temp folder; PostgreSQL in a throwaway cluster, harness/postgres.py):
-  1. the schema from the app's migrations without the search index (migration 11);
+  1. the schema from the app's migrations without the search index (migrations 11 and 14);
   2. `--conversations` conversations of `--turns` messages for `--people` people, written straight
      into the tables (search_corpus.py: Zipf-distributed words);
-  3. migration 11 as the app runs it at start: the time to build and backfill the index, and its size;
+  3. migrations 11 and 14 as the app runs them at start: the time to build and backfill the index, and
+     its size (PostgreSQL: then VACUUM ANALYZE, as autovacuum soon would);
   4. each query of QUERIES (1-3 words, from the most common word to absent ones, prefixes while
      typing) as several people, `--repeats` times, through the app's own data layer
-     (`ChatDataLayer.list_threads`, a page of 20 as the sidebar asks): P50/P95/P99 per kind and overall;
+     (`ChatDataLayer.list_threads`, a page of 20 as the sidebar asks): P50/P95/P99 per kind and overall,
+     of the wall time and of the CPU time (this process's; PostgreSQL's server processes' apart);
   5. the cost the index adds to saving a message: `create_step` of new messages through the layer.
 With `--http`, a real server (the tiny model) on the SQLite database answers a handful of queries at
 POST /project/threads, signed in as one of the people: the whole path, cookie to JSON.
@@ -39,7 +41,15 @@ from chainlit.types import Pagination, ThreadFilter
 
 from bench.common import OUT, machine_info, percentile, result_path
 from bench.history import search_corpus
-from bench.history.search_stores import build_postgres, build_sqlite, http_latencies, index_sizes
+from bench.history.search_stores import (
+    SEARCH_VERSIONS,
+    build_postgres,
+    build_sqlite,
+    http_latencies,
+    index_sizes,
+    server_cpu_seconds,
+    vacuum,
+)
 from services.config import Settings
 from services.history.conversations import timestamp
 from services.history.database import create_engine
@@ -87,6 +97,7 @@ async def run_queries(settings: Settings, user_ids: list[str], options: argparse
     # CPU time of this process: all of SQLite's work (in process), only the client's on PostgreSQL.
     # On a loaded machine it says what a search costs when the wall time mostly waits for a core.
     cpu_by_kind: dict[str, list[float]] = {}
+    server_cpu_by_kind: dict[str, list[float]] = {}  # PostgreSQL's processes (SQLite: 0, in cpu_by_kind)
     found: dict[str, int] = {}
     people = user_ids[: options.searchers]
     load_before = os.getloadavg()
@@ -94,6 +105,7 @@ async def run_queries(settings: Settings, user_ids: list[str], options: argparse
         for kind, texts in queries(options.seed).items():
             for text in texts:
                 for user_id in people:
+                    server = server_cpu_seconds(settings)
                     started, cpu = time.perf_counter(), time.process_time()
                     page = await layer.list_threads(
                         Pagination(first=PAGE), ThreadFilter(userId=user_id, search=text)
@@ -102,6 +114,8 @@ async def run_queries(settings: Settings, user_ids: list[str], options: argparse
                     if round_index:
                         by_kind.setdefault(kind, []).append(elapsed)
                         cpu_by_kind.setdefault(kind, []).append((time.process_time() - cpu) * 1000)
+                        server_ms = (server_cpu_seconds(settings) - server) * 1000
+                        server_cpu_by_kind.setdefault(kind, []).append(server_ms)
                     found[text] = len(page.data)
     load_after = os.getloadavg()  # the machine's load while the queries ran (other work slows them)
     saving = await saving_latencies(layer, user_ids[0], options.saves)
@@ -115,6 +129,8 @@ async def run_queries(settings: Settings, user_ids: list[str], options: argparse
         "save_message_ms": saving,
         "cpu_ms_by_kind": summarize(cpu_by_kind),
         "cpu_ms_all": summary([v for values in cpu_by_kind.values() for v in values]),
+        "server_cpu_ms_by_kind": summarize(server_cpu_by_kind),
+        "server_cpu_ms_all": summary([v for values in server_cpu_by_kind.values() for v in values]),
         "load_average_before_after": [load_before, load_after],
     }
 
@@ -152,7 +168,7 @@ def summarize(by_kind: dict[str, list[float]]) -> dict[str, Any]:
 
 
 async def add_index(settings: Settings) -> dict[str, Any]:
-    """Migration 11 on the filled database, as the app's start runs it: seconds and sizes."""
+    """The search index's migrations (11, 14) on the filled database, as the app's start runs them."""
     engine = create_engine(settings)
     before = await index_sizes(engine)
     started = time.perf_counter()
@@ -163,12 +179,13 @@ async def add_index(settings: Settings) -> dict[str, Any]:
     await migrate(engine)
     again = time.perf_counter() - started
     await engine.dispose()
-    assert applied == [11], applied
+    assert applied == list(SEARCH_VERSIONS), applied
     return {
         "build_seconds": round(seconds, 2),
         "rerun_seconds": round(again, 3),
         "before": before,
         "after": after,
+        "vacuum_seconds": await vacuum(settings),
     }
 
 

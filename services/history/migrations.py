@@ -24,6 +24,7 @@ from sqlalchemy import inspect, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.history.search_index import create_search_index
+from services.history.search_index_upgrade import upgrade_search_index
 from services.history.usage_schema import quotas_table, usage_days_table
 
 logger = logging.getLogger(__name__)
@@ -209,6 +210,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(11, "full-text search of conversation names and messages", create_search_index),
     Migration(12, "share links: token hash, owner, snapshot, expiry, revocation", _shares),
     Migration(13, "presets: default chat settings and prompt templates per person", _presets),
+    Migration(14, "search: owner-scoped PostgreSQL index, SQLite prefix indexes", upgrade_search_index),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

@@ -7,8 +7,9 @@ are ANDed within one message or the name; the last word also matches as a prefix
 typed (from MIN_PREFIX_CHARS letters: one letter would match most of the vocabulary). A text with
 no word matches nothing.
 
-The index (search_index.py) narrows the search to the person's entries on SQLite; on both, the
-result is joined to `threads` on `userId`, so a conversation of someone else is never listed.
+The index (search_index.py, search_index_upgrade.py) narrows the search to the person's entries;
+on both databases the result is also joined to `threads` on `userId`, so a conversation of someone
+else is never listed.
 Conversations are ranked by their best-matching message or name (SQLite: the shortest one holding
 every word; PostgreSQL: ts_rank, which also counts repeats) among the person's newest
 THREAD_SEARCH_MAX_MATCHES matching messages (so a word found in nearly every message costs no more
@@ -25,6 +26,7 @@ from chainlit.types import Pagination, ThreadFilter
 
 from services.config import Settings
 from services.history.search_index import PG_CONFIGURATION
+from services.history.search_index_upgrade import OWNER_PREFIX
 from services.history.thread_list import FEEDBACK, LAST_MESSAGE, SHARED, page_size
 
 MIN_PREFIX_CHARS = 2
@@ -40,13 +42,25 @@ SQLITE_HITS = (
     "JOIN conversation_search_rows r ON r.entry = m.entry GROUP BY r.thread_id)"
 )
 PG_QUERY = f"to_tsquery('{PG_CONFIGURATION}', :tsquery)"
-POSTGRES_HITS = (  # the newest matching messages, at most :matches, and the matching names
-    f'matched AS ((SELECT s."threadId" AS thread_id, ts_rank(s.search_vector, {PG_QUERY}) AS score '
-    'FROM steps s JOIN threads o ON o."id" = s."threadId" '
-    f'WHERE o."userId" = :user_id AND s.search_vector @@ {PG_QUERY} '
-    'ORDER BY s."createdAt" DESC LIMIT :matches) '
-    f'UNION ALL (SELECT o."id", ts_rank(o.search_vector, {PG_QUERY}) FROM threads o '
-    f'WHERE o."userId" = :user_id AND o.search_vector @@ {PG_QUERY} LIMIT :matches)), '
+PG_OWNED = f"({PG_QUERY} && CAST(:owner_lexeme AS tsquery))"  # the words, in the person's messages only
+# How the person's newest messages are searched (search_index_upgrade.py): if at least DENSE_OF_SAMPLE
+# of their newest SAMPLE_MESSAGES hold the words, newest first until :matches are found (a few
+# thousand rows at most); else the GIN index finds the person's matching messages (few), sorted.
+# The walk's test is a CASE so the planner cannot estimate it (it takes half): it would judge the words
+# by everyone's messages, not the person's, and sort all of a person's messages for a word rare overall.
+SAMPLE_MESSAGES, DENSE_OF_SAMPLE = 200, 25
+POSTGRES_HITS = (  # the newest matching messages, at most :matches, then ranked; and the matching names
+    f"sample AS MATERIALIZED (SELECT COUNT(*) AS n FROM (SELECT s.search_vector FROM steps s "
+    f'WHERE s.search_owner = :user_id ORDER BY s."createdAt" DESC LIMIT {SAMPLE_MESSAGES}) x '
+    f"WHERE x.search_vector @@ {PG_QUERY}), "
+    f"matched AS (SELECT m.thread_id, ts_rank(m.vector, {PG_QUERY}) AS score FROM ("
+    '(SELECT s."threadId" AS thread_id, s.search_vector AS vector FROM steps s '
+    f"WHERE s.search_owner = :user_id AND CASE WHEN s.search_vector @@ {PG_QUERY} THEN TRUE ELSE FALSE END "
+    f'AND (SELECT n FROM sample) >= {DENSE_OF_SAMPLE} ORDER BY s."createdAt" DESC LIMIT :matches) '
+    f'UNION ALL (SELECT s."threadId", s.search_vector FROM steps s WHERE s.search_vector @@ {PG_OWNED} '
+    f'AND (SELECT n FROM sample) < {DENSE_OF_SAMPLE} ORDER BY s."createdAt" DESC LIMIT :matches) '
+    'UNION ALL (SELECT o."id", o.search_vector FROM threads o '
+    f'WHERE o."userId" = :user_id AND o.search_vector @@ {PG_QUERY} LIMIT :matches)) m), '
     "hits AS (SELECT thread_id, MAX(score) AS score FROM matched GROUP BY thread_id)"
 )
 AFTER_CURSOR = (
@@ -75,6 +89,16 @@ def owner_token(user_id: str) -> str:
     return user_id.encode().hex().upper()
 
 
+def owner_lexeme(user_id: str) -> str:
+    """What PostgreSQL's vectors hold as a message's owner (search_index_upgrade.py): no word has '@'."""
+    return OWNER_PREFIX + user_id.encode().hex()
+
+
+def owner_literal(user_id: str) -> str:
+    """The owner lexeme as the SQL literal of a quoted tsquery lexeme: '@' and hex, nothing to escape."""
+    return "'''" + owner_lexeme(user_id) + "'''"
+
+
 def tsquery(words: list[str]) -> str:
     """A PostgreSQL tsquery of every word (the last also as a prefix); words are letters and digits."""
     terms = list(words)
@@ -97,7 +121,8 @@ def search_statement(dialect: str, words: list[str], pagination: Pagination, fil
     if filters.feedback is not None:
         conditions.append(FEEDBACK)
     if dialect == "postgresql":
-        hits = POSTGRES_HITS.replace(":tsquery", tsquery_literal(words))
+        owned = owner_literal(filters.userId or "")
+        hits = POSTGRES_HITS.replace(":tsquery", tsquery_literal(words)).replace(":owner_lexeme", owned)
     else:
         hits = SQLITE_HITS
     return (
