@@ -3,11 +3,15 @@
 Moving the instructions out of the user turn lowered instruction echo (echo.py measures it) but did
 not end it: on a long license the default model still opened its final summary with the reduce
 instruction ("The user sends notes on one document, in order...") and looped. A prompt can only ask;
-the sampler can forbid. Each step's instructions (system prompt, the step's instruction and frame;
-not the document, the parts being read, nor the person's own request) give their word 4-grams, as
+the sampler can forbid. The map and reduce steps' instructions (system prompt and the step's
+instruction; not the text being read, nor the person's own request) give their word 4-grams, as
 written in the prompt, and vLLM sets the last token of each to -inf whenever the answer's previous
-tokens spell the rest: the summary cannot copy four instruction words in a row. A 4-gram the
-document itself holds stays allowed (the echo measure does not count it either).
+tokens spell the rest: the step cannot copy four instruction words in a row. A 4-gram the document
+itself holds stays allowed (the echo measure does not count it either).
+
+A single-pass summary gets none: it never went over the echo threshold (0 of 20 measured, 2026-12-01
+and 2026-12-05), and forbidding its instruction's phrases ("its main points", "the names, commands
+and numbers") lowered its coverage in 6 of 9 documents of the 2026-12-05 run (BENCHMARKS.md).
 
 vLLM takes at most VLLM_MAX_NUM_BAD_WORDS (128) token sequences of VLLM_MAX_BAD_WORDS_TOTAL_TOKENS
 (1024) tokens in all per request, and each phrase makes up to two (with and without a leading space);
@@ -77,7 +81,7 @@ def step_instructions(messages: list[Message], marks: Iterable[str]) -> list[str
 
 
 class StepGuards:
-    """The forbidden phrases of each step of one summary: single pass, map part, reduce."""
+    """The forbidden phrases of the steps of one summary in parts: map part and reduce."""
 
     def __init__(self, prompts: SummaryPrompts, document: str, count_tokens: Callable[[str], int]) -> None:
         self.prompts, self.document, self.count_tokens = prompts, document, count_tokens
@@ -86,9 +90,6 @@ class StepGuards:
 
     def _guard(self, messages: list[Message]) -> tuple[str, ...]:
         return forbidden_phrases(step_instructions(messages, self.marks), self.document, self.count_tokens)
-
-    def single_pass(self, system_prompt: str) -> tuple[str, ...]:
-        return self._guard(self.prompts.single_pass(system_prompt, NAME_MARK, DOCUMENT_MARK))
 
     def map_part(self, system_prompt: str) -> tuple[str, ...]:
         return self._guard(self.prompts.map_part(system_prompt, DOCUMENT_MARK, 1, 2))

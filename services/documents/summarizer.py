@@ -8,8 +8,9 @@ cache reuses its KV. The loop guard (services/engine/loop_guard.py) watches
 every request for exact and (summaries being prose) paraphrased loops: a map
 or reduce part that starts repeating itself keeps the text before the
 repetition and the summary goes on (the user is told); a final summary that
-loops ends with the guard's message. No step may copy four words of its own instructions in a row
-(echo_guard.py: vLLM's bad_words), so a summary says what the document says, not what it was asked.
+loops ends with the guard's message. No map or reduce step may copy four words of its instructions
+in a row (echo_guard.py: vLLM's bad_words), so a summary in parts says what the document says, not
+what it was asked.
 """
 
 from __future__ import annotations
@@ -141,8 +142,7 @@ class Summarizer:
         guards = self.step_guards(prompts, job)
         tracker = ProgressTracker(progress, self.prefill, plan.document_tokens)
         if plan.whole:
-            messages = prompts.single_pass(job.system_prompt, job.name, job.text)
-            forbidden = guards.single_pass(job.system_prompt)
+            messages, forbidden = prompts.single_pass(job.system_prompt, job.name, job.text), ()
         else:
             chunks = split_into_chunks(job.text, self.engine.count_tokens, self.chunk_tokens())
             partials = await self._map(chunks, prompts, guards, sampling, request_id, tracker)

@@ -27,7 +27,6 @@ def words(text: str) -> int:
 
 def every_step(guards: StepGuards) -> dict[str, tuple[str, ...]]:
     return {
-        "single pass": guards.single_pass(SYSTEM),
         "map part": guards.map_part(SYSTEM),
         "reduce": guards.reduce(SYSTEM),
     }
