@@ -59,7 +59,9 @@ class RemoteCatalogue:
         self.unloadable: set[str] = set()  # names whose tokenizer could not be found (logged once)
 
     def offers(self) -> dict[str, Offer]:
-        return merge(((s.healthy, s.models) for s in self.remote.servers), self.wanted)
+        """The models listed at the last reading by servers that answered it (a router's last listing
+        stands while it does not answer: its servers' health is the router's)."""
+        return merge(((s.listed or self.remote.router, s.models) for s in self.remote.servers), self.wanted)
 
     def offered(self) -> list[str]:
         return list(self.offers())

@@ -53,10 +53,11 @@ class ServedModels:
 
     @property
     def names(self) -> list[str]:
-        """The names offered now (all of them in process)."""
+        """The names offered now (all of them in process). When the servers list none of them, the
+        first stays offered: its requests fail as the engine's do ("not available right now")."""
         if self._offered is None:
             return list(self._engines)
-        return [name for name in self._offered() if name in self._engines]
+        return [name for name in self._offered() if name in self._engines] or self.known[:1]
 
     @property
     def known(self) -> list[str]:
@@ -65,7 +66,7 @@ class ServedModels:
 
     @property
     def default_name(self) -> str:
-        return next(iter(self.names), self.known[0])
+        return self.names[0]
 
     @property
     def default(self) -> ChatEngine:

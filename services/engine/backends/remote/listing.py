@@ -5,7 +5,7 @@ its first `limit` entries are looked at, an entry counts only with a string `id`
 MAX_ID_CHARS characters and a whole positive `max_model_len` (vLLM adds it to every card), and an id
 listed twice keeps its first card. A model is offered under its id's last path part (vLLM's default
 id is the path or Hugging Face id it loaded), as MODELS names in-process models; its context length
-is the smallest any healthy server listing it gives (a request may land on any of them).
+is the smallest any answering server listing it gives (a request may land on any of them).
 """
 
 from __future__ import annotations

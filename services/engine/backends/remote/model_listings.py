@@ -42,15 +42,15 @@ async def refresh_listings(
     client: httpx.AsyncClient, servers: Sequence[Server], limit: int, timeout: float
 ) -> None:
     """Read every server's listing again: one that answers is healthy and lists what it lists now;
-    one that does not is failing (its last listing kept for when it answers again)."""
+    one that does not is failing and not `listed` (its last listing kept for when it answers again)."""
 
     async def refresh(server: Server) -> None:
         try:
             server.models = await read_listing(client, server, limit, timeout)
-            server.healthy = True
+            server.healthy = server.listed = True
         except ServerUnreachableError as error:
-            if server.healthy:
+            if server.listed:
                 logger.warning("%s", error)
-            server.healthy = False
+            server.healthy = server.listed = False
 
     await asyncio.gather(*(refresh(s) for s in servers))

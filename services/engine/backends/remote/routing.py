@@ -69,6 +69,7 @@ class Server:
     healthy: bool = True
     accepts_priority: bool = True
     models: dict[str, Card] = field(default_factory=dict)  # what it lists at /v1/models, by name
+    listed: bool = True  # its last /v1/models reading succeeded: its models are offered
     in_flight: set[str] = field(default_factory=set)  # ids of our requests it is serving
     prefixes: PrefixIndex = field(default_factory=PrefixIndex)
 
