@@ -195,6 +195,7 @@ class Runtime:
         chat = chats[models.default_name]
         maintenance = Maintenance(s, sessions, engine, self._maintenance_steps(models, usage))
         maintenance.start()
+        models.on_added(lambda _, each: maintenance.add_steps(*_word_cache_rounds(each)))
         stack.push_async_callback(maintenance.stop)
         turns = ChatTurns(sessions, admission, chat, self.history or NothingKept(), chats)
         if s.app_memory_probe_dir:
@@ -226,7 +227,7 @@ class Runtime:
     def _maintenance_steps(self, models: ServedModels, usage: UsageLedger | None) -> list[Callable]:
         """What each maintenance round also runs: the copies vLLM's tokenizer pool adds
         (word_caches.py, every model's), the audit log's retention, the history's and usage's."""
-        steps: list[Callable] = [e.word_caches.round for _, e in models if e.word_caches is not None]
+        steps: list[Callable] = [step for _, each in models for step in _word_cache_rounds(each)]
         if self.history is not None and self.history.audit is not None:
             steps.append(self.history.audit.retention_round)
         steps += [self.history.retention_round] if self.history is not None else []
@@ -248,6 +249,10 @@ def _transfers(settings: Settings, history: History | None) -> Transfers | None:
     if history is None or not history.enabled or history.engine is None:
         return None
     return Transfers(history.engine, settings, history.audit)
+
+
+def _word_cache_rounds(engine: ChatEngine) -> list[Callable]:
+    return [engine.word_caches.round] if engine.word_caches is not None else []
 
 
 def _max_running(settings: Settings) -> int:

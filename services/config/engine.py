@@ -250,8 +250,8 @@ class EngineSettings:
         30.0,
         "ENGINE_MODELS_REFRESH_SECONDS",
         "With ENGINE_URLS: seconds between two readings of the servers' /v1/models. A model is offered "
-        "while a healthy server lists it (a server that does not answer counts as down); one listed "
-        "for the first time is offered from the next reading.",
+        "while a server that answered the last reading lists it; one listed for the first time is "
+        "offered from the next reading.",
         1,
     )
     engine_models_max: int = setting(

@@ -1,9 +1,10 @@
 """The models of the vLLM servers (ENGINE_URLS): what they list at `/v1/models`, a `ChatEngine` each.
 
 At start every server's listing is read (listing.py: hostile input, at most ENGINE_MODELS_MAX each),
-and every ENGINE_MODELS_REFRESH_SECONDS again. A model is offered while a healthy server lists it;
-MODELS, when set, names the models offered and their order (others are not offered). Requests for a
-model go only to the servers that list it (a router is sent the model's name and routes by it).
+and every ENGINE_MODELS_REFRESH_SECONDS again. A model is offered while a server that answered the
+last reading lists it; MODELS, when set, names the models offered and their order (others are not
+offered). Requests for a model go only to the servers that list it (a router is sent the model's
+name and routes by it).
 
 Each model's prompts are rendered here with its own tokenizer and chat template, from the first of:
 a MODELS entry that is a folder or id whose last part is the model's name; the folder the server

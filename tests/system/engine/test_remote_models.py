@@ -26,6 +26,11 @@ from transformers import AutoTokenizer
 from harness.chat_client import ChatClient
 from harness.server import AppServer, VllmServer
 from harness.tiny_model import build_tiny_model
+from services.config import Settings
+from services.engine import SamplingSettings, ServedModels
+from services.engine.backends.remote import Server
+from services.engine.backends.remote.engine import remote_llm
+from services.engine.remote_models import RemoteCatalogue
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
 from tests.system.accounts.test_people import stored_thread
 from tests.system.conftest import ADMIN, ALICE, accounts, add_alice_and_bob
@@ -191,6 +196,56 @@ def test_the_api_sends_each_model_to_its_own_server(app: AppServer, servers: tup
         unknown = http.post("/v1/chat/completions", json={**body, "model": "gpt-5"})
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
     assert f"served: {FIRST}, {SECOND}" in unknown.json()["error"]["message"]
+
+
+@in_loop
+async def test_stop_on_the_second_model_aborts_its_request_on_its_server(
+    app: AppServer, servers: tuple[VllmServer, VllmServer]
+) -> None:
+    _, second = servers
+    client = await opened(app, SECOND)
+    reply = await client.start_long_answer(3000)
+    assert second.requests_held() == 1, "the answer is generated on the second model's server"
+    await client.stop()
+    for _ in range(100):
+        if not second.requests_held():
+            break
+        await asyncio.sleep(0.05)
+    assert second.requests_held() == 0, "closing the stream aborted the request on its server"
+    assert len(reply.streamed) < 3000
+    await app.poll(lambda status: status["engine_unfinished_requests"] == 0, 5)
+    await client.close()
+
+
+@in_loop
+async def test_a_model_listed_after_the_start_is_added_with_its_own_template_and_context(
+    servers: tuple[VllmServer, VllmServer],
+) -> None:
+    """As when a router gains a server of another model: the next reading serves the new model, its
+    engine built here with that model's tokenizer, and its requests go to the server listing it."""
+    first, second = servers
+    settings = Settings.from_env({"ENGINE_URLS": first.url, "MAX_NEW_TOKENS": "4"})
+    remote = remote_llm(settings, None)
+    try:
+        await remote.connect(settings.engine_models_max)
+        catalogue = RemoteCatalogue(settings, remote)
+        engine = await catalogue.engine_for(catalogue.offers()[FIRST], True)
+        assert engine is not None
+        catalogue.served = ServedModels({FIRST: engine}, catalogue.offered)
+        added: list[str] = []
+        catalogue.served.on_added(lambda name, _: added.append(name))
+        remote.servers.append(Server(second.url))  # the fleet gained a server of another model
+        await catalogue.refresh()
+        assert catalogue.served.names == [FIRST, SECOND] and added == [SECOND]
+        late = catalogue.served.engine(SECOND)
+        assert late.max_model_len == SECOND_CONTEXT
+        assert MARK in late.tokenizer.decode(late.encode_chat([{"role": "user", "content": QUESTION}]))
+        before = answered(first), answered(second)
+        ask = [{"role": "user", "content": QUESTION}]
+        text = [t async for t in late.generate(ask, SamplingSettings(0.0, 1.0, 4), "late-model-1")]
+        assert text and (answered(first), answered(second)) == (before[0], before[1] + 1)
+    finally:
+        await remote.aclose()
 
 
 @in_loop

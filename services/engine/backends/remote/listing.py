@@ -75,11 +75,12 @@ class Offer:
 
 
 def merge(listings: Iterable[tuple[bool, Mapping[str, Card]]], wanted: list[str]) -> dict[str, Offer]:
-    """The models offered, from each server's (healthy, listing): every name a healthy server lists,
-    in the order first seen, or, with `wanted` (MODELS' names), those of them, in that order."""
+    """The models offered, from each server's (answered, listing): every name a server that answered
+    its last reading lists, in the order first seen, or, with `wanted` (MODELS' names), those of them,
+    in that order."""
     offers: dict[str, Offer] = {}
-    for healthy, cards in listings:
-        if not healthy:
+    for answered, cards in listings:
+        if not answered:
             continue
         for name, card in cards.items():
             known = offers.get(name)

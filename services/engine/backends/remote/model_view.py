@@ -30,12 +30,11 @@ class RemoteModel:
     def get_tokenizer(self) -> Any:
         return self._tokenizer
 
-    async def generate(
+    def generate(
         self, prompt: dict[str, Any], params: Any, request_id: str, *, priority: int = 0
     ) -> AsyncIterator[Output]:
-        stream = self.remote.generate(prompt, params, request_id, priority=priority, model=self.name)
-        async for output in stream:
-            yield output
+        """RemoteLLM's own stream (not a wrapper around it): closing it closes the server's stream."""
+        return self.remote.generate(prompt, params, request_id, priority=priority, model=self.name)
 
     async def abort(self, request_id: str) -> None:
         await self.remote.abort(request_id)
