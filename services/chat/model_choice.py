@@ -66,7 +66,8 @@ def choose(chats: Mapping[str, Any], session: ChatSession, requested: object) ->
     """Set the session's model to `requested` (None or empty: the default); return the refusal to tell
     the user when that model is not served (the session then answers nothing until a served one is
     chosen)."""
-    one = len(chats) == 1 and requested not in known_of(chats)  # one model: there is no choice
+    # One model offered: there is no choice, unless the one asked for was served and went away.
+    one = len(chats) == 1 and not (isinstance(requested, str) and requested in known_of(chats))
     if requested is None or requested == "" or one:
         session.model = next(iter(chats), "")
         return None

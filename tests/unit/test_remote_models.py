@@ -230,6 +230,7 @@ def test_a_conversation_on_a_model_that_went_away_is_refused_not_switched() -> N
     assert refusal is not None and "«b» is not available right now" in refusal and "available: a" in refusal
     assert chat_for(chats, s, None) is None and s.model == "b"
     assert choose(chats, s, "zzz") is None and chat_for(chats, s) == "chat a", "one model: no choice"
+    assert choose(chats, s, ["b"]) is None and choose(chats, s, {"b": 1}) is None, "any type is no choice"
     offered.append("b")
     assert choose(chats, s, "b") is None and chat_for(chats, s) == "chat b", "back when listed again"
 
