@@ -30,7 +30,6 @@ from services.accounts.secret import ensure_auth_secret
 from services.accounts.sign_in import SignIn
 from services.accounts.store import AccountStore
 from services.admission.service import Admission
-from services.admission.waiting_line import CHAT, DOCUMENT
 from services.api.gate import AdmitAll, ApiGate, SharedAdmission
 from services.api.metrics import ApiMetrics
 from services.api.models import ModelsServer
@@ -40,6 +39,7 @@ from services.api.usage import AnswerMeter
 from services.audit import actions
 from services.audit.details import masked_settings
 from services.audit.log import AuditLog
+from services.chat.per_model import chats_per_model
 from services.chat.service import ChatService
 from services.chat.store import SessionStore
 from services.chat.turns import ChatTurns, NothingKept
@@ -189,10 +189,13 @@ class Runtime:
         admission.start()
         stack.push_async_callback(admission.stop)
         sessions = SessionStore(s)
-        chats = _chats(models, admission, s, stack)
+        chats = chats_per_model(models, admission, s, stack)
+        models.on_added(lambda _, each: stack.callback(each.on_finish(requests.record)))
+        models.on_added(lambda _, each: stack.callback(each.on_finish(admission.engine_finished)))
         chat = chats[models.default_name]
         maintenance = Maintenance(s, sessions, engine, self._maintenance_steps(models, usage))
         maintenance.start()
+        models.on_added(lambda _, each: maintenance.add_steps(*_word_cache_rounds(each)))
         stack.push_async_callback(maintenance.stop)
         turns = ChatTurns(sessions, admission, chat, self.history or NothingKept(), chats)
         if s.app_memory_probe_dir:
@@ -201,7 +204,7 @@ class Runtime:
         api_admission = None
         if self.api is not None:  # the same queue, priority and per-user limits as chat
             api_admission = SharedAdmission(admission, engine.count_tokens)
-            await self.api.server.start(models if len(models) > 1 else engine.backend)
+            await self.api.server.start(models if len(models) > 1 or s.engine_url_list else engine.backend)
             stack.push_async_callback(self.api.server.stop)
         return Serving(engine, processes, requests, admission, sessions, chat, maintenance, turns,
                        api_admission, usage, models)  # fmt: skip
@@ -224,7 +227,7 @@ class Runtime:
     def _maintenance_steps(self, models: ServedModels, usage: UsageLedger | None) -> list[Callable]:
         """What each maintenance round also runs: the copies vLLM's tokenizer pool adds
         (word_caches.py, every model's), the audit log's retention, the history's and usage's."""
-        steps: list[Callable] = [e.word_caches.round for _, e in models if e.word_caches is not None]
+        steps: list[Callable] = [step for _, each in models for step in _word_cache_rounds(each)]
         if self.history is not None and self.history.audit is not None:
             steps.append(self.history.audit.retention_round)
         steps += [self.history.retention_round] if self.history is not None else []
@@ -248,16 +251,8 @@ def _transfers(settings: Settings, history: History | None) -> Transfers | None:
     return Transfers(history.engine, settings, history.audit)
 
 
-def _chats(
-    models: ServedModels, admission: Admission, settings: Settings, stack: contextlib.AsyncExitStack
-) -> dict[str, ChatService]:
-    """A chat service per served model, all behind the one admission."""
-    chats = {}
-    for name, engine in models:
-        chat = ChatService(admission.engine(engine, CHAT), settings, admission.engine(engine, DOCUMENT))
-        stack.callback(chat.summarizer.close)  # its prefill meter listens to the engine
-        chats[name] = chat
-    return chats
+def _word_cache_rounds(engine: ChatEngine) -> list[Callable]:
+    return [engine.word_caches.round] if engine.word_caches is not None else []
 
 
 def _max_running(settings: Settings) -> int:

@@ -19,7 +19,7 @@ from services.admission.refusals import Refused
 from services.admission.service import Admission
 from services.chat import branch
 from services.chat.kept import KeptConversations, NothingKept  # noqa: F401  (NothingKept: re-exported)
-from services.chat.model_choice import MODEL_KEY, chat_for, choose, model_of_thread, refusal_of
+from services.chat.model_choice import MODEL_KEY, chat_for, choose, known_of, model_of_thread, refusal_of
 from services.chat.page import Page, Reply
 from services.chat.service import ChatService
 from services.chat.session import ChatSession
@@ -58,7 +58,7 @@ class ChatTurns:
         self.admission = admission
         self.chat = chat
         self.history = history
-        self.chats: dict[str, ChatService] = dict(chats) if chats else {"": chat}
+        self.chats: Mapping[str, ChatService] = chats if chats is not None else {"": chat}
 
     async def open(self, page: Page) -> ChatSession | None:
         """This tab's session; None (and the user told why) when the service holds all it can."""
@@ -157,7 +157,7 @@ class ChatTurns:
         """Answer into `reply`, streaming; refusals and failures end up in the reply."""
         person, files, chat = page.person(), asked.files, chat_for(self.chats, session)
         set_route_hint(page.thread_id, person)  # a router keeps the conversation on one server
-        if len(self.chats) > 1:  # which model wrote it: seen on the page, kept with the conversation
+        if len(known_of(self.chats)) > 1:  # which model wrote it: seen on the page, kept with the chat
             reply.metadata = {**reply.metadata, MODEL_KEY: session.model}
         try:
             async with self.admission.turn(person, documents=len(files)) as turn:

@@ -30,8 +30,9 @@ class EngineSettings:
         "Comma-separated model folders (or ids) served side by side in this process, each picked per "
         "conversation (the chat's model menu, `model` in /v1) under its folder's name; the first is "
         "the default. Each starts its own EngineCore and worker (~2 GB more memory even for the tiny "
-        "test model, bench/results/engine/): at most MAX_IN_PROCESS_MODELS. Empty = MODEL alone. Not "
-        "with ENGINE_URLS.",
+        "test model, bench/results/engine/): at most MAX_IN_PROCESS_MODELS. Empty = MODEL alone. With "
+        "ENGINE_URLS: the models of the servers offered, in this order (each a served name, or a "
+        "folder or id whose last part is one, which then gives its tokenizer); empty = all they list.",
         tier="essential",
     )
     max_in_process_models: int = setting(
@@ -216,8 +217,9 @@ class EngineSettings:
         "",
         "ENGINE_URLS",
         "Comma-separated base URLs of `vllm serve` servers (e.g. http://10.0.0.5:8000); empty = the "
-        "in-process engine. All must serve one model; MODEL then names its tokenizer (a folder or a "
-        "cached id), and the context window and engine options are the servers' own. A conversation "
+        "in-process engine. The models offered are those the servers list at /v1/models (see "
+        "MODELS), each under its id's last part, with its own tokenizer and context window (README, "
+        "Model choice); engine options are the servers' own. A conversation "
         "stays on the server holding its prefix (ENGINE_AFFINITY), else requests go to the healthy "
         "server with the fewest of ours in flight; a server that refuses the connection is skipped.",
         tier="essential",
@@ -243,6 +245,20 @@ class EngineSettings:
         "A server counts as overloaded for affinity once it has this many more of our requests in "
         "flight than the least busy one; the request then goes by load.",
         0,
+    )
+    engine_models_refresh_seconds: float = setting(
+        30.0,
+        "ENGINE_MODELS_REFRESH_SECONDS",
+        "With ENGINE_URLS: seconds between two readings of the servers' /v1/models. A model is offered "
+        "while a server that answered the last reading lists it; one listed for the first time is "
+        "offered from the next reading.",
+        1,
+    )
+    engine_models_max: int = setting(
+        32,
+        "ENGINE_MODELS_MAX",
+        "With ENGINE_URLS: the most models read from one server's /v1/models (the rest are ignored).",
+        1,
     )
     engine_connect_timeout_seconds: float = setting(
         10.0, "ENGINE_CONNECT_TIMEOUT_SECONDS", "Seconds to open a connection to a vLLM server.", 0.1

@@ -138,12 +138,16 @@ class Settings(
         models = self.model_list
         if not models:
             return
-        if self.model or self.engine_url_list:
-            raise SettingsError("MODELS replaces MODEL and cannot be used with ENGINE_URLS: set one of them")
-        if len(models) > self.max_in_process_models:
+        if self.model and not self.engine_url_list:
+            raise SettingsError("MODELS replaces MODEL: set one of them")
+        if len(models) > self.max_in_process_models and not self.engine_url_list:
             raise SettingsError(
                 f"MODELS lists {len(models)} models; MAX_IN_PROCESS_MODELS={self.max_in_process_models} "
                 "(each is a whole engine in this machine's memory)"
+            )
+        if len(models) > self.engine_models_max and self.engine_url_list:
+            raise SettingsError(
+                f"MODELS lists {len(models)} models; ENGINE_MODELS_MAX={self.engine_models_max}"
             )
         names = [Path(path.rstrip("/")).name for path in models]
         if len(set(names)) != len(names):

@@ -8,9 +8,11 @@ from collections.abc import AsyncIterator
 
 from services.config import Settings
 from services.engine.answer_tokens import AnswerTokens
+from services.engine.backends import LLMBackend
 from services.engine.backends.local import local_engine_lifespan
 from services.engine.backends.remote import remote_engine_lifespan
 from services.engine.chat_engine import ChatEngine
+from services.engine.load import EngineLoad
 from services.engine.loop_guard import LoopGuardConfig
 from services.engine.warmup import WarmUpReport, warm_up
 from services.engine.warmup_record import WarmUpRecords, record_key
@@ -19,28 +21,33 @@ from services.memory import WordCacheBound
 logger = logging.getLogger(__name__)
 
 
+def build_chat_engine(
+    settings: Settings, backend: LLMBackend, max_model_len: int, load: EngineLoad
+) -> ChatEngine:
+    """A ChatEngine over `backend` with its parts from the settings (not warmed up)."""
+    word_caches = WordCacheBound(backend.get_tokenizer(), settings.tokenizer_word_cache)
+    if bounded := word_caches.apply():
+        logger.info(
+            "tokenizer word caches bounded at %d words (%d copies)", settings.tokenizer_word_cache, bounded
+        )
+    return ChatEngine(
+        backend,
+        max_model_len,
+        load=load,
+        loop_guard=LoopGuardConfig.from_settings(settings),
+        answer_tokens=AnswerTokens(settings.answer_token_cache_tokens, settings.session_ttl_seconds),
+        word_caches=word_caches,
+        warm_up_report=WarmUpReport(),
+    )
+
+
 @contextlib.asynccontextmanager
 async def engine_lifespan(settings: Settings) -> AsyncIterator[ChatEngine]:
     """Create the engine with its parts from the settings, warm it up, yield it, close it (on every
     exit path)."""
     lifespan = remote_engine_lifespan if settings.engine_url_list else local_engine_lifespan
     async with lifespan(settings) as (backend, max_model_len, load):
-        word_caches = WordCacheBound(backend.get_tokenizer(), settings.tokenizer_word_cache)
-        if bounded := word_caches.apply():
-            logger.info(
-                "tokenizer word caches bounded at %d words (%d copies)",
-                settings.tokenizer_word_cache,
-                bounded,
-            )
-        engine = ChatEngine(
-            backend,
-            max_model_len,
-            load=load,
-            loop_guard=LoopGuardConfig.from_settings(settings),
-            answer_tokens=AnswerTokens(settings.answer_token_cache_tokens, settings.session_ttl_seconds),
-            word_caches=word_caches,
-            warm_up_report=WarmUpReport(),
-        )
+        engine = build_chat_engine(settings, backend, max_model_len, load)
         # Ready only after the first shapes ran once (warmup.py); what it measured stays with the engine.
         # The in-process engine's decode speeds are kept for the next start (warmup_record.py); vLLM
         # servers elsewhere are measured every time (and their app need not import vLLM for a key).

@@ -3,7 +3,7 @@
 Each model is a whole engine (its own AsyncLLM, EngineCore and worker, its chat template and context
 length), started one after the other and warmed up on its own (its decode speeds kept under its own
 key, warmup_record.py). A name from a client that is not served is refused with `UnknownModelError`,
-which says what is.
+which says what is (served.py).
 """
 
 from __future__ import annotations
@@ -11,23 +11,17 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from services.config import Settings
 from services.engine.chat_engine import ChatEngine
 from services.engine.lifespan import engine_lifespan
+from services.engine.remote_models import remote_models_lifespan
+from services.engine.served import ServedModels, UnavailableModelError, UnknownModelError
 
 logger = logging.getLogger(__name__)
-
-
-class UnknownModelError(ValueError):
-    """A client named a model this service does not serve."""
-
-    def __init__(self, name: str, served: list[str]) -> None:
-        shown = name if len(name) <= 80 else name[:80] + "…"
-        super().__init__(f"The model «{shown}» is not served here; served: {', '.join(served)}.")
-        self.name = name
+__all__ = ["ServedModels", "UnavailableModelError", "UnknownModelError", "model_names", "model_settings"]
 
 
 def model_names(settings: Settings) -> list[str]:
@@ -63,47 +57,14 @@ def _context_of(path: str) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
-class ServedModels:
-    """The engines by name, in the order of MODELS; the first answers when no model is chosen."""
-
-    def __init__(self, engines: dict[str, ChatEngine]) -> None:
-        assert engines, "at least one model is served"
-        self._engines = engines
-
-    @property
-    def names(self) -> list[str]:
-        return list(self._engines)
-
-    @property
-    def default_name(self) -> str:
-        return self.names[0]
-
-    @property
-    def default(self) -> ChatEngine:
-        return self._engines[self.default_name]
-
-    def __len__(self) -> int:
-        return len(self._engines)
-
-    def __iter__(self) -> Iterator[tuple[str, ChatEngine]]:
-        return iter(self._engines.items())
-
-    def resolve(self, name: object) -> str:
-        """The served name for a client's choice: empty or None is the default; anything else must be
-        served (UnknownModelError)."""
-        if name is None or name == "":
-            return self.default_name
-        if isinstance(name, str) and name in self._engines:
-            return name
-        raise UnknownModelError(str(name), self.names)
-
-    def get(self, name: object) -> ChatEngine:
-        return self._engines[self.resolve(name)]
-
-
 @contextlib.asynccontextmanager
 async def served_models_lifespan(settings: Settings) -> AsyncIterator[ServedModels]:
-    """Start every model's engine in turn (each warmed up), yield them, close them in reverse."""
+    """Start every model's engine in turn (each warmed up), yield them, close them in reverse; with
+    ENGINE_URLS, the models the servers list (remote_models.py)."""
+    if settings.engine_url_list:
+        async with remote_models_lifespan(settings) as served:
+            yield served
+        return
     async with contextlib.AsyncExitStack() as stack:
         engines: dict[str, ChatEngine] = {}
         for name, own in model_settings(settings):

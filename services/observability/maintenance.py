@@ -173,6 +173,10 @@ class Maintenance:
         self._process = psutil.Process()
         self._tasks: list[asyncio.Task] = []
 
+    def add_steps(self, *steps: Callable[[], Awaitable[object]]) -> None:
+        """More round work from now on (a model the vLLM servers listed after the start)."""
+        self.extra_steps = (*self.extra_steps, *steps)
+
     def start(self) -> None:
         """Settle slow-filling library caches, freeze the start-up heap, start the three loops (once).
 

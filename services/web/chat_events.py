@@ -118,7 +118,9 @@ class ChatEvents:
         return await starters(self.runtime.presets, user)
 
     def chat_profiles(self) -> list[cl.ChatProfile]:
-        return chat_profiles(self.runtime.settings)
+        serving = self.runtime.running()
+        models = serving.models if serving is not None else None
+        return chat_profiles(self.runtime.settings, models.names if models and len(models) > 1 else None)
 
     def stop(self) -> None:
         if (serving := self.runtime.running()) is not None:

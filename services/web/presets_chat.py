@@ -67,14 +67,14 @@ async def starters(store: PresetStore | None, user: Any) -> list[cl.Starter]:
     return [cl.Starter(label=t.name, message=t.text) for t in templates]
 
 
-def chat_profiles(settings: Settings) -> list[cl.ChatProfile]:
-    """One chat profile per served model when there are several (none: no model menu)."""
-    if len(settings.model_list) < 2:
-        return []
-    names = model_names(settings)
+def chat_profiles(settings: Settings, offered: list[str] | None = None) -> list[cl.ChatProfile]:
+    """One chat profile per model offered when several are served (none: no model menu); `offered`:
+    the models offered now (with ENGINE_URLS, what the vLLM servers list), else MODELS' names."""
+    if offered is None:
+        offered = model_names(settings) if len(settings.model_list) > 1 else []
     return [
         cl.ChatProfile(name=name, markdown_description=f"Answers come from **{name}**.", default=i == 0)
-        for i, name in enumerate(names)
+        for i, name in enumerate(offered)
     ]
 
 

@@ -79,7 +79,10 @@ def test_models_are_named_by_their_folders() -> None:
         ({"MODELS": "/a,/b,/c"}, "MAX_IN_PROCESS_MODELS=2"),
         ({"MODELS": "/x/a,/y/a"}, "same folder name"),
         ({"MODELS": "/a,/b", "MODEL": "/a"}, "MODELS replaces MODEL"),
-        ({"MODELS": "/a,/b", "ENGINE_URLS": "http://h:8000"}, "cannot be used with ENGINE_URLS"),
+        (
+            {"MODELS": "a,b,c", "ENGINE_URLS": "http://h:8000", "ENGINE_MODELS_MAX": "2"},
+            "ENGINE_MODELS_MAX=2",
+        ),
         ({"MAX_IN_PROCESS_MODELS": "0"}, "at least 1"),
     ],
 )

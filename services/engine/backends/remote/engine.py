@@ -1,17 +1,14 @@
 """vLLM servers as the engine: the part of AsyncLLM that ChatEngine uses, over HTTP.
 
-When one machine is not enough, operators run vLLM's own OpenAI-compatible
-servers (`vllm serve`, with tensor/pipeline parallelism and multi-node) and set
-ENGINE_URLS. `RemoteLLM` then stands where the in-process `AsyncLLM` stood:
-`ChatEngine` keeps the chat template, token budgets, streaming and aborts, and
-sends token ids to `/v1/completions`, with its priority where the server
-accepts one. A conversation stays on the server that holds its prefix while
-that server is healthy and not overloaded, else requests go by load
-(routing.py); when a server refuses the connection, the next one gets the
-request. A server whose queue is full answers 503: the user is told the
-service is busy. Closing a stream closes its HTTP
-response, and vLLM aborts a request whose client went away, so no KV cache
-outlives its reader on the server either.
+When one machine is not enough, operators run vLLM's own OpenAI-compatible servers (`vllm serve`,
+with tensor/pipeline parallelism and multi-node) and set ENGINE_URLS. `RemoteLLM` then stands where
+the in-process `AsyncLLM` stood: `ChatEngine` keeps the chat template, token budgets, streaming and
+aborts, and sends token ids to `/v1/completions`, with its priority where the server accepts one, to
+the servers that list the request's model. A conversation stays on the server that holds its prefix
+while that server is healthy and not overloaded, else requests go by load (routing.py); when a server
+refuses the connection, the next one gets the request. A server whose queue is full answers 503: the
+user is told the service is busy. Closing a stream closes its HTTP response, and vLLM aborts a
+request whose client went away, so no KV cache outlives its reader on the server either.
 """
 
 from __future__ import annotations
@@ -27,6 +24,7 @@ import httpx
 from services.config import Settings
 from services.engine.backends import LLMBackend
 from services.engine.backends.local import prepare_default_model
+from services.engine.backends.remote.model_listings import read_listing, refresh_listings
 from services.engine.backends.remote.protocol import (
     Output,
     RemoteEngineError,
@@ -35,7 +33,7 @@ from services.engine.backends.remote.protocol import (
     completion_body,
     parse_event,
 )
-from services.engine.backends.remote.routing import Server, prefix_hashes, servers_to_try
+from services.engine.backends.remote.routing import Server, model_id, prefix_hashes, servers_to_try
 from services.engine.backends.remote.server_load import poll_load_forever
 from services.engine.errors import EngineBusyError
 from services.engine.load import EngineLoad
@@ -78,23 +76,25 @@ class RemoteLLM:
         self._probe_timeout = connect_timeout
         self._responses: dict[str, httpx.Response] = {}  # open streams; each removes itself
 
-    async def connect(self) -> None:
-        """Learn each server's model and context window; fail unless all of them answer."""
+    async def connect(self, limit: int = 1) -> None:
+        """Learn each server's models (at most `limit` of each listing) and context windows; fail
+        unless all of them answer. With one model wanted (limit 1), all must serve the same one."""
         for server in self.servers:
-            try:
-                response = await self._client.get(f"{server.url}/v1/models")
-                response.raise_for_status()
-                card = response.json()["data"][0]
-            except (httpx.HTTPError, KeyError, IndexError, ValueError) as error:
-                message = f"vLLM server {server.url} did not list a model: {error}"
-                raise ServerUnreachableError(message) from error
-            server.model, server.max_model_len = card["id"], int(card.get("max_model_len") or 0)
+            server.models = await read_listing(self._client, server, limit, self._probe_timeout)
+            if not server.models:
+                raise ServerUnreachableError(f"vLLM server {server.url} did not list a model")
+            first = next(iter(server.models.values()))
+            server.model, server.max_model_len = first.id, first.max_model_len
             server.accepts_priority = await self._accepts_priority(server)
         lengths = {s.max_model_len for s in self.servers}
         models = {s.model for s in self.servers}
-        if len(models) > 1:
+        if limit == 1 and len(models) > 1:
             raise RemoteEngineError(f"ENGINE_URLS serve different models: {sorted(models)}")
         logger.info("vLLM servers %s serve %s (context %s)", [s.url for s in self.servers], models, lengths)
+
+    async def refresh_listings(self, limit: int) -> None:
+        """Read every server's listing again (model_listings.py)."""
+        await refresh_listings(self._client, self.servers, limit, self._probe_timeout)
 
     async def _accepts_priority(self, server: Server) -> bool:
         """Whether the server takes a request priority (servers without priority scheduling may not)."""
@@ -125,11 +125,12 @@ class RemoteLLM:
         return self._tokenizer
 
     async def generate(
-        self, prompt: dict[str, Any], params: Any, request_id: str, *, priority: int = 0
+        self, prompt: dict[str, Any], params: Any, request_id: str, *, priority: int = 0, model: str = ""
     ) -> AsyncIterator[Output]:
-        """Stream one request's deltas from the best server that takes it (see routing.py)."""
+        """Stream one request's deltas from the best server that takes it (see routing.py); `model`:
+        the name of a listed model, sent only to the servers that list it (empty: each its first)."""
         prompt_ids = list(prompt["prompt_token_ids"])
-        server, response = await self._open_stream(prompt_ids, params, request_id, priority)
+        server, response = await self._open_stream(prompt_ids, params, request_id, priority, model)
         try:
             self._responses[request_id] = response
             try:
@@ -157,17 +158,17 @@ class RemoteLLM:
             server.in_flight.discard(request_id)
 
     async def _open_stream(
-        self, prompt_ids: list[int], params: Any, request_id: str, priority: int = 0
+        self, prompt_ids: list[int], params: Any, request_id: str, priority: int = 0, model: str = ""
     ) -> tuple[Server, httpx.Response]:
         """Chat's completion request, sent by `open_stream` (prefix affinity when it is on)."""
         hashes = prefix_hashes(prompt_ids) if self._affinity_slack is not None else []
 
         def body_for(server: Server) -> dict[str, Any]:
             return completion_body(
-                server.model, prompt_ids, params, priority if server.accepts_priority else None
+                model_id(server, model), prompt_ids, params, priority if server.accepts_priority else None
             )
 
-        return await self.open_stream("/v1/completions", body_for, request_id, hashes)
+        return await self.open_stream("/v1/completions", body_for, request_id, hashes, model)
 
     async def open_stream(
         self,
@@ -175,16 +176,18 @@ class RemoteLLM:
         body_for: Callable[[Server], dict[str, Any]],
         request_id: str,
         hashes: Sequence[int] = (),
+        model: str = "",
     ) -> tuple[Server, httpx.Response]:
-        """POST `body_for(server)` to `path` on the best server that takes the connection; the request
-        counts as in flight there (the caller discards it when done).
+        """POST `body_for(server)` to `path` on the best server that takes the connection (of those
+        listing `model`, when named); the request counts as in flight there (the caller discards it
+        when done).
 
         A refused connection means the request reached nobody, so the next
         server is tried. Any later failure is raised: the request may be
         running on that server, and sending it twice would double the work.
         """
         refused: ServerUnreachableError | None = None
-        for server in servers_to_try(self.servers, hashes, self._affinity_slack):
+        for server in servers_to_try(self.serving(model), hashes, self._affinity_slack):
             headers = {"X-Request-Id": request_id, **route_headers()}
             request = self._client.build_request(
                 "POST", f"{server.url}{path}", json=body_for(server), headers=headers
@@ -205,6 +208,13 @@ class RemoteLLM:
             return server, response
         assert refused is not None, "ENGINE_URLS lists at least one server"
         raise refused
+
+    def serving(self, model: str) -> list[Server]:
+        """The servers that list `model` (empty: all of them); ServerUnreachableError when none does."""
+        servers = [s for s in self.servers if not model or model in s.models]
+        if not servers:
+            raise ServerUnreachableError(f"no vLLM server lists the model {model}")
+        return servers
 
     async def abort(self, request_id: str) -> None:
         """Close the request's stream; the server aborts it when its client goes away."""
@@ -258,15 +268,9 @@ class RemoteLLM:
         """Nothing runs in this process; the servers are the operators' (aclose frees the pool)."""
 
 
-@contextlib.asynccontextmanager
-async def remote_engine_lifespan(settings: Settings) -> AsyncIterator[tuple[LLMBackend, int, EngineLoad]]:
-    """Chat through the vLLM servers of ENGINE_URLS (yielded with their context length and load);
-    nothing to start here but a connection pool."""
-    from vllm.tokenizers import get_tokenizer
-
-    await prepare_default_model(settings)
-    tokenizer = await asyncio.to_thread(get_tokenizer, settings.model_path)
-    remote = RemoteLLM(
+def remote_llm(settings: Settings, tokenizer: Any) -> RemoteLLM:
+    """A RemoteLLM over ENGINE_URLS with the settings' timeouts, pool and routing (not yet connected)."""
+    return RemoteLLM(
         settings.engine_url_list,
         tokenizer,
         connect_timeout=settings.engine_connect_timeout_seconds,
@@ -275,6 +279,17 @@ async def remote_engine_lifespan(settings: Settings) -> AsyncIterator[tuple[LLMB
         affinity_slack=settings.engine_affinity_slack if settings.engine_affinity_on else None,
         router=settings.engine_router,
     )
+
+
+@contextlib.asynccontextmanager
+async def remote_engine_lifespan(settings: Settings) -> AsyncIterator[tuple[LLMBackend, int, EngineLoad]]:
+    """Chat through the vLLM servers of ENGINE_URLS (yielded with their context length and load);
+    nothing to start here but a connection pool."""
+    from vllm.tokenizers import get_tokenizer
+
+    await prepare_default_model(settings)
+    tokenizer = await asyncio.to_thread(get_tokenizer, settings.model_path)
+    remote = remote_llm(settings, tokenizer)
     try:
         await remote.connect()
         remote.start_load_polling()

@@ -16,6 +16,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from services.engine.backends.remote.listing import Card
+
 BLOCK_TOKENS = 64  # prefix granularity (vLLM's CPU KV blocks hold 16-128 tokens)
 PREFIX_BLOCKS_KEPT = 16_384  # per server: ~1M prompt tokens, more than a CPU server's KV cache holds
 
@@ -66,8 +68,16 @@ class Server:
     max_model_len: int = 0
     healthy: bool = True
     accepts_priority: bool = True
+    models: dict[str, Card] = field(default_factory=dict)  # what it lists at /v1/models, by name
+    listed: bool = True  # its last /v1/models reading succeeded: its models are offered
     in_flight: set[str] = field(default_factory=set)  # ids of our requests it is serving
     prefixes: PrefixIndex = field(default_factory=PrefixIndex)
+
+
+def model_id(server: Server, model: str) -> str:
+    """The id `server` knows the model named `model` by (empty: the server's first model)."""
+    card = server.models.get(model) if model else None
+    return card.id if card is not None else server.model
 
 
 def servers_to_try(
