@@ -47,6 +47,7 @@ SUMMED_STATUS = ("engine_unfinished_requests", "sessions", "sessions_awaiting_re
                  "sessions_dropped_total")  # fmt: skip
 ACCOUNT_PREFIX = "person-"  # the replicas' people sign in as person-1, person-2, ...
 PASSWORD_ENV = "OVERLOAD_ACCOUNT_PASSWORD"  # their password, to Locust's people (not on a command line)
+REPLICA_COOKIE = "CHAT_REPLICA"  # deploy/haproxy.cfg's sticky cookie: which replica a person is on
 
 
 def sum_counters(texts: Iterable[str], names: Iterable[str]) -> dict[str, float]:
@@ -60,6 +61,15 @@ def sum_counters(texts: Iterable[str], names: Iterable[str]) -> dict[str, float]
                 if sample.name in values:
                     values[sample.name] += sample.value
     return values
+
+
+def replica_of(cookie: str | None) -> str:
+    """The replica the balancer's sticky cookie names in a Cookie header ("" without a balancer)."""
+    for part in (cookie or "").split(";"):
+        name, _, value = part.strip().partition("=")
+        if name == REPLICA_COOKIE:
+            return value
+    return ""
 
 
 def combined_status(statuses: list[dict[str, Any]]) -> dict[str, Any]:

@@ -40,7 +40,7 @@ import httpx
 import socketio
 from locust import User, events, task
 
-from bench.load.deployments import PASSWORD_ENV
+from bench.load.deployments import PASSWORD_ENV, replica_of
 from harness.chat_client import (
     client_headers,
     connect_sync,
@@ -60,7 +60,6 @@ PATTERNS = ("patient", "storm", "think")
 THINK_SECONDS = {"patient": (1.0, 3.0), "storm": (0.1, 0.5), "think": (2.0, 8.0)}
 SINGLE_PASS_WORDS = (800, 1200, 1800, 2500)
 MAP_REDUCE_WORDS = 7000  # over the 8,192-token context: summarized in parts
-REPLICA_COOKIE = "CHAT_REPLICA"  # deploy/haproxy.cfg's sticky cookie: which replica a person is on
 
 
 @events.init_command_line_parser.add_listener
@@ -129,15 +128,6 @@ def browser_cookie(base_url: str, address: str, username: str) -> str | None:
     )  # fmt: skip
     response.raise_for_status()
     return "; ".join(f"{name}={value}" for name, value in response.cookies.items())
-
-
-def replica_of(cookie: str | None) -> str:
-    """The replica the balancer's sticky cookie names ("" without a balancer)."""
-    for part in (cookie or "").split(";"):
-        name, _, value = part.strip().partition("=")
-        if name == REPLICA_COOKIE:
-            return value
-    return ""
 
 
 class Person:
