@@ -73,17 +73,23 @@ def replica_of(cookie: str | None) -> str:
 
 
 def combined_status(statuses: list[dict[str, Any]]) -> dict[str, Any]:
-    """The replicas' /status as one: counts summed (None when a replica did not say), the longest
-    event-loop lag, each one's admission state."""
-    combined: dict[str, Any] = {}
-    for name in SUMMED_STATUS:
-        values = [status.get(name) for status in statuses]
-        combined[name] = None if any(v is None for v in values) else sum(values)
+    """The replicas' /status as one: counts summed (`added`; None when a replica did not say), the
+    longest event-loop lag, each one's admission state."""
+    combined = {name: added([status.get(name) for status in statuses]) for name in SUMMED_STATUS}
     lags = [lag for status in statuses if (lag := status.get("event_loop_lag_max_seconds")) is not None]
     combined["event_loop_lag_max_seconds"] = max(lags, default=None)
     admission = [status.get("admission") for status in statuses]
     combined["admission"] = admission[0] if len(admission) == 1 else admission
     return combined
+
+
+def added(values: list[Any]) -> Any:
+    """Counts summed; counts by kind ({reason: count}) summed kind by kind; None if any is None."""
+    if any(value is None for value in values):
+        return None
+    if all(isinstance(value, dict) for value in values):
+        return {key: added([value.get(key, 0) for value in values]) for key in sorted(set().union(*values))}
+    return sum(values)
 
 
 def tree_rss_mb(pid: int) -> float:

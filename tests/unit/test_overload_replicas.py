@@ -39,10 +39,12 @@ def test_counters_are_summed_over_labels_and_replicas_and_missing_ones_are_zero(
 
 def test_replica_status_is_summed_and_a_replica_that_did_not_say_makes_the_sum_unknown() -> None:
     first = {"sessions": 4, "turns_in_flight": 0, "engine_unfinished_requests": 1,
-             "sessions_awaiting_reconnect": 2, "sessions_dropped_total": 0,
+             "sessions_awaiting_reconnect": 2, "sessions_dropped_total": {"evicted": 1, "closed": 2},
              "event_loop_lag_max_seconds": 0.2, "admission": {"waiting": 0}}  # fmt: skip
-    second = {**first, "sessions": 3, "engine_unfinished_requests": 0, "event_loop_lag_max_seconds": 0.7}
+    second = {**first, "sessions": 3, "engine_unfinished_requests": 0, "event_loop_lag_max_seconds": 0.7,
+              "sessions_dropped_total": {"closed": 5, "expired": 1}}  # fmt: skip
     combined = combined_status([first, second])
+    assert combined["sessions_dropped_total"] == {"closed": 7, "evicted": 1, "expired": 1}
     assert combined["sessions"] == 7 and combined["engine_unfinished_requests"] == 1
     assert combined["event_loop_lag_max_seconds"] == 0.7
     assert combined["admission"] == [{"waiting": 0}, {"waiting": 0}]
