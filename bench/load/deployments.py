@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import secrets
 import sqlite3
 import subprocess
@@ -45,6 +46,7 @@ COUNTERS = (*TOKEN_COUNTERS, REFUSALS)
 TABLES = ("threads", "steps")
 SUMMED_STATUS = ("engine_unfinished_requests", "sessions", "sessions_awaiting_reconnect", "turns_in_flight",
                  "sessions_dropped_total")  # fmt: skip
+MARKED_DOWN = re.compile(r"^\[WARNING\]\s+\(\d+\) : Server \w+/(\w+) is DOWN\b.*?(\d+) sessions active", re.M)
 ACCOUNT_PREFIX = "person-"  # the replicas' people sign in as person-1, person-2, ...
 PASSWORD_ENV = "OVERLOAD_ACCOUNT_PASSWORD"  # their password, to Locust's people (not on a command line)
 REPLICA_COOKIE = "CHAT_REPLICA"  # deploy/haproxy.cfg's sticky cookie: which replica a person is on
@@ -90,6 +92,17 @@ def added(values: list[Any]) -> Any:
     if all(isinstance(value, dict) for value in values):
         return {key: added([value.get(key, 0) for value in values]) for key in sorted(set().union(*values))}
     return sum(values)
+
+
+def marked_down(haproxy_log: str) -> dict[str, dict[str, int]]:
+    """Each time HAProxy marked a replica down (its /healthz check failed or timed out), with the
+    sessions it held then: deploy/haproxy.cfg cuts them (on-marked-down shutdown-sessions)."""
+    downs: dict[str, dict[str, int]] = {}
+    for replica, sessions in MARKED_DOWN.findall(haproxy_log):
+        entry = downs.setdefault(replica, {"times": 0, "sessions_cut": 0})
+        entry["times"] += 1
+        entry["sessions_cut"] += int(sessions)
+    return downs
 
 
 def tree_rss_mb(pid: int) -> float:
@@ -155,6 +168,13 @@ class Deployment:
     def engine_requests_held(self) -> float | None:
         """Running plus waiting requests in the engine servers (None: the engine is in-process)."""
         return sum(engine.requests_held() for engine in self.engines) if self.engines else None
+
+    def balancer_log(self) -> str:
+        """HAProxy's log so far ("" without a balancer)."""
+        balancer = getattr(self.topology, "balancer", None)
+        if balancer is None or not balancer.log_path.exists():
+            return ""
+        return balancer.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
         if self.topology is not None:

@@ -49,7 +49,14 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import machine_info, parse_duration, percentile, result_path
-from bench.load.deployments import PASSWORD_ENV, Deployment, combined_status, start_replicas, start_single
+from bench.load.deployments import (
+    PASSWORD_ENV,
+    Deployment,
+    combined_status,
+    marked_down,
+    start_replicas,
+    start_single,
+)
 
 FCFS_SETTINGS = {
     "PRIORITY_SCHEDULING": "false", "READING_PACE_TOKENS_PER_SECOND": "0", "MAX_NUM_QUEUED_REQS": "0",
@@ -156,9 +163,10 @@ def run_arm(name: str, options: argparse.Namespace, out: Path) -> dict[str, Any]
         warm_up = one_or_each([s.get("warm_up") for s in deployment.statuses()])
         rss_before, rows_before = deployment.rss_mb(), deployment.stored_rows()
         cpu_before = deployment.app_cpu_seconds()
-        before, began = deployment.counters(), time.monotonic()
+        before, began, logged = deployment.counters(), time.monotonic(), len(deployment.balancer_log())
         load(name, arm, options, out, deployment)
         after, elapsed = deployment.counters(), time.monotonic() - began
+        downs = marked_down(deployment.balancer_log()[logged:])
         cpu, rows = deployment.app_cpu_seconds() - cpu_before, deployment.stored_rows()
         status = combined_status(deployment.statuses())
         held = after_load(deployment)
@@ -193,6 +201,7 @@ def run_arm(name: str, options: argparse.Namespace, out: Path) -> dict[str, Any]
     if len(deployment.apps) > 1:
         summary["engine_servers"] = len(deployment.engines)
         summary["turns_by_replica"] = turns_by_replica(turns)
+        summary["balancer_marked_down"] = downs  # during the load; a replica's pages cut each time
     return summary
 
 

@@ -8,7 +8,13 @@ from typing import Any
 
 import pytest
 
-from bench.load.deployments import combined_status, engine_server_options, replica_of, sum_counters
+from bench.load.deployments import (
+    combined_status,
+    engine_server_options,
+    marked_down,
+    replica_of,
+    sum_counters,
+)
 from bench.load.overload import turns_by_replica, verdict
 from services.config import Settings
 
@@ -57,6 +63,27 @@ def test_the_sticky_cookie_names_the_replica() -> None:
     assert replica_of("access_token=abc; CHAT_REPLICA=app2") == "app2"
     assert replica_of("CHAT_REPLICA=app1;access_token=x=y") == "app1"
     assert replica_of("access_token=abc") == "" and replica_of(None) == ""
+
+
+HAPROXY_LOG = """[WARNING]  (1634) : Server replicas/app2 is DOWN, reason: Layer7 timeout, check duration: \
+1006ms. 1 active and 0 backup servers left. 6 sessions active, 0 requeued, 0 remaining in queue.
+Server replicas/app2 is DOWN, reason: Layer7 timeout, check duration: 1006ms. 1 active and 0 backup servers \
+left. 6 sessions active, 0 requeued, 0 remaining in queue.
+[WARNING]  (1634) : Server replicas/app2 is UP, reason: Layer7 check passed, code: 200, check duration: \
+10ms. 2 active and 0 backup servers online. 0 sessions requeued, 0 total in queue.
+[WARNING]  (1634) : Server replicas/app1 is DOWN, reason: Layer4 connection problem. 1 active and 0 backup \
+servers left. 0 sessions active, 0 requeued, 0 remaining in queue.
+[WARNING]  (1634) : Server replicas/app2 is DOWN, reason: Layer7 wrong status, code: 503. 1 active and 0 \
+backup servers left. 2 sessions active, 0 requeued, 0 remaining in queue.
+"""
+
+
+def test_each_time_the_balancer_marked_a_replica_down_is_counted_once_with_the_pages_it_cut() -> None:
+    assert marked_down(HAPROXY_LOG) == {
+        "app2": {"times": 2, "sessions_cut": 8},
+        "app1": {"times": 1, "sessions_cut": 0},
+    }
+    assert marked_down("") == {}
 
 
 def test_turns_are_counted_by_replica_and_person() -> None:
