@@ -74,6 +74,13 @@ def replica_of(cookie: str | None) -> str:
     return ""
 
 
+def merged_cookie(cookie: str, set_cookies: dict[str, str]) -> str:
+    """A Cookie header after a response set `set_cookies`, as a browser's jar keeps them."""
+    jar = dict(part.strip().partition("=")[::2] for part in cookie.split(";") if part.strip())
+    jar.update(set_cookies)
+    return "; ".join(f"{name}={value}" for name, value in jar.items())
+
+
 def combined_status(statuses: list[dict[str, Any]]) -> dict[str, Any]:
     """The replicas' /status as one: counts summed (`added`; None when a replica did not say), the
     longest event-loop lag, each one's admission state."""

@@ -17,7 +17,8 @@ next turn opens a new one). Without --accounts everyone signs in as the local us
 address); with --accounts PREFIX user N signs in with the password form as PREFIXN (the password in
 $OVERLOAD_ACCOUNT_PASSWORD) and keeps the cookies the answer set, as a browser does: behind
 deploy/haproxy.cfg that includes the sticky cookie, so all of a person's pages, sockets and uploads
-go to one replica (the `replica` column). One CSV row per finished turn records what the person saw and when:
+go to one replica (the `replica` column; a new page takes the new cookie the balancer sets when that
+replica is down). One CSV row per finished turn records what the person saw and when:
 refusal and how fast it came, status updates (place in line), first token, tokens, the end, and
 for a session's first turn how long its page took to open (connect until the chat started).
 """
@@ -40,7 +41,7 @@ import httpx
 import socketio
 from locust import User, events, task
 
-from bench.load.deployments import PASSWORD_ENV, replica_of
+from bench.load.deployments import PASSWORD_ENV, merged_cookie, replica_of
 from harness.chat_client import (
     client_headers,
     connect_sync,
@@ -128,6 +129,13 @@ def browser_cookie(base_url: str, address: str, username: str) -> str | None:
     )  # fmt: skip
     response.raise_for_status()
     return "; ".join(f"{name}={value}" for name, value in response.cookies.items())
+
+
+def page_cookie(base_url: str, address: str, cookie: str) -> str:
+    """The cookies after the page loaded: a page whose replica is down is sent to another, which
+    the balancer's new sticky cookie names (a browser keeps it, and its socket and uploads follow)."""
+    response = httpx.get(f"{base_url}/auth/config", headers=client_headers(address, cookie), timeout=60)
+    return merged_cookie(cookie, dict(response.cookies.items()))
 
 
 class Person:
@@ -276,6 +284,8 @@ class Chatter(User):
             if self.cookie is None:
                 username = f"{self.options.accounts}{self.number}" if self.options.accounts else ""
                 self.cookie = browser_cookie(self.host, self.address, username) or ""
+            elif replica_of(self.cookie):
+                self.cookie = page_cookie(self.host, self.address, self.cookie)
             person = Person(self.host, self.address, self.cookie)
             # A failure is Locust's error; the next task tries a new session.
             connect_seconds = person.connect(self.options.turn_timeout)

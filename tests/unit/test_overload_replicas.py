@@ -12,6 +12,7 @@ from bench.load.deployments import (
     combined_status,
     engine_server_options,
     marked_down,
+    merged_cookie,
     replica_of,
     sum_counters,
 )
@@ -63,6 +64,12 @@ def test_the_sticky_cookie_names_the_replica() -> None:
     assert replica_of("access_token=abc; CHAT_REPLICA=app2") == "app2"
     assert replica_of("CHAT_REPLICA=app1;access_token=x=y") == "app1"
     assert replica_of("access_token=abc") == "" and replica_of(None) == ""
+
+
+def test_a_new_sticky_cookie_replaces_the_old_and_the_sign_in_stays() -> None:
+    moved = merged_cookie("access_token=a.b=; CHAT_REPLICA=app2", {"CHAT_REPLICA": "app1"})
+    assert moved == "access_token=a.b=; CHAT_REPLICA=app1" and replica_of(moved) == "app1"
+    assert merged_cookie("access_token=x; CHAT_REPLICA=app2", {}) == "access_token=x; CHAT_REPLICA=app2"
 
 
 HAPROXY_LOG = """[WARNING]  (1634) : Server replicas/app2 is DOWN, reason: Layer7 timeout, check duration: \
