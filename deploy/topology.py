@@ -41,6 +41,9 @@ class Topology:
     max_model_len: int = 8192
     port: int | None = None
     app_env: dict[str, str] = field(default_factory=dict)  # more settings for both replicas
+    engine_servers: int = ENGINE_SERVERS
+    engine_args: tuple[str, ...] = ()  # more `vllm serve` options for each engine server
+    engine_env: dict[str, str] = field(default_factory=dict)  # more environment for each engine server
     admin_password: str = field(default_factory=lambda: secrets.token_urlsafe(12))
     ops_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     postgres: PostgresCluster | None = None
@@ -70,10 +73,11 @@ class Topology:
             self.postgres = PostgresCluster().start()
             database_url = self.postgres.create_database("chat")
             self.engines = [
-                VllmServer(self.model_dir, self.logs / f"vllm-{i}.log", self.max_model_len)
-                for i in range(1, ENGINE_SERVERS + 1)
+                VllmServer(self.model_dir, self.logs / f"vllm-{i}.log", self.max_model_len, *self.engine_args)
+                for i in range(1, self.engine_servers + 1)
             ]
             for engine in self.engines:
+                engine.env.update(self.engine_env)
                 engine.start()
             self.router = VllmRouter([e.url for e in self.engines], self.logs / "router.log").start()
             env = self.replica_env(database_url, self.router.url)

@@ -117,10 +117,14 @@ def reconnect_delay_seconds(failures: int, rng: random.Random) -> float:
     return min(5.0, 2.0 ** (failures - 1)) * rng.uniform(0.5, 1.5)
 
 
-def connect_sync(sio: Any, base_url: str, session_id: str, address: str, timeout: float = 10.0) -> None:
-    """Open a sync socket.io client's chat session as the local user (load generators' threads)."""
+def connect_sync(
+    sio: Any, base_url: str, session_id: str, address: str, timeout: float = 10.0, cookie: str | None = None
+) -> None:
+    """Open a sync socket.io client's chat session (load generators' threads) with `cookie` (a
+    signed-in browser's Cookie header), else as the local user."""
+    cookie = cookie if cookie is not None else local_cookie(base_url)
     sio.connect(base_url, socketio_path=SOCKET_PATH, transports=["websocket"], auth=handshake(session_id),
-                headers=client_headers(address, local_cookie(base_url)), wait_timeout=timeout)  # fmt: skip
+                headers=client_headers(address, cookie), wait_timeout=timeout)  # fmt: skip
     sio.emit("connection_successful")
 
 

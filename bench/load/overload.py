@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/load/overload.py --duration 10m --users 50 --save-results   # the verdict
     .venv/bin/python bench/load/overload.py --duration 2m --users 12                   # a validation run
+    .venv/bin/python bench/load/overload.py --arms managed,replicas   # one process against replicas
 
 Each arm starts its own `chainlit run app.py` (default model) on a free loopback port and runs
 bench/load/overload_users.py under Locust for --duration, then stops both by itself. An arm is the
@@ -13,27 +14,32 @@ app's settings and how people behave (overload_users.py, --pattern):
     storm    the defaults; chat only, each person resends 0.1-0.5 s after every answer or refusal,
              a fifth of turns close their page at the first token
     think    the defaults; the storm's people with 2-8 s of thought instead
+    replicas the managed arm's people and settings through deploy/topology.py's scale-out: HAProxy
+             (sticky cookie) -> 2 app replicas -> vLLM's router -> `vllm serve` with the in-process
+             engine's defaults (--engine-servers, 1 by default: two on 2 cores share the same
+             cores; bench/load/deployments.py says why), one PostgreSQL; each person signs in to an
+             account of their own and stays on one replica by the balancer's cookie
 Per arm: time to first token of accepted chat turns, tokens/s per stream, answers finished,
 refusals and how fast they were told, how long a page took to open, tokens delivered to people,
 document completion time, total tokens/s (vLLM's own counters), the longest wait without any
 update, and what the app holds after the load (engine requests, sessions, memory of its process
-tree). Writes to --out (default bench/out/overload-<time>): summary.json (one object per arm, the
-targets), overload.png (TTFT over time, one panel per arm), turns-<arm>.csv, server-<arm>.log,
-locust-<arm>.log. --save-results copies the summary and plot to
-bench/results/load/overload-summary-<date-time>.json and overload-ttft-<date-time>.png.
+tree; for replicas their sum and each one's, and the engine servers' requests and memory). Writes
+to --out (default bench/out/overload-<time>): summary.json (one object per arm, the targets; with
+managed and replicas both, replicas_vs_managed), overload.png (TTFT over time, one panel per arm),
+turns-<arm>.csv, server-<arm>.log (replicas: <arm>-logs/), locust-<arm>.log. --save-results copies
+the summary and plot to bench/results/load/overload-summary-<date-time>.json and
+overload-ttft-<date-time>.png.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import json
-import sqlite3
+import os
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
@@ -42,10 +48,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-import psutil
-
 from bench.common import machine_info, parse_duration, percentile, result_path
-from harness.server import AppServer
+from bench.load.deployments import (
+    PASSWORD_ENV,
+    Deployment,
+    combined_status,
+    marked_down,
+    start_replicas,
+    start_single,
+)
 
 FCFS_SETTINGS = {
     "PRIORITY_SCHEDULING": "false", "READING_PACE_TOKENS_PER_SECOND": "0", "MAX_NUM_QUEUED_REQS": "0",
@@ -63,6 +74,7 @@ class Arm:
     documents: bool = True
     leave_after_first_token: float = 0.0
     max_new_tokens: int = 64  # the answer budget each page sets; 0 = the app's default (MAX_NEW_TOKENS)
+    deployment: str = "single"  # or "replicas" (bench/load/deployments.py)
 
 
 ARMS = {
@@ -70,9 +82,9 @@ ARMS = {
     "managed": Arm({}),
     "storm": Arm({}, "storm", documents=False, leave_after_first_token=0.2, max_new_tokens=0),
     "think": Arm({}, "think", documents=False, leave_after_first_token=0.2, max_new_tokens=0),
+    "replicas": Arm({}, deployment="replicas"),
 }
 PATIENT_ARM = "managed"  # the storm arms' tokens are compared with this one's
-COUNTERS = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total", "chat_admission_refusals_total")
 MAX_WAIT_SECONDS = 10.0  # ADMISSION_MAX_WAIT_SECONDS's default, which every arm but fcfs runs with
 TARGETS = {
     "chat_ttft_p95_seconds_max": MAX_WAIT_SECONDS,  # patient people
@@ -91,96 +103,77 @@ TARGETS = {
 SETTLE_SECONDS = 30.0  # after the load: the engine's last requests end, maintenance runs
 
 
-def scrape(url: str) -> dict[str, float]:
-    """vLLM's token counters and our refusal counter, summed over labels."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    values = dict.fromkeys(COUNTERS, 0.0)
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in values:
-                values[sample.name] += sample.value
-    return values
+HELD = ("engine_unfinished_requests", "sessions", "sessions_awaiting_reconnect", "turns_in_flight")
 
 
-def tree_rss_mb(server: AppServer) -> float:
-    """Resident memory of the app and every process under it (vLLM's), in MB."""
-    root = psutil.Process(server.process.pid)
-    total = 0
-    for process in [root, *root.children(recursive=True)]:
-        try:
-            total += process.memory_info().rss
-        except psutil.Error:
-            continue
-    return total / 2**20
-
-
-def stored_rows(server: AppServer) -> dict[str, int]:
-    """Conversations and steps (messages) in the app's SQLite database."""
-    path = Path(server.env["DATA_DIR"]) / "chat.db"
-    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
-        tables = ("threads", "steps")
-        return {table: db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] for table in tables}
-
-
-def app_cpu_seconds(server: AppServer) -> float:
-    """CPU time of the app's own process (not vLLM's)."""
-    times = psutil.Process(server.process.pid).cpu_times()
-    return times.user + times.system
-
-
-def after_load(server: AppServer) -> dict[str, Any]:
-    """What the app holds once the people left and SETTLE_SECONDS passed."""
+def after_load(deployment: Deployment) -> dict[str, Any]:
+    """What the app holds once the people left and SETTLE_SECONDS passed: summed over replicas, each
+    replica's, and the engine servers' own running and waiting requests."""
     time.sleep(SETTLE_SECONDS)
-    status = server.status()
-    return {
-        "engine_unfinished_requests": status.get("engine_unfinished_requests"),
-        "sessions": status.get("sessions"),
-        "sessions_awaiting_reconnect": status.get("sessions_awaiting_reconnect"),
-        "turns_in_flight": status.get("turns_in_flight"),
-        "tree_rss_mb": round(tree_rss_mb(server), 1),
-    }
+    statuses = deployment.statuses()
+    combined = combined_status(statuses)
+    rss = deployment.rss_mb()
+    held = {**{name: combined[name] for name in HELD}, "tree_rss_mb": round(sum(rss.values()), 1)}
+    if len(statuses) > 1 or deployment.engines:
+        held["tree_rss_mb_by_part"] = rss
+        held["engine_server_requests_held"] = deployment.engine_requests_held()
+        held["each_replica"] = [{name: status.get(name) for name in HELD} for status in statuses]
+    return held
 
 
-def locust_command(arm: Arm, options: argparse.Namespace, server: AppServer, out: Path, name: str) -> list:
+def locust_command(
+    arm: Arm, options: argparse.Namespace, url: str, out: Path, name: str, accounts: str
+) -> list:
     users_file = ROOT / "bench" / "load" / "overload_users.py"
     documents = options.document_fraction if arm.documents else 0
     return [
         str(Path(sys.executable).with_name("locust")), "-f", str(users_file), "--headless",
         "-u", str(options.users), "-r", str(options.spawn_rate), "-t", f"{int(options.duration)}s",
-        "--host", server.base_url, "--turns-csv", str(out / f"turns-{name}.csv"), "--stop-timeout", "5",
+        "--host", url, "--turns-csv", str(out / f"turns-{name}.csv"), "--stop-timeout", "5",
         "--only-summary", "--document-fraction", str(documents), "--turn-timeout", str(options.turn_timeout),
         "--pattern", arm.pattern, "--leave-after-first-token", str(arm.leave_after_first_token),
-        "--max-new-tokens", str(arm.max_new_tokens),
+        "--max-new-tokens", str(arm.max_new_tokens), "--accounts", accounts,
         "--logfile", str(out / f"locust-{name}.log"),
     ]  # fmt: skip
+
+
+def deploy(name: str, arm: Arm, options: argparse.Namespace, out: Path) -> Deployment:
+    if arm.deployment == "replicas":
+        return start_replicas(arm.settings, out / f"{name}-logs", options.users, options.engine_servers)
+    return start_single(arm.settings, out / f"server-{name}.log")
+
+
+def load(name: str, arm: Arm, options: argparse.Namespace, out: Path, deployment: Deployment) -> None:
+    """Locust's people against the deployment for --duration (the accounts' password in its env only)."""
+    env = {**os.environ, PASSWORD_ENV: deployment.password}
+    with (out / f"locust-{name}.out").open("wb") as log:
+        subprocess.run(
+            locust_command(arm, options, deployment.url, out, name, deployment.accounts), cwd=ROOT, env=env,
+            stdout=log, stderr=subprocess.STDOUT, timeout=options.duration + 180,
+        )  # fmt: skip
 
 
 def run_arm(name: str, options: argparse.Namespace, out: Path) -> dict[str, Any]:
     """Start the app with the arm's settings, load it, stop it; return what was measured."""
     arm = ARMS[name]
     started = time.monotonic()
-    server = AppServer(arm.settings, out / f"server-{name}.log").start(timeout=900)
+    deployment = deploy(name, arm, options, out)
     start_seconds = time.monotonic() - started
     try:
-        warm_up = server.status().get("warm_up")
-        rss_before, rows_before = tree_rss_mb(server), stored_rows(server)
-        cpu_before = app_cpu_seconds(server)
-        before, began = scrape(server.base_url), time.monotonic()
-        with (out / f"locust-{name}.out").open("wb") as log:
-            subprocess.run(
-                locust_command(arm, options, server, out, name), cwd=ROOT, stdout=log,
-                stderr=subprocess.STDOUT, timeout=options.duration + 180,
-            )  # fmt: skip
-        after, elapsed = scrape(server.base_url), time.monotonic() - began
-        cpu, rows = app_cpu_seconds(server) - cpu_before, stored_rows(server)
-        status = server.status()
-        held = after_load(server)
+        warm_up = one_or_each([s.get("warm_up") for s in deployment.statuses()])
+        rss_before, rows_before = deployment.rss_mb(), deployment.stored_rows()
+        cpu_before = deployment.app_cpu_seconds()
+        before, began, logged = deployment.counters(), time.monotonic(), len(deployment.balancer_log())
+        load(name, arm, options, out, deployment)
+        after, elapsed = deployment.counters(), time.monotonic() - began
+        downs = marked_down(deployment.balancer_log()[logged:])
+        cpu, rows = deployment.app_cpu_seconds() - cpu_before, deployment.stored_rows()
+        status = combined_status(deployment.statuses())
+        held = after_load(deployment)
     finally:
-        server.stop()
-    summary = summarize(read_turns(out / f"turns-{name}.csv"), options.turn_timeout, elapsed)
+        deployment.stop()
+    turns = read_turns(out / f"turns-{name}.csv")
+    summary = summarize(turns, options.turn_timeout, elapsed)
     asked = max(1, summary["turns"])
     summary["app_cost_per_turn"] = {
         "cpu_ms": round(1000 * cpu / asked, 1),
@@ -199,13 +192,33 @@ def run_arm(name: str, options: argparse.Namespace, out: Path) -> dict[str, Any]
             "total_prompt_tokens_per_second": round(prompted / elapsed, 2),
             "refusals_counted_in_metrics": after["chat_admission_refusals_total"]
             - before["chat_admission_refusals_total"],
-            "admission_at_end": status.get("admission"),
-            "event_loop_lag_max_seconds": status.get("event_loop_lag_max_seconds"),
-            "sessions_dropped_total": status.get("sessions_dropped_total"),
-            "after_load": {**held, "tree_rss_mb_before": round(rss_before, 1)},
+            "admission_at_end": status["admission"],
+            "event_loop_lag_max_seconds": status["event_loop_lag_max_seconds"],
+            "sessions_dropped_total": status["sessions_dropped_total"],
+            "after_load": {**held, "tree_rss_mb_before": round(sum(rss_before.values()), 1)},
         }
     )
+    if len(deployment.apps) > 1:
+        summary["engine_servers"] = len(deployment.engines)
+        summary["turns_by_replica"] = turns_by_replica(turns)
+        summary["balancer_marked_down"] = downs  # during the load; a replica's pages cut each time
     return summary
+
+
+def one_or_each(values: list[Any]) -> Any:
+    return values[0] if len(values) == 1 else values
+
+
+def turns_by_replica(turns: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Turns and people on each replica, by the sticky cookie the people's browsers kept."""
+    replicas = sorted({t.get("replica") or "?" for t in turns})
+    return {
+        r: {
+            "turns": sum((t.get("replica") or "?") == r for t in turns),
+            "people": len({t["user"] for t in turns if (t.get("replica") or "?") == r}),
+        }
+        for r in replicas
+    }
 
 
 def read_turns(path: Path) -> list[dict[str, Any]]:
@@ -296,23 +309,43 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     return round(numerator / denominator, 3) if numerator is not None and denominator else None
 
 
+def patient_checks(arm: dict[str, Any]) -> dict[str, Any]:
+    """Patient people's targets (the managed arm's, and the same through the replicas)."""
+    return {
+        "chat_ttft_p95_seconds": check(arm["chat_ttft_seconds"]["p95"], "chat_ttft_p95_seconds_max"),
+        "stream_tokens_per_second_p5": check(
+            arm["stream_tokens_per_second"]["p5"], "stream_tokens_per_second_p5_min"
+        ),
+        "refusal_told_seconds_max": check(
+            arm["refusal_told_seconds"]["max"], "refusal_told_seconds_max", none_meets=True
+        ),
+        "max_silence_seconds": check(arm["max_silence_seconds"], "max_silence_seconds_max"),
+        "connect_p95_seconds": check(arm["connect_seconds"]["p95"], "connect_p95_seconds_max"),
+    }
+
+
+def held_checks(after: dict[str, Any]) -> dict[str, Any]:
+    """Nothing held after the load: engine requests and turns (summed over replicas), and the engine
+    servers' own running and waiting requests where there are engine servers."""
+    checks = {
+        "unfinished_engine_requests_after": check(after["engine_unfinished_requests"], "nothing_held_max"),
+        "turns_in_flight_after": check(after["turns_in_flight"], "nothing_held_max"),
+    }
+    if "engine_server_requests_held" in after:
+        checks["engine_server_requests_after"] = check(
+            after["engine_server_requests_held"], "nothing_held_max"
+        )
+    return checks
+
+
 def verdict(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The targets: patient people on the managed arm (throughput against fcfs), and the storm and
-    think arms (tokens delivered against the managed arm's, and what is held after the load)."""
+    """The targets: patient people on the managed arm (throughput against fcfs) and through the
+    replicas (and nothing held there after the load), and the storm and think arms (tokens
+    delivered against the managed arm's, and what is held after the load)."""
     checks: dict[str, Any] = {}
     managed, fcfs = arms.get("managed"), arms.get("fcfs")
     if managed is not None:
-        checks["managed"] = {
-            "chat_ttft_p95_seconds": check(managed["chat_ttft_seconds"]["p95"], "chat_ttft_p95_seconds_max"),
-            "stream_tokens_per_second_p5": check(
-                managed["stream_tokens_per_second"]["p5"], "stream_tokens_per_second_p5_min"
-            ),
-            "refusal_told_seconds_max": check(
-                managed["refusal_told_seconds"]["max"], "refusal_told_seconds_max", none_meets=True
-            ),
-            "max_silence_seconds": check(managed["max_silence_seconds"], "max_silence_seconds_max"),
-            "connect_p95_seconds": check(managed["connect_seconds"]["p95"], "connect_p95_seconds_max"),
-        }
+        checks["managed"] = patient_checks(managed)
         if fcfs is not None:
             checks["managed"]["total_generation_vs_fcfs"] = check(
                 ratio(
@@ -320,6 +353,8 @@ def verdict(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
                 ),
                 "total_generation_vs_fcfs_min",
             )
+    if (replicas := arms.get("replicas")) is not None:
+        checks["replicas"] = {**patient_checks(replicas), **held_checks(replicas["after_load"])}
     for name in ("storm", "think"):
         if (arm := arms.get(name)) is None:
             continue
@@ -352,6 +387,24 @@ def verdict(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
                 "delivered_vs_patient_min",
             )
     return checks
+
+
+def side_by_side(replicas: dict[str, Any], managed: dict[str, Any]) -> dict[str, Any]:
+    """What the replicas' tiers cost against one process (no target: for reading)."""
+    return {
+        "tokens_delivered_per_second_ratio": ratio(
+            replicas["tokens_delivered_per_second"], managed["tokens_delivered_per_second"]
+        ),
+        "total_generation_tokens_per_second_ratio": ratio(
+            replicas["total_generation_tokens_per_second"], managed["total_generation_tokens_per_second"]
+        ),
+        "chat_ttft_p95_seconds": [replicas["chat_ttft_seconds"]["p95"], managed["chat_ttft_seconds"]["p95"]],
+        "app_cpu_ms_per_turn": [
+            replicas["app_cost_per_turn"]["cpu_ms"],
+            managed["app_cost_per_turn"]["cpu_ms"],
+        ],
+        "order": ["replicas", "managed"],
+    }
 
 
 def plot(out: Path, names: list[str]) -> Path:
@@ -427,6 +480,9 @@ def main() -> None:
     parser.add_argument(
         "--arms", default="fcfs,managed,storm,think", help="Comma-separated, run in this order."
     )
+    parser.add_argument(
+        "--engine-servers", type=int, default=1, help="`vllm serve` behind the router (replicas arm)."
+    )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument(
         "--save-results", action="store_true", help="Copy summary and plot to bench/results/load/."
@@ -442,6 +498,8 @@ def main() -> None:
         print(json.dumps(report[name], indent=1), flush=True)
     report["run"]["machine_after"] = machine_info()
     report["targets"] = verdict({n: report[n] for n in names})
+    if "managed" in names and "replicas" in names:
+        report["replicas_vs_managed"] = side_by_side(report["replicas"], report["managed"])
     (out / "summary.json").write_text(json.dumps(report, indent=2))
     picture = plot(out, names)
     print(json.dumps(report["targets"], indent=1))

@@ -13,7 +13,12 @@ they behave is the --pattern:
     storm    one session, the next message 0.1-0.5 s after every answer or refusal
     think    one session, 2-8 s of thought after every answer or refusal
 --leave-after-first-token makes that share of turns close their page at their first token (the
-next turn opens a new one). One CSV row per finished turn records what the person saw and when:
+next turn opens a new one). Without --accounts everyone signs in as the local user (told apart by
+address); with --accounts PREFIX user N signs in with the password form as PREFIXN (the password in
+$OVERLOAD_ACCOUNT_PASSWORD) and keeps the cookies the answer set, as a browser does: behind
+deploy/haproxy.cfg that includes the sticky cookie, so all of a person's pages, sockets and uploads
+go to one replica (the `replica` column; a new page takes the new cookie the balancer sets when that
+replica is down). One CSV row per finished turn records what the person saw and when:
 refusal and how fast it came, status updates (place in line), first token, tokens, the end, and
 for a session's first turn how long its page took to open (connect until the chat started).
 """
@@ -23,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import os
 import random
 import threading
 import time
@@ -35,6 +41,7 @@ import httpx
 import socketio
 from locust import User, events, task
 
+from bench.load.deployments import PASSWORD_ENV, merged_cookie, replica_of
 from harness.chat_client import (
     client_headers,
     connect_sync,
@@ -48,7 +55,7 @@ PROMPTS_FILE = Path(__file__).resolve().parents[1] / "data" / "prompts.json"
 TURN_COLUMNS = (
     "user", "kind", "sent_unix", "outcome", "refused_reason", "told_seconds", "ttft_seconds",
     "first_signal_seconds", "max_silence_seconds", "tokens", "stream_seconds", "total_seconds",
-    "connection_lost_seconds", "connect_seconds",
+    "connection_lost_seconds", "connect_seconds", "replica",
 )  # fmt: skip
 PATTERNS = ("patient", "storm", "think")
 THINK_SECONDS = {"patient": (1.0, 3.0), "storm": (0.1, 0.5), "think": (2.0, 8.0)}
@@ -73,6 +80,9 @@ def add_options(parser: Any) -> None:
     group.add_argument("--pattern", choices=PATTERNS, default="patient", help="How people resend.")
     group.add_argument(
         "--leave-after-first-token", type=float, default=0.0, help="Share of turns whose page closes then."
+    )
+    group.add_argument(
+        "--accounts", default="", help="Sign in as PREFIX<n> with the password form (default: local user)."
     )
 
 
@@ -108,11 +118,31 @@ class Turn:
     done: threading.Event = field(default_factory=threading.Event)
 
 
+def browser_cookie(base_url: str, address: str, username: str) -> str | None:
+    """The Cookie header a person's browser sends: the local user's sign-in (no `username`), or
+    `username`'s password sign-in with every cookie its answer set (the balancer's sticky one too)."""
+    if not username:
+        return local_cookie(base_url)
+    response = httpx.post(
+        f"{base_url}/login", data={"username": username, "password": os.environ.get(PASSWORD_ENV, "")},
+        headers={"X-Forwarded-For": address}, timeout=60,
+    )  # fmt: skip
+    response.raise_for_status()
+    return "; ".join(f"{name}={value}" for name, value in response.cookies.items())
+
+
+def page_cookie(base_url: str, address: str, cookie: str) -> str:
+    """The cookies after the page loaded: a page whose replica is down is sent to another, which
+    the balancer's new sticky cookie names (a browser keeps it, and its socket and uploads follow)."""
+    response = httpx.get(f"{base_url}/auth/config", headers=client_headers(address, cookie), timeout=60)
+    return merged_cookie(cookie, dict(response.cookies.items()))
+
+
 class Person:
     """One chat session over the sync socket.io client, as a browser tab sees it."""
 
-    def __init__(self, base_url: str, address: str) -> None:
-        self.base_url, self.address = base_url, address
+    def __init__(self, base_url: str, address: str, cookie: str | None) -> None:
+        self.base_url, self.address, self.cookie = base_url, address, cookie
         self.session_id = str(uuid.uuid4())
         self.sio = socketio.Client(reconnection=False)
         self.turn: Turn | None = None
@@ -163,13 +193,13 @@ class Person:
                 turn.done.set()
 
     def headers(self) -> dict[str, str]:
-        """This person's address, and the sign-in cookie of the local user when the app asks for one."""
-        return client_headers(self.address, local_cookie(self.base_url))
+        """This person's address and their browser's cookies."""
+        return client_headers(self.address, self.cookie)
 
     def connect(self, timeout: float) -> float | None:
         """Open the page; seconds until the chat started (None: not within `timeout`)."""
         started = time.monotonic()
-        connect_sync(self.sio, self.base_url, self.session_id, self.address, timeout=timeout)
+        connect_sync(self.sio, self.base_url, self.session_id, self.address, timeout, self.cookie or "")
         return time.monotonic() - started if self.chat_started.wait(timeout) else None
 
     def upload(self, name: str, data: bytes) -> str:
@@ -191,7 +221,7 @@ class Person:
             self.sio.disconnect()
 
 
-def turn_row(turn: Turn, user: int, kind: str, timeout: float) -> dict[str, Any]:
+def turn_row(turn: Turn, user: int, kind: str, timeout: float, replica: str = "") -> dict[str, Any]:
     """What the person saw, as one CSV row (times in seconds from sending)."""
     outcome = (
         "refused" if turn.refused else "failed" if turn.failed else "answered" if turn.final_at
@@ -217,6 +247,7 @@ def turn_row(turn: Turn, user: int, kind: str, timeout: float) -> dict[str, Any]
             round(turn.connection_lost_at - turn.sent_at, 3) if turn.connection_lost_at else ""
         ),
         "connect_seconds": round(turn.connect_seconds, 3) if turn.connect_seconds is not None else "",
+        "replica": replica,
     }  # fmt: skip
 
 
@@ -238,6 +269,7 @@ class Chatter(User):
         self.options = options
         self.questions = json.loads(PROMPTS_FILE.read_text())["short"]
         self.person: Person | None = None
+        self.cookie: str | None = None  # the browser's cookies, kept across its pages
         self.turns_left = 0
 
     def on_stop(self) -> None:
@@ -249,7 +281,12 @@ class Chatter(User):
         patient = self.options.pattern == "patient"
         connect_seconds = None
         if self.person is None:
-            person = Person(self.host, self.address)
+            if self.cookie is None:
+                username = f"{self.options.accounts}{self.number}" if self.options.accounts else ""
+                self.cookie = browser_cookie(self.host, self.address, username) or ""
+            elif replica_of(self.cookie):
+                self.cookie = page_cookie(self.host, self.address, self.cookie)
+            person = Person(self.host, self.address, self.cookie)
             # A failure is Locust's error; the next task tries a new session.
             connect_seconds = person.connect(self.options.turn_timeout)
             if self.options.max_new_tokens:
@@ -260,7 +297,8 @@ class Chatter(User):
         turn = self._document_turn() if document else self.person.send(self.rng.choice(self.questions), leave)
         turn.connect_seconds = connect_seconds
         turn.done.wait(self.options.turn_timeout)
-        row = turn_row(turn, self.number, "document" if document else "chat", self.options.turn_timeout)
+        kind = "document" if document else "chat"
+        row = turn_row(turn, self.number, kind, self.options.turn_timeout, replica_of(self.cookie))
         turn_log.write_row([row.get(column, "") for column in TURN_COLUMNS])
         self.turns_left -= 1
         if turn.refused and patient:
