@@ -28,8 +28,9 @@ process's tables apply: chat never waits for a database that is down, and a pers
 limit once per replica, as without sharing. A capacity refusal's time to come back (RESENT_EARLY)
 stays per process: capacity is the replica's own waiting line. Times are each replica's wall
 clock (keep the replicas' clocks in sync, as cookie expiry needs anyway). People are stored as
-digests, and every row is bounded: a write deletes the person's rows past their window,
-maintenance (`sweep`) deletes every expired row, and a stopping replica deletes its leases.
+digests, and every row is bounded: a write deletes the person's rows past their window, each
+replica's renewing task also deletes every expired row (`sweep`), and a stopping replica deletes
+its leases.
 """
 
 from __future__ import annotations
@@ -176,7 +177,7 @@ class SharedLimits:
             self.database.spawn(lambda connection: connection.execute(ADD, values))
 
     async def sweep(self) -> None:
-        """A maintenance round's work: delete every expired lease and every count past its window."""
+        """Delete every expired lease and every count past its window (any replica's)."""
         now = self.clock()
         hour_ago, minute_ago = (
             math.floor(now - DOCUMENT_WINDOW_SECONDS),
@@ -193,11 +194,13 @@ class SharedLimits:
         self._renewing = asyncio.create_task(self._renew_forever(), name="shared-limits-renew")
 
     async def _renew_forever(self) -> None:
+        """Every third of SHARED_LEASE_SECONDS: renew this replica's leases, and sweep."""
         while True:
             await asyncio.sleep(self.settings.shared_lease_seconds / 3)
             if self.held:
                 values = {"expires": self.clock() + self.settings.shared_lease_seconds, "holder": self.holder}
                 await self.database.run(lambda connection, values=values: connection.execute(RENEW, values))
+            await self.sweep()
 
     async def stop(self) -> None:
         """Stop renewing, finish the writes in flight, and free this replica's leases at once."""
