@@ -82,6 +82,14 @@ class SignInLimiter:
             self._times[kind][key] = times
         return 0
 
+    def count(self, account: str, address: str | None) -> None:
+        """Count an attempt the shared count let go (shared_attempts.py), for when it cannot answer."""
+        now = self._clock()
+        for kind, key in self.keys(account, address):
+            times = self._recent(kind, key, now)
+            times.append(now)
+            self._times[kind][key] = times
+
     def succeeded(self, account: str, address: str | None) -> None:
         """The attempt was right: it does not count, and this account-and-address starts afresh."""
         self.withdraw(account, address)

@@ -1,16 +1,18 @@
 """Sign-in attempts counted for every replica: limits.py's rules, in this process and in PostgreSQL.
 
-`SignInAttempts` is what sign-in (password and LDAP) asks. It counts an attempt in this process's
-tables first (limits.py: before anything is awaited, so guesses sent at once to one replica are
-counted one by one), then, with SHARED_LIMITS on (PostgreSQL), in `sign_in_attempts`: one row per
-attempt per key (account and address, address, account; stored as digests), read and written in
-one transaction that holds the keys' advisory locks (taken in one order, so two attempts never
-wait for each other crosswise). Guesses spread over replicas are so counted one by one as well,
-before any password is hashed, and an account or address is locked out at the limit once, not
-once per replica. Each key keeps at most its limit of rows, each for max(SIGN_IN_WINDOW_SECONDS,
-SIGN_IN_LOCKOUT_SECONDS), and an attempt deletes every expired row at most every SWEEP_SECONDS
-(so rows stay bounded by the attempts of that long). While the database cannot
-answer, this process's count alone decides (services/admission/shared_database.py).
+`SignInAttempts` is what sign-in (password and LDAP) asks. With SHARED_LIMITS on (PostgreSQL) an
+attempt is counted and judged in `sign_in_attempts`, before any password is hashed, and counted in
+this process's tables too; while the database cannot answer (services/admission/shared_database.py),
+or without sharing, this process's tables judge (limits.py: counted before anything is awaited).
+
+The shared table has one row per attempt per key (account and address, address, account; stored as
+digests), read and written in one transaction that holds the keys' advisory locks (taken in one
+order, so two attempts never wait for each other crosswise): guesses sent at once, to one replica
+or spread over several, are counted one by one, and an account or address is locked out at the
+limit once, not once per replica. A success on one replica clears the pair for all. Each key keeps
+at most its limit of rows, each for max(SIGN_IN_WINDOW_SECONDS, SIGN_IN_LOCKOUT_SECONDS), and an
+attempt deletes every expired row at most every SWEEP_SECONDS, so the table holds at most the
+attempts of that long.
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ class SharedAttempts:
                 for (kind, _), rows in found.items()
                 if len(rows) >= self.local.limits[kind]
             ]
-            if (wait := math.ceil(max(waits, default=0.0))) > 0:
+            if (wait := max(0, math.ceil(max(waits, default=0.0)))) > 0:
                 return
             for kind, key in keys:
                 await connection.execute(COUNT, {"id": uuid.uuid4().hex, "kind": kind, "key": key, "at": now})
@@ -120,12 +122,14 @@ class SignInAttempts:
         self.local, self.shared = local, shared
 
     async def attempt(self, account: str, address: str | None) -> int:
-        """0 = go (the attempt is counted), else the seconds to wait (nothing counted)."""
-        if wait := self.local.attempt(account, address):  # counted before anything is awaited
+        """0 = go (the attempt is counted), else the seconds to wait (nothing counted). The shared
+        count decides when it answers (a success on another replica cleared what this process still
+        holds); this process's, counted before anything is awaited, when it cannot."""
+        if self.shared is not None and (wait := await self.shared.attempt(account, address)) is not None:
+            if not wait:
+                self.local.count(account, address)  # kept for a time the database cannot answer
             return wait
-        if self.shared is not None and (wait := await self.shared.attempt(account, address) or 0):
-            self.local.withdraw(account, address)  # refused: not counted here either
-        return wait
+        return self.local.attempt(account, address)
 
     async def succeeded(self, account: str, address: str | None) -> None:
         """The attempt was right: it does not count, and this account-and-address starts afresh."""

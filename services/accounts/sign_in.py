@@ -121,9 +121,9 @@ class SignIn:
     async def password(self, username: str, password: str) -> User | None:
         """Chainlit's password_auth_callback: None = wrong name or password (401).
 
-        The attempt is counted before the hash, in this process before anything is awaited and then
-        for every replica (shared_attempts.py): guesses sent at once cannot all pass the limit before
-        the first of them is counted."""
+        The attempt is counted before the hash (for every replica when shared, else in this process
+        before anything is awaited: shared_attempts.py): guesses sent at once cannot all pass the
+        limit before the first of them is counted."""
         address = client_address()
         try:
             identifier = normalize_username(username)
