@@ -19,8 +19,10 @@ one, and no replica can let a person past a limit another replica just reached. 
 added when an answer ends, in a task of their own (nothing waits for that write).
 
 PostgreSQL rather than Redis: the replicas already share it, a check is one short transaction of a
-few statements on indexed rows (measured in BENCHMARKS.md: about a millisecond per admission on
-loopback), and it adds no service to run. SQLite serves one process: its tables stay in memory.
+few statements on indexed rows (about 2 ms per admission on loopback, p99 under 4 ms, measured by
+tests/system/admission/test_shared_limits_postgres.py), and it adds no service to run. SQLite
+serves one process (replicas need PostgreSQL): its tables stay in memory, where a check costs
+microseconds.
 
 While the database cannot answer (the history's breaker is open, or a statement fails or takes
 longer than DATABASE_TIMEOUT_SECONDS: shared_database.py) the check is skipped, counted, and this
@@ -96,6 +98,21 @@ def spread(rows: list[tuple[int, int]], after: float) -> list[float]:
     return [float(second) for second, n in rows if second > after for _ in range(n)]
 
 
+def turn_refusal(
+    settings: Settings, rows: list[tuple[str, int, int]], documents: int, now: float
+) -> Refused | None:
+    """The refusal of a turn with `documents` uploads, from STATE's rows (kind, second, count) of the
+    person on every replica; None when it may start."""
+    turns = sum(n for kind, _, n in rows if kind == "turns")
+    refusal = turns_refusal(turns, settings.user_max_concurrent_turns)
+    tokens = [(second, n) for kind, second, n in rows if kind == TOKENS]
+    refusal = refusal or tokens_refusal(tokens, settings.user_tokens_per_minute, now)
+    if documents and refusal is None:
+        uploads = spread([(s, n) for kind, s, n in rows if kind == DOCUMENTS], now - DOCUMENT_WINDOW_SECONDS)
+        refusal = documents_refusal(uploads, documents, settings.user_documents_per_hour, now)
+    return refusal
+
+
 class SharedLimits:
     """Checks and counts each person's share in the database, for every replica on it."""
 
@@ -116,7 +133,7 @@ class SharedLimits:
             since = {"tokens_since": math.floor(now - TOKEN_WINDOW_SECONDS),
                      "documents_since": math.floor(now - DOCUMENT_WINDOW_SECONDS)}  # fmt: skip
             rows = (await connection.execute(STATE, {"person": person, "now": now, **since})).all()
-            if (refusal := self.turn_refusal([tuple(row) for row in rows], documents, now)) is not None:
+            if (refusal := turn_refusal(settings, [tuple(row) for row in rows], documents, now)) is not None:
                 raise refusal
             if lease is not None:
                 expires = now + settings.shared_lease_seconds
@@ -129,21 +146,6 @@ class SharedLimits:
             return None
         self.held.add(lease)
         return lease
-
-    def turn_refusal(self, rows: list[tuple[str, int, int]], documents: int, now: float) -> Refused | None:
-        """The refusal of a turn with `documents` uploads, from STATE's rows (kind, second, count) of
-        the person on every replica; None when it may start."""
-        settings = self.settings
-        turns = sum(n for kind, _, n in rows if kind == "turns")
-        refusal = turns_refusal(turns, settings.user_max_concurrent_turns)
-        tokens = [(second, n) for kind, second, n in rows if kind == TOKENS]
-        refusal = refusal or tokens_refusal(tokens, settings.user_tokens_per_minute, now)
-        if documents and refusal is None:
-            uploads = spread(
-                [(s, n) for kind, s, n in rows if kind == DOCUMENTS], now - DOCUMENT_WINDOW_SECONDS
-            )
-            refusal = documents_refusal(uploads, documents, settings.user_documents_per_hour, now)
-        return refusal
 
     def close_turn(self, lease: str | None) -> None:
         """The turn ended: its lease is no longer renewed, and is deleted without waiting for it."""
