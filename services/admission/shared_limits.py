@@ -126,6 +126,8 @@ class SharedLimits:
         """Start a turn of `user_key` with `documents` new uploads: raise Refused over their turns, tokens
         or documents on every replica together; the turn's lease (None: not counted here)."""
         person, now, settings = digest(user_key), self.clock(), self.settings
+        if not (settings.user_max_concurrent_turns or settings.user_tokens_per_minute or documents):
+            return None  # nothing to check or count: no query
         lease = uuid.uuid4().hex if settings.user_max_concurrent_turns else None
 
         async def work(connection: AsyncConnection) -> None:
