@@ -38,8 +38,10 @@ def answered(server: VllmServer) -> float:
 
 @pytest.fixture(scope="module")
 def topology(tiny_model_dir: Path) -> Iterator[Topology]:
-    topology = Topology(tiny_model_dir, ARTIFACTS / "logs" / "topology", TINY_MAX_MODEL_LEN,
-                        app_env={"MAX_NEW_TOKENS": "16", "SIGN_IN_CHECK_SECONDS": "1"})  # fmt: skip
+    # One person (the admin) sends every message of the module, on both replicas, whose per-person
+    # limits count together: USER_MESSAGES_PER_MINUTE's default (30) would refuse the routing checks.
+    app_env = {"MAX_NEW_TOKENS": "16", "SIGN_IN_CHECK_SECONDS": "1", "USER_MESSAGES_PER_MINUTE": "600"}
+    topology = Topology(tiny_model_dir, ARTIFACTS / "logs" / "topology", TINY_MAX_MODEL_LEN, app_env=app_env)
     topology.start()
     processes = [p for p in (topology.balancer, topology.router, *topology.engines, *topology.replicas)]
     tree = [psutil.Process(p.process.pid) for p in processes if p.process is not None]
