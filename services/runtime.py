@@ -47,6 +47,7 @@ from services.config import Settings
 from services.engine import ChatEngine, ServedModels, served_models_lifespan
 from services.engine.backends.local import engine_processes
 from services.history.database import ensure_data_dir
+from services.history.replica_limits import shared_database, shared_limits
 from services.history.service import History, HistoryCollector
 from services.observability.app_probe import start_app_probe
 from services.observability.maintenance import Maintenance
@@ -102,7 +103,8 @@ def set_up_people(
     history = History(settings, keep_conversations=keep, use_database=mode != "anonymous")
     accounts = AccountStore(history.engine) if history.engine is not None else None
     token = load_or_create_token(ensure_data_dir(settings)) if mode == "local" else None
-    sign_in = SignIn(settings, mode, accounts, local_token=token, audit=history.audit)
+    shared = shared_database(settings, history, "shared sign-in attempts")  # SHARED_LIMITS
+    sign_in = SignIn(settings, mode, accounts, local_token=token, audit=history.audit, shared=shared)
     history.on_ready(sign_in.ensure_first_accounts)
     if history.audit is not None:
         audit = history.audit
@@ -178,9 +180,9 @@ class Runtime:
         requests = RequestMetrics(s.latency_samples_kept)
         self.registry.register(requests)
         stack.callback(self.registry.unregister, requests)
-        usage = self._usage()
+        usage, shared = self._usage(), shared_limits(s, self.history, stack)  # SHARED_LIMITS
         # One admission door for every model: its running limit follows the default model's speed.
-        admission = Admission(s, engine.load, _max_running(s), usage)
+        admission = Admission(s, engine.load, _max_running(s), usage, shared)
         for _, each in models:
             stack.callback(each.on_finish(requests.record))
             stack.callback(each.on_finish(admission.engine_finished))  # chat's tokens, for usage

@@ -8,7 +8,7 @@ LDAP_ADMIN_GROUP_DN is an admin, anyone else a user; a changed role moves the ac
 generation, so sign-ins made under the old role end. An account an administrator removed stays
 refused whatever the directory says.
 
-Each try is counted (services/accounts/limits.py) before the name is checked or the directory asked.
+Each try is counted (services/accounts/shared_attempts.py) before the name is checked or the directory asked.
 With a service account (LDAP_BIND_DN), a signed-in person is looked up again at most every
 SIGN_IN_CHECK_SECONDS (services/accounts/sessions.py calls `session_problem`): gone from the directory,
 or in or out of the admins' group since, and their sign-in ends. Without one, nothing can be asked
@@ -31,8 +31,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.accounts.ldap_directory import DirectoryUnavailable, LdapDirectory, directory_name
-from services.accounts.limits import SignInLimiter
 from services.accounts.names import provider_identity
+from services.accounts.shared_attempts import SignInAttempts
 from services.accounts.store import NEXT_GENERATION, AccountStore
 from services.config import Settings
 from services.history import conversations
@@ -46,7 +46,7 @@ Refuse = Callable[..., None]  # services/accounts/sign_in.py: refuse(status, det
 
 
 def ldap_sign_in_for(
-    settings: Settings, mode: str, accounts: AccountStore | None, limiter: SignInLimiter
+    settings: Settings, mode: str, accounts: AccountStore | None, limiter: SignInAttempts
 ) -> LdapSignIn | None:
     """LDAP mode's sign-in over the directory of LDAP_URL; None in any other mode."""
     if mode != PROVIDER:
@@ -58,7 +58,7 @@ class LdapSignIn:
     """Signs people in against the directory and says when a signed-in person's sign-in must end."""
 
     def __init__(
-        self, directory: LdapDirectory, accounts: AccountStore | None, limiter: SignInLimiter,
+        self, directory: LdapDirectory, accounts: AccountStore | None, limiter: SignInAttempts,
         check_seconds: float,
     ) -> None:  # fmt: skip
         self.directory = directory
@@ -72,7 +72,7 @@ class LdapSignIn:
         """The user and their session generation; None (401, or what `refuse` was told) otherwise."""
         name = directory_name(username)
         counted = f"{PROVIDER}:{name or str(username)[:64]}"
-        if wait := self.limiter.attempt(counted, address):
+        if wait := await self.limiter.attempt(counted, address):
             logger.warning("sign-in refused for %s from %s: too many failures (%d s left)",
                            counted, address, wait)  # fmt: skip
             refuse(429, f"Too many failed sign-ins. Try again in {wait} seconds.", wait)
@@ -84,14 +84,14 @@ class LdapSignIn:
         try:
             person = await self.directory.authenticate(name, password)
         except DirectoryUnavailable as error:
-            self.limiter.withdraw(counted, address)  # not a guess: nothing was checked
+            await self.limiter.withdraw(counted, address)  # not a guess: nothing was checked
             logger.warning("LDAP sign-in of %s unavailable: %s", name, error)
             refuse(503, UNAVAILABLE)
             return None
         if person is None:
             logger.info("LDAP sign-in failed for %s from %s", name, address)
             return None
-        self.limiter.succeeded(counted, address)
+        await self.limiter.succeeded(counted, address)
         return await self._user(name, "admin" if person.admin else "user")
 
     async def _user(self, name: str, role: str) -> tuple[User, int] | None:

@@ -13,7 +13,8 @@ SIGN_IN_LOCKOUT_SECONDS from its latest attempt:
   the address limit, so one address alone can never lock an account (the admin) out for others.
 An IPv6 address counts by its /64 network (one host usually owns a whole /64).
 The tables are bounded LRU caches: an attacker cycling names or addresses pushes out the oldest
-entries, not the memory limit. Per process: with several replicas each counts its own.
+entries, not the memory limit. These tables are this process's: shared_attempts.py also counts
+every attempt in the database when replicas share one (SHARED_LIMITS), and uses these rules.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class SignInLimiter:
     def attempt(self, account: str, address: str | None) -> int:
         """Start an attempt: 0 = go (it is counted now), else the seconds to wait (nothing counted)."""
         now = self._clock()
-        windows = [(kind, key, self._recent(kind, key, now)) for kind, key in self._keys(account, address)]
+        windows = [(kind, key, self._recent(kind, key, now)) for kind, key in self.keys(account, address)]
         wait = max(
             (times[-1] + self.lockout_seconds - now for kind, _, times in windows
              if len(times) >= self.limits[kind]),
@@ -81,18 +82,26 @@ class SignInLimiter:
             self._times[kind][key] = times
         return 0
 
+    def count(self, account: str, address: str | None) -> None:
+        """Count an attempt the shared count let go (shared_attempts.py), for when it cannot answer."""
+        now = self._clock()
+        for kind, key in self.keys(account, address):
+            times = self._recent(kind, key, now)
+            times.append(now)
+            self._times[kind][key] = times
+
     def succeeded(self, account: str, address: str | None) -> None:
         """The attempt was right: it does not count, and this account-and-address starts afresh."""
         self.withdraw(account, address)
-        self._times["pair"].pop(self._keys(account, address)[0][1], None)
+        self._times["pair"].pop(self.keys(account, address)[0][1], None)
 
     def withdraw(self, account: str, address: str | None) -> None:
         """Take one started attempt back (it was right, or it could not be checked at all)."""
-        for kind, key in self._keys(account, address):
+        for kind, key in self.keys(account, address):
             with contextlib.suppress(IndexError):
                 (self._times[kind].get(key) or deque()).pop()
 
-    def _keys(self, account: str, address: str | None) -> list[tuple[str, str]]:
+    def keys(self, account: str, address: str | None) -> list[tuple[str, str]]:
         network = address_key(address)
         keys = [("pair", f"{account}\n{network or ''}"), ("account", account)]
         return keys + ([("address", network)] if network else [])

@@ -34,7 +34,9 @@ from services.accounts.local import LOCAL_USER
 from services.accounts.oauth import GitHubOrgs, OAuthAllowlist, OAuthGate, OrgMember, github_api_url
 from services.accounts.passwords import check_password_async, generated_password
 from services.accounts.sessions import Sessions
+from services.accounts.shared_attempts import SharedAttempts, SignInAttempts
 from services.accounts.store import AccountError, AccountStore, normalize_username
+from services.admission.shared_database import SharedDatabase
 from services.audit import actions
 from services.audit.log import AuditLog
 from services.config import Settings
@@ -85,9 +87,11 @@ class SignIn:
     def __init__(
         self, settings: Settings, mode: str, accounts: AccountStore | None, local_token: str | None = None,
         org_member: OrgMember | None = None, audit: AuditLog | None = None,
+        shared: SharedDatabase | None = None,
     ) -> None:  # fmt: skip
         """`local_token`: the install's token (local mode); `org_member`: who answers "is this person
-        in that GitHub organisation?" (GitHub itself unless given); `audit`: where sign-ins are recorded."""
+        in that GitHub organisation?" (GitHub itself unless given); `audit`: where sign-ins are recorded;
+        `shared`: where every replica's attempts are counted too (SHARED_LIMITS), None: here only."""
         self.settings = settings
         self.audit = audit
         self.mode = mode
@@ -97,11 +101,12 @@ class SignIn:
         self.proxies = networks(proxies, "AUTH_PROXY_ADDRESSES")
         org_member = org_member or GitHubOrgs(github_api_url(), settings.oauth_provider_timeout_seconds)
         self.oauth_gate = OAuthGate(OAuthAllowlist.from_settings(settings), accounts, org_member)
-        self.limiter = SignInLimiter(
+        local = SignInLimiter(
             settings.sign_in_max_failures, settings.sign_in_max_failures_per_address,
             settings.sign_in_max_failures_per_account, settings.sign_in_window_seconds,
             settings.sign_in_lockout_seconds,
         )  # fmt: skip
+        self.limiter = SignInAttempts(local, SharedAttempts(local, shared) if shared is not None else None)
         self.ldap = ldap_sign_in_for(settings, mode, accounts, self.limiter)
         self.sessions = Sessions(
             mode, accounts, settings.sign_in_lifetime_seconds, settings.sign_in_check_seconds,
@@ -116,14 +121,15 @@ class SignIn:
     async def password(self, username: str, password: str) -> User | None:
         """Chainlit's password_auth_callback: None = wrong name or password (401).
 
-        The attempt is counted before anything is awaited (so before the hash): guesses sent at once
-        cannot all pass the limit before the first of them is counted."""
+        The attempt is counted before the hash (for every replica when shared, else in this process
+        before anything is awaited: shared_attempts.py): guesses sent at once cannot all pass the
+        limit before the first of them is counted."""
         address = client_address()
         try:
             identifier = normalize_username(username)
         except AccountError:
             identifier = username[:64]
-        if wait := self.limiter.attempt(identifier, address):
+        if wait := await self.limiter.attempt(identifier, address):
             logger.warning(
                 "sign-in refused for %s from %s: too many failures (%d s left)", identifier, address, wait
             )
@@ -133,7 +139,7 @@ class SignIn:
         try:
             account = await self.accounts.get(identifier)
         except Exception as error:
-            self.limiter.withdraw(identifier, address)  # not a guess: nothing was checked
+            await self.limiter.withdraw(identifier, address)  # not a guess: nothing was checked
             logger.warning("sign-in unavailable: %s", error)
             refuse(
                 503, "Sign-in is unavailable right now: the database cannot be reached. Try again shortly."
@@ -144,7 +150,7 @@ class SignIn:
         if not (usable and matches):
             return await self._failed(identifier, address)
         assert account is not None
-        self.limiter.succeeded(identifier, address)
+        await self.limiter.succeeded(identifier, address)
         await self._record(identifier, actions.SIGN_IN, "password", address)
         try:
             await self.accounts.rehash_if_needed(account, password)

@@ -5,5 +5,6 @@ for chat, documents and the API: a request waits for a slot in the shared waitin
 (waiting_line.py), runs with its place as vLLM's priority, and gives the slot back on every exit.
 The chat handler opens a turn with `Admission.turn` (per-user limits) and shows what
 `WaitingFeedback` says; chat and documents reach `admit` through `AdmittedEngine.generate`, and
-the API (services/api/gate.py) admits each request as a turn of its own.
+the API (services/api/gate.py) admits each request as a turn of its own. Per-person limits are
+this process's (limits.py) and, with replicas on PostgreSQL, every replica's (shared_limits.py).
 """

@@ -6,13 +6,18 @@ one (their chat and their API keys share it), else the client's address. Usage
 lives in a TTL table bounded by USER_TABLE_ENTRIES; each record holds at most a
 minute of token counts (one entry per second), at most USER_DOCUMENTS_PER_HOUR
 upload times and at most USER_MESSAGES_PER_MINUTE message times.
+
+These tables are this process's. With replicas on one PostgreSQL, shared_limits.py also counts each
+person in the database, so one person gets each limit once, not once per replica; the rules (the
+`*_refusal` functions below) are the same for both, and these tables stay the fallback while the
+database cannot answer.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from cachetools import TTLCache
@@ -93,55 +98,21 @@ class UserLimits:
             self._check_documents(usage, documents)
 
     def _check_turns(self, usage: UserUsage) -> None:
-        limit = self.settings.user_max_concurrent_turns
-        if limit and usage.turns >= limit:
-            raise Refused(
-                USER_CONCURRENT_TURNS,
-                f"You already have {usage.turns} answer{'s' if usage.turns != 1 else ''} in progress "
-                f"(in this or another tab); the limit is {limit} at a time. Please try again when one "
-                "has finished, or stop it.",
-            )
+        if (refusal := turns_refusal(usage.turns, self.settings.user_max_concurrent_turns)) is not None:
+            raise refusal
 
     def _check_tokens(self, usage: UserUsage) -> None:
-        limit = self.settings.user_tokens_per_minute
-        now = self.clock()
-        if not limit or usage.tokens_since(now - TOKEN_WINDOW_SECONDS) < limit:
-            return
-        # Retry once enough of the minute's tokens have aged out to be under the limit again.
-        excess = usage.tokens_since(now - TOKEN_WINDOW_SECONDS) - limit + 1
-        retry = TOKEN_WINDOW_SECONDS
-        for second, count in usage.tokens:
-            excess -= count
-            if excess <= 0:
-                retry = second + TOKEN_WINDOW_SECONDS + 1 - now
-                break
-        raise Refused(
-            USER_TOKENS_PER_MINUTE,
-            f"You have received over {limit:,} answer tokens in the last minute, the limit per person. "
-            f"Please try again in ~{rounded_seconds(retry)}.",
-            retry,
-        )
+        refusal = tokens_refusal(usage.tokens, self.settings.user_tokens_per_minute, self.clock())
+        if refusal is not None:
+            raise refusal
 
     def _check_documents(self, usage: UserUsage, documents: int) -> None:
-        limit = self.settings.user_documents_per_hour
         now = self.clock()
         while usage.documents and usage.documents[0] <= now - DOCUMENT_WINDOW_SECONDS:
             usage.documents.popleft()
-        if not limit or len(usage.documents) + documents <= limit:
-            return
-        if documents > limit:
-            raise Refused(
-                USER_DOCUMENTS_PER_HOUR,
-                f"You can upload at most {limit} document(s) per hour; please send fewer at once.",
-            )
-        needed = len(usage.documents) + documents - limit  # uploads that must age out first
-        retry = usage.documents[needed - 1] + DOCUMENT_WINDOW_SECONDS - now
-        raise Refused(
-            USER_DOCUMENTS_PER_HOUR,
-            f"You have uploaded {len(usage.documents)} document(s) in the last hour; the limit is "
-            f"{limit} per hour. Please try again in ~{rounded_seconds(retry)}.",
-            retry,
-        )
+        refusal = documents_refusal(usage.documents, documents, self.settings.user_documents_per_hour, now)
+        if refusal is not None:
+            raise refusal
 
     def record_documents(self, usage: UserUsage, documents: int) -> None:
         limit = self.settings.user_documents_per_hour
@@ -180,12 +151,80 @@ class UserLimits:
             return
         while usage.messages and usage.messages[0] <= now - MESSAGE_WINDOW_SECONDS:
             usage.messages.popleft()
-        if len(usage.messages) >= limit:
-            retry = usage.messages[0] + MESSAGE_WINDOW_SECONDS - now
-            raise Refused(
-                USER_MESSAGES_PER_MINUTE,
-                f"You have sent {len(usage.messages)} messages in the last minute; the limit is {limit} "
-                f"per minute. Please try again in ~{rounded_seconds(retry)}.",
-                retry,
-            )
+        if (refusal := messages_refusal(usage.messages, limit, now)) is not None:
+            raise refusal
         usage.messages.append(now)
+
+    def uncount_message(self, usage: UserUsage) -> None:
+        """Take back the message just counted (the shared count refused it: a refusal is not counted)."""
+        if usage.messages:
+            usage.messages.pop()
+
+
+def turns_refusal(turns: int, limit: int) -> Refused | None:
+    """The refusal of one more turn for a person with `turns` running or waiting; None under `limit`."""
+    if not limit or turns < limit:
+        return None
+    return Refused(
+        USER_CONCURRENT_TURNS,
+        f"You already have {turns} answer{'s' if turns != 1 else ''} in progress "
+        f"(in this or another tab); the limit is {limit} at a time. Please try again when one "
+        "has finished, or stop it.",
+    )
+
+
+def tokens_refusal(tokens: Iterable[tuple[int, int]], limit: int, now: float) -> Refused | None:
+    """The refusal of a turn for a person who received `tokens` ((second, count), oldest first) lately;
+    None while the last minute holds fewer than `limit` (0 = no limit)."""
+    recent = [(second, count) for second, count in tokens if second >= now - TOKEN_WINDOW_SECONDS]
+    total = sum(count for _, count in recent)
+    if not limit or total < limit:
+        return None
+    # Retry once enough of the minute's tokens have aged out to be under the limit again.
+    excess = total - limit + 1
+    retry = TOKEN_WINDOW_SECONDS
+    for second, count in recent:
+        excess -= count
+        if excess <= 0:
+            retry = second + TOKEN_WINDOW_SECONDS + 1 - now
+            break
+    return Refused(
+        USER_TOKENS_PER_MINUTE,
+        f"You have received over {limit:,} answer tokens in the last minute, the limit per person. "
+        f"Please try again in ~{rounded_seconds(retry)}.",
+        retry,
+    )
+
+
+def documents_refusal(times: Sequence[float], documents: int, limit: int, now: float) -> Refused | None:
+    """The refusal of `documents` new uploads for a person who uploaded at `times` (oldest first, the
+    last hour only); None within `limit` per hour (0 = no limit)."""
+    if not limit or len(times) + documents <= limit:
+        return None
+    if documents > limit:
+        return Refused(
+            USER_DOCUMENTS_PER_HOUR,
+            f"You can upload at most {limit} document(s) per hour; please send fewer at once.",
+        )
+    needed = len(times) + documents - limit  # uploads that must age out first
+    retry = times[needed - 1] + DOCUMENT_WINDOW_SECONDS - now
+    return Refused(
+        USER_DOCUMENTS_PER_HOUR,
+        f"You have uploaded {len(times)} document(s) in the last hour; the limit is "
+        f"{limit} per hour. Please try again in ~{rounded_seconds(retry)}.",
+        retry,
+    )
+
+
+def messages_refusal(times: Sequence[float], limit: int, now: float) -> Refused | None:
+    """The refusal of one more message for a person who sent at `times` (oldest first, the last minute
+    only); None under `limit` per minute (0 = no limit)."""
+    if not limit or len(times) < limit:
+        return None
+    retry = times[0] + MESSAGE_WINDOW_SECONDS - now
+    return Refused(
+        USER_MESSAGES_PER_MINUTE,
+        f"You have sent {len(times)} messages in the last minute; the limit is {limit} "
+        f"per minute. Please try again in ~{rounded_seconds(retry)}.",
+        retry,
+    )

@@ -2,7 +2,9 @@
 request of chat, documents and the API goes through `Admission.admit` (queue, priority, capacity).
 
 Chat and documents call `AdmittedEngine.generate`, which admits each request inside the turn the
-handler opened; the API admits each request as a turn of its own. A turn's context (who asks)
+handler opened; the API admits each request as a turn of its own. Per-person limits are checked
+here only: in this process's tables (limits.py), then, with replicas on PostgreSQL, in the shared
+ones (shared_limits.py), so a person gets each limit once across replicas. A turn's context (who asks)
 travels in a context variable, so the summarizer's parallel part requests, which run in tasks of
 their own, are accounted to the turn that started them without being passed anything.
 """
@@ -22,6 +24,7 @@ from services.admission.context import TurnContext, current_turn, entered_turn
 from services.admission.feedback import Show, WaitingFeedback
 from services.admission.limits import UserLimits
 from services.admission.refusals import ENGINE_QUEUE_FULL, Refused
+from services.admission.shared_limits import SharedLimits
 from services.admission.waiting_line import CHAT, WaitingLine
 from services.config import Settings
 from services.engine import ChatEngine, EngineLoad, Message, SamplingSettings, StreamStats, is_engine_busy
@@ -36,10 +39,13 @@ class Admission:
     limit; `admit` is the one way to the engine."""
 
     def __init__(
-        self, settings: Settings, load: EngineLoad, max_running: int, accounting: Accounting | None = None
-    ) -> None:
-        """`accounting`: who keeps usage and checks budgets (services/usage); None: nobody."""
+        self, settings: Settings, load: EngineLoad, max_running: int, accounting: Accounting | None = None,
+        shared: SharedLimits | None = None,
+    ) -> None:  # fmt: skip
+        """`accounting`: who keeps usage and checks budgets (services/usage); None: nobody. `shared`: the
+        per-person limits replicas share (shared_limits.py); None: this process's alone."""
         self.settings = settings
+        self.shared = shared
         self.accounting: Accounting = accounting if accounting is not None else NoAccounting()
         self.load = load
         self.capacity = DecodeCapacity(
@@ -104,16 +110,24 @@ class Admission:
             "chat_wait_promised_vs_actual": line.promises.status(),
             "stream_pace": line.pace.status(),
             "users_tracked": len(self.limits),
+            "shared_limits": self.shared.status() if self.shared is not None else None,
         }
 
-    def message(self, user_key: str) -> None:
+    async def message(self, user_key: str) -> None:
         """Count a chat message of `user_key` (any message, a command too); raise Refused over the
-        per-user message rate, and while the service is still full before the time a capacity refusal
-        gave them."""
+        per-user message rate (on every replica together, when shared), and while the service is still
+        full before the time a capacity refusal gave them."""
         line = self.line
         full = bool(line.waiting) or line.running_total >= line.limit
+        usage = self.limits.usage(user_key)
         try:
-            self.limits.count_message(self.limits.usage(user_key), service_full=full)
+            self.limits.count_message(usage, service_full=full)
+            if self.shared is not None:
+                try:
+                    await self.shared.count_message(user_key)
+                except Refused:
+                    self.limits.uncount_message(usage)
+                    raise
         except Refused as refusal:
             self._refused(user_key, refusal)
             raise
@@ -130,6 +144,7 @@ class Admission:
         try:
             self.limits.check(usage, documents)
             await self.accounting.check(user_key)
+            lease = await self.shared.open_turn(user_key, documents) if self.shared is not None else None
         except Refused as refusal:
             self._refused(user_key, refusal)
             raise
@@ -141,6 +156,8 @@ class Admission:
                 yield context
         finally:
             usage.turns -= 1
+            if self.shared is not None:
+                self.shared.close_turn(lease)
 
     @contextlib.asynccontextmanager
     async def admit(self, work: str, user_key: str | None = None) -> AsyncIterator[Slot]:
@@ -195,6 +212,7 @@ class Slot:
 
     def __init__(self, admission: Admission, ticket: Any, turn: TurnContext | None) -> None:
         self._line, self._limits, self._accounting = admission.line, admission.limits, admission.accounting
+        self._shared = admission.shared
         self._ticket = ticket
         self._turn = turn
         self.priority = self._line.engine_priority(ticket)  # lower is earlier; 0 when priority is off
@@ -209,6 +227,8 @@ class Slot:
         """Count an answer's tokens against its person's tokens per minute."""
         if self._turn is not None and self._turn.usage is not None:
             self._limits.record_tokens(self._turn.usage, tokens)
+            if self._shared is not None:
+                self._shared.add_tokens(self._turn.user_key, tokens)
 
     def used(self, prompt_tokens: int, answer_tokens: int) -> None:
         """An API request's tokens, for its person's usage and budgets (chat's come from the engine:

@@ -103,9 +103,34 @@ class AdmissionSettings:
         "the time to retry. 0 = no limit.",
         0,
     )
+    shared_limits: str = setting(
+        "auto",
+        "SHARED_LIMITS",
+        "Where the USER_* limits above and failed sign-ins are counted: `auto` = in the database when "
+        "DATABASE_URL is PostgreSQL (replicas on it give a person each limit once, not once per replica), "
+        "else in this process; `on` = in the database (PostgreSQL only); `off` = each process counts its "
+        "own. While the database cannot answer, each process counts its own.",
+    )
+    shared_lease_seconds: float = setting(
+        60.0,
+        "SHARED_LEASE_SECONDS",
+        "With shared limits, a running turn holds one of its person's USER_MAX_CONCURRENT_TURNS in the "
+        "database for this long, renewed every third of it by its replica: the turns of a replica that "
+        "was killed free their places after at most this.",
+        3,
+    )
     user_table_entries: int = setting(
         100_000,
         "USER_TABLE_ENTRIES",
         "People whose usage is remembered at once (an hour after their last request they are forgotten).",
         1,
     )
+
+
+SHARED_LIMITS_MODES = ("auto", "on", "off")
+
+
+def limits_shared(shared_limits: str, database_url: str) -> bool:
+    """Whether per-person limits and sign-in failures are counted in the database (SHARED_LIMITS)."""
+    postgres = database_url.strip().startswith(("postgresql", "postgres"))
+    return shared_limits == "on" or (shared_limits == "auto" and postgres)

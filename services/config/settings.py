@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from services.config.accounts import AUTH_MODES, AccountSettings
-from services.config.admission import AdmissionSettings
+from services.config.admission import SHARED_LIMITS_MODES, AdmissionSettings, limits_shared
 from services.config.api import ApiSettings
 from services.config.audit import AuditSettings
 from services.config.chat import ChatSettings
@@ -132,6 +132,7 @@ class Settings(
             levels = ", ".join(DIAGNOSTIC_LEVELS)
             raise SettingsError(f"DIAGNOSTICS={self.diagnostics!r} is not one of {levels}")
         self._check_sign_in()
+        self._check_shared_limits()
         parse_origins("ALLOWED_ORIGINS", self.allowed_origins)  # raises on a bad one
 
     def _check_models(self) -> None:
@@ -172,6 +173,18 @@ class Settings(
         if self.database_url and not self.database_url.startswith(("postgresql", "postgres", "sqlite")):
             raise SettingsError("DATABASE_URL must start with postgresql:// (or sqlite:///path)")
         check_ldap(self, self.auth_mode)
+
+    def _check_shared_limits(self) -> None:
+        if self.shared_limits not in SHARED_LIMITS_MODES:
+            modes = ", ".join(SHARED_LIMITS_MODES)
+            raise SettingsError(f"SHARED_LIMITS={self.shared_limits!r} is not one of {modes}")
+        if self.shared_limits == "on" and not self.database_url.startswith(("postgresql", "postgres")):
+            raise SettingsError("SHARED_LIMITS=on needs DATABASE_URL to be PostgreSQL (replicas share it)")
+
+    @property
+    def limits_shared(self) -> bool:
+        """Per-person limits and failed sign-ins are counted in the database (SHARED_LIMITS)."""
+        return limits_shared(self.shared_limits, self.database_url)
 
     def non_default(self) -> dict[str, Any]:
         """Settings that differ from the defaults, secrets redacted (for the start-up log)."""

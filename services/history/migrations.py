@@ -6,11 +6,12 @@ accounts' columns on `users`, `thread_documents` (a conversation's document), `s
 (the write probe), `api_keys` (hashes of the API keys), `users.session_generation` (what ends
 an account's sign-ins), `identity_links` (provider identities an administrator linked to an
 account), `usage_days` and `quotas` (usage_schema.py), `audit_log` (services/audit/:
-append-only), `shares` (read-only snapshots behind share links) and the full-text search index
-(search_index.py). Ids and JSON are TEXT on both databases, so one set of statements serves
-both. Each step runs once, recorded in `schema_migrations`; every statement is safe to run again
-(IF NOT EXISTS, columns added only when missing), so an existing Chainlit database is upgraded in
-place. Replicas starting together take a lock first (PostgreSQL advisory lock, SQLite write lock).
+append-only), `shares` (read-only snapshots behind share links), the full-text search index
+(search_index.py) and the limits replicas share (limits_schema.py). Ids and JSON are TEXT on both
+databases, so one set of statements serves both. Each step runs once, recorded in
+`schema_migrations`; every statement is safe to run again (IF NOT EXISTS, columns added only when
+missing), so an existing Chainlit database is upgraded in place. Replicas starting together take
+a lock first (PostgreSQL advisory lock, SQLite write lock).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from datetime import UTC, datetime
 from sqlalchemy import inspect, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from services.history.limits_schema import shared_limit_tables
 from services.history.search_index import create_search_index
 from services.history.search_index_upgrade import upgrade_search_index
 from services.history.usage_schema import quotas_table, usage_days_table
@@ -211,6 +213,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(12, "share links: token hash, owner, snapshot, expiry, revocation", _shares),
     Migration(13, "presets: default chat settings and prompt templates per person", _presets),
     Migration(14, "search: owner-scoped PostgreSQL index, SQLite prefix indexes", upgrade_search_index),
+    Migration(15, "limits replicas share: turn leases, counts, sign-in attempts", shared_limit_tables),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

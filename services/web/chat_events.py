@@ -97,7 +97,7 @@ class ChatEvents:
             await self.page.error(rewinds.NOT_LAST)
             return
         try:
-            self._turns().admission.message(self.page.person())  # a regenerate is a message too
+            await self._turns().admission.message(self.page.person())  # a regenerate is a message too
         except Refused as refusal:
             await self.page.refused(refusal)
             return

@@ -60,7 +60,7 @@ class SocketGuard:
     def __init__(
         self,
         rules: SocketRules,
-        count_message: Callable[[], None],
+        count_message: Callable[[], Awaitable[None]],
         step_exists: Callable[[str], Awaitable[bool]],
         edit: Callable[[str, str], Awaitable[None]],
     ) -> None:
@@ -76,7 +76,7 @@ class SocketGuard:
         init_ws_context(session)
         author = session.user.identifier if session.user else "User"
         try:
-            self.count_message()
+            await self.count_message()
             cleaned = page_message(payload, self.rules, author)
             if await self.step_exists(cleaned["message"]["id"]):
                 raise MessageRefused(MALFORMED, "This message cannot be sent again (its id is taken).")
@@ -97,7 +97,7 @@ class SocketGuard:
         try:
             if not chainlit_config.features.edit_message:
                 raise MessageRefused(MALFORMED, "Editing messages is not enabled here.")
-            self.count_message()
+            await self.count_message()
             edit = edited_message(payload, self.rules)
         except (Refused, MessageRefused) as refusal:
             await tell_refusal(refusal)
@@ -174,9 +174,9 @@ def socket_guard_for(
     settings = runtime.settings
     rules = SocketRules(settings.max_message_chars, settings.max_files_per_message, dict(chat_settings))
 
-    def count_message() -> None:
+    async def count_message() -> None:
         if (serving := runtime.running()) is not None:  # created at start; no socket is served before
-            serving.admission.message(session_user_key(people_sign_in))
+            await serving.admission.message(session_user_key(people_sign_in))
 
     async def step_exists(step_id: str) -> bool:
         layer = runtime.history.layer if runtime.history is not None else None

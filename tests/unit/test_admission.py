@@ -762,17 +762,17 @@ async def test_a_message_resent_before_the_time_a_refusal_gave_gets_that_answer_
     turns_before = admission.line.admitted_total
     for _ in range(20):  # a storm of resends: each told at once, nothing counted, nothing queued
         with pytest.raises(Refused, match="not sent") as early:
-            admission.message(user_key("bob"))
+            await admission.message(user_key("bob"))
         assert early.value.reason == "resent_early"
     assert early.value.retry_after_seconds == pytest.approx(full.value.retry_after_seconds)
     assert admission.line.refusals["resent_early"] == 20 and admission.line.admitted_total == turns_before
     assert not admission.limits.usage(user_key("bob")).messages, "not counted against the message rate"
-    admission.message(user_key("carol"))  # someone else is not paced
+    await admission.message(user_key("carol"))  # someone else is not paced
     clock.now += full.value.retry_after_seconds
-    admission.message(user_key("bob"))  # at the time given: a message like any other
+    await admission.message(user_key("bob"))  # at the time given: a message like any other
     admission.limits.told(admission.limits.usage(user_key("bob")), full.value)
     await requests.finish("alice")
-    admission.message(user_key("bob"))  # the service has room again: no need to wait for the time
+    await admission.message(user_key("bob"))  # the service has room again: no need to wait for the time
 
 
 def test_a_refusal_of_a_persons_own_share_does_not_pace_their_messages() -> None:

@@ -17,6 +17,7 @@ from harness.slapd import ADMINS_GROUP, GROUPS, PEOPLE, READER_DN, Slapd, binds_
 from services.accounts.ldap_directory import DirectoryUnavailable, LdapDirectory
 from services.accounts.ldap_sign_in import LdapSignIn
 from services.accounts.limits import SignInLimiter
+from services.accounts.shared_attempts import SignInAttempts
 from services.accounts.store import AccountStore
 from services.config import Settings
 from services.history.database import create_engine
@@ -92,7 +93,9 @@ async def test_a_wrong_service_password_is_unavailable_not_wrong(slapd: Slapd) -
 @in_loop
 @pytest.mark.parametrize("how", ["template", "search"])
 async def test_empty_passwords_and_hostile_names_are_refused_before_any_bind(slapd: Slapd, how: str) -> None:
-    sign_in = LdapSignIn(LdapDirectory(settings(slapd, how)), None, SignInLimiter(50, 50, 50, 900, 300), 30)
+    sign_in = LdapSignIn(
+        LdapDirectory(settings(slapd, how)), None, SignInAttempts(SignInLimiter(50, 50, 50, 900, 300)), 30
+    )
     refusals = Refusals()
     before = slapd.log()
     for name, password in [
@@ -112,7 +115,7 @@ async def test_empty_passwords_and_hostile_names_are_refused_before_any_bind(sla
 
 @in_loop
 async def test_tries_are_counted_before_the_bind_and_a_right_one_clears_them(slapd: Slapd) -> None:
-    limiter = SignInLimiter(3, 20, 25, 900, 300)
+    limiter = SignInAttempts(SignInLimiter(3, 20, 25, 900, 300))
     sign_in = LdapSignIn(LdapDirectory(settings(slapd)), None, limiter, 30)
     name, password = new_person(slapd)
     refusals = Refusals()
@@ -130,7 +133,7 @@ async def test_tries_are_counted_before_the_bind_and_a_right_one_clears_them(sla
 
 @in_loop
 async def test_a_directory_that_is_down_is_unavailable_and_not_counted(slapd: Slapd) -> None:
-    limiter = SignInLimiter(1, 20, 25, 900, 300)
+    limiter = SignInAttempts(SignInLimiter(1, 20, 25, 900, 300))
     sign_in = LdapSignIn(LdapDirectory(settings(slapd)), None, limiter, 30)
     slapd.stop()
     try:
@@ -154,7 +157,10 @@ async def store(tmp_path: Path) -> AsyncIterator[AccountStore]:
 
 def with_store(directory: Slapd, store: AccountStore, check_seconds: float = 30) -> LdapSignIn:
     return LdapSignIn(
-        LdapDirectory(settings(directory)), store, SignInLimiter(5, 20, 25, 900, 300), check_seconds
+        LdapDirectory(settings(directory)),
+        store,
+        SignInAttempts(SignInLimiter(5, 20, 25, 900, 300)),
+        check_seconds,
     )
 
 

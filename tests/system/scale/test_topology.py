@@ -1,8 +1,9 @@
 """The scale-out topology of deploy/topology.py, every part real, on loopback, tiny model: HAProxy ->
 2 app replicas -> vLLM's router -> 2 `vllm serve`, one PostgreSQL. A conversation moves between
 replicas and resumes from the database; the router keeps each conversation on one server and
-admission reads those servers' load; a replica, a vLLM server or the router going away costs one
-answer (kept as far as it came, with a clear message), never the service; nothing is left behind."""
+admission reads those servers' load; a person's limits hold once for both replicas; a replica, a
+vLLM server or the router going away costs one answer (kept as far as it came, with a clear
+message), never the service; nothing is left behind."""
 
 from __future__ import annotations
 
@@ -37,8 +38,10 @@ def answered(server: VllmServer) -> float:
 
 @pytest.fixture(scope="module")
 def topology(tiny_model_dir: Path) -> Iterator[Topology]:
-    topology = Topology(tiny_model_dir, ARTIFACTS / "logs" / "topology", TINY_MAX_MODEL_LEN,
-                        app_env={"MAX_NEW_TOKENS": "16", "SIGN_IN_CHECK_SECONDS": "1"})  # fmt: skip
+    # One person (the admin) sends every message of the module, on both replicas, whose per-person
+    # limits count together: USER_MESSAGES_PER_MINUTE's default (30) would refuse the routing checks.
+    app_env = {"MAX_NEW_TOKENS": "16", "SIGN_IN_CHECK_SECONDS": "1", "USER_MESSAGES_PER_MINUTE": "600"}
+    topology = Topology(tiny_model_dir, ARTIFACTS / "logs" / "topology", TINY_MAX_MODEL_LEN, app_env=app_env)
     topology.start()
     processes = [p for p in (topology.balancer, topology.router, *topology.engines, *topology.replicas)]
     tree = [psutil.Process(p.process.pid) for p in processes if p.process is not None]
@@ -171,6 +174,29 @@ async def test_a_vllm_server_lost_mid_answer_keeps_the_partial_answer_and_the_ne
         await client.close()
     status = topology.replicas[1].status()
     assert status["engine_unfinished_requests"] == 0 and status["turns_in_flight"] == 0
+
+
+@in_loop
+async def test_a_persons_answers_at_a_time_are_counted_across_replicas(
+    topology: Topology, admin_cookie: str
+) -> None:
+    """USER_MAX_CONCURRENT_TURNS (2 by default) holds once for both replicas: counted in PostgreSQL."""
+    running = [on_replica(topology, admin_cookie, replica) for replica in (1, 2)]
+    third = on_replica(topology, admin_cookie, 1)
+    for client in (*running, third):
+        await client.connect()
+    try:
+        for client in running:  # one on each replica: alone, replica 1 would let a second one in
+            await client.start_long_answer(3000)
+        refused = await third.ask("And a third one?", timeout=30)
+        assert refused.refused == "user_concurrent_turns", refused.final
+    finally:
+        for client in running:
+            await client.stop()
+        for client in (*running, third):
+            await client.close()
+    for replica in topology.replicas:
+        await replica.poll(lambda s: s["turns_in_flight"] == 0, timeout=15)
 
 
 @in_loop

@@ -4,8 +4,9 @@ when it resets, an administrator raising the budget lets the person go on, the r
 usage up and give a person the budget once (not once each, within the refresh bound), and usage
 survives a replica's restart.
 
-These two servers serve every quota test: a budget this small would break the shared servers' tests.
-Replica B writes usage only every hour, so what it counted reaches the database at its shutdown."""
+These two servers (conftest.py) serve every quota test: a budget this small would break the shared
+servers' tests. Replica B writes usage only every hour, so what it counted reaches the database at
+its shutdown; this module's last test stops it, so it runs after the others that use them."""
 
 from __future__ import annotations
 
@@ -13,55 +14,23 @@ import asyncio
 import csv
 import io
 import os
-import secrets
 import subprocess
 import sys
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import httpx
 import pytest
 
 from harness.chat_client import ChatClient
-from harness.postgres import PostgresCluster
 from harness.server import ROOT, AppServer
-from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
+from tests.conftest import ARTIFACTS
+from tests.system.usage.conftest import DAY_BUDGET, FLUSH_SECONDS, REFRESH_SECONDS
 
 in_loop = pytest.mark.asyncio(loop_scope="module")
-ADMIN = ("admin", "admin-password-1")
-DAY_BUDGET = 300  # tokens: one long turn uses it up
-FLUSH_SECONDS, REFRESH_SECONDS = 1, 2
 SHARED_WITHIN_SECONDS = FLUSH_SECONDS + REFRESH_SECONDS + 3  # the stated bound, plus a turn's time
 LONG = "Remember these words: " + " ".join(f"word{i}" for i in range(200))  # ~600 tokens
 PASSWORD = "quota-password-1"
 ANSWERED: dict[str, int] = {}  # API calls answered, by replica (test_replicas_add_usage_up_...)
-
-
-@pytest.fixture(scope="module")
-def database_url(postgres: PostgresCluster) -> str:
-    return postgres.create_database("usage")
-
-
-@pytest.fixture(scope="module")
-def replicas(tiny_model_dir: Path, database_url: str) -> Iterator[tuple[AppServer, AppServer]]:
-    env = server_env(
-        MODEL=tiny_model_dir, MAX_MODEL_LEN=TINY_MAX_MODEL_LEN, MAX_NUM_BATCHED_TOKENS=4096,
-        MAX_NEW_TOKENS=8, AUTH_MODE="password", ADMIN_USERNAME=ADMIN[0], ADMIN_PASSWORD=ADMIN[1],
-        DATABASE_URL=database_url, CHAINLIT_AUTH_SECRET=secrets.token_urlsafe(48),
-        QUOTA_TOKENS_PER_DAY_USER=DAY_BUDGET, USAGE_REFRESH_SECONDS=REFRESH_SECONDS,
-    )  # fmt: skip
-    servers: list[AppServer] = []
-    try:
-        for name, flush in (("a", FLUSH_SECONDS), ("b", 3600)):
-            server = AppServer(
-                {**env, "USAGE_FLUSH_SECONDS": str(flush)}, ARTIFACTS / "logs" / f"usage-{name}.log"
-            )
-            servers.append(server.start(timeout=900))  # a busy machine starts engines slowly
-        yield servers[0], servers[1]
-    finally:
-        for server in servers:
-            server.stop()
 
 
 def command(database_url: str, module: str, *args: str, stdin: str = "") -> str:

@@ -1,0 +1,194 @@
+"""The shared limits' statements on a real PostgreSQL (Debian's, a throwaway cluster), two "replicas"
+being two engines of their own: checks sent at once are counted one by one, a killed replica's turns
+lapse, rows stay bounded, a database that is down is skipped at once, and the added latency of one
+admission is small (printed: `-s` shows it)."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from harness.postgres import PostgresCluster
+from services.accounts.limits import SignInLimiter
+from services.accounts.shared_attempts import SharedAttempts, SignInAttempts
+from services.admission.refusals import Refused
+from services.admission.shared_database import SharedDatabase
+from services.admission.shared_limits import SharedLimits
+from services.config import Settings
+from services.history.database import create_engine
+from services.history.migrations import migrate
+
+in_loop = pytest.mark.asyncio(loop_scope="module")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(scope="module")
+def database_url(postgres: PostgresCluster) -> str:
+    return postgres.create_database("shared_limits")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def engines(database_url: str) -> AsyncIterator[list[AsyncEngine]]:
+    """Two engines (connection pools), as two replicas have."""
+    found = [create_engine(Settings.from_env({"DATABASE_URL": database_url})) for _ in range(2)]
+    await migrate(found[0])
+    yield found
+    for engine in found:
+        await engine.dispose()
+
+
+def limits(engine: AsyncEngine, clock: Clock, **changes: object) -> SharedLimits:
+    settings = Settings.from_env({}).replace(**changes)
+    return SharedLimits(settings, SharedDatabase(engine, settings.database_timeout_seconds), clock)
+
+
+async def rows(engine: AsyncEngine, table: str) -> int:
+    async with engine.connect() as connection:
+        return (await connection.execute(text(f"SELECT count(*) FROM {table}"))).scalar_one()
+
+
+@in_loop
+async def test_turns_sent_at_once_to_two_replicas_get_the_limit_once(engines: list[AsyncEngine]) -> None:
+    clock = Clock()
+    a, b = (limits(engine, clock, user_max_concurrent_turns=3) for engine in engines)
+    tries = [(a if i % 2 else b).open_turn("user:ann") for i in range(12)]
+    results = await asyncio.gather(*tries, return_exceptions=True)
+    leases = [r for r in results if isinstance(r, str)]
+    refused = [r for r in results if isinstance(r, Refused)]
+    assert len(leases) == 3 and len(refused) == 9, results
+    assert {r.reason for r in refused} == {"user_concurrent_turns"}
+    assert "You already have 3 answers in progress" in str(refused[0])
+    assert await a.open_turn("user:bob"), "another person is not affected"
+    holder = a if leases[0] in a.held else b
+    holder.close_turn(leases[0])
+    await holder.database.drain()
+    assert await b.open_turn("user:ann"), "an ended turn gives its place back"
+
+
+@in_loop
+async def test_a_killed_replicas_turns_lapse_and_a_stopped_ones_are_freed(engines: list[AsyncEngine]) -> None:
+    clock = Clock()
+    killed, alive = (limits(e, clock, user_max_concurrent_turns=1, shared_lease_seconds=30) for e in engines)
+    assert await killed.open_turn("user:cid")
+    with pytest.raises(Refused):
+        await alive.open_turn("user:cid")
+    clock.now += 31  # the killed replica renews nothing: its lease expires
+    assert await alive.open_turn("user:cid")
+    await alive.stop()  # a replica that stops frees its leases at once
+    assert await killed.open_turn("user:cid"), "the stopped replica's turn no longer counts"
+
+
+@in_loop
+async def test_messages_and_tokens_are_counted_once_across_replicas(engines: list[AsyncEngine]) -> None:
+    clock = Clock()
+    a, b = (
+        limits(engine, clock, user_messages_per_minute=5, user_tokens_per_minute=100) for engine in engines
+    )
+    counted = await asyncio.gather(
+        *((a if i % 2 else b).count_message("user:dee") for i in range(20)), return_exceptions=True
+    )
+    assert counted.count(True) == 5, counted
+    refusal = next(r for r in counted if isinstance(r, Refused))
+    assert refusal.reason == "user_messages_per_minute" and "the limit is 5 per minute" in str(refusal)
+    assert await b.count_message("user:eve") is True, "another person is not affected"
+    clock.now += 61
+    assert await a.count_message("user:dee") is True, "a minute later"
+    a.add_tokens("user:dee", 60)
+    b.add_tokens("user:dee", 60)
+    await a.database.drain()
+    await b.database.drain()
+    with pytest.raises(Refused, match="over 100 answer tokens") as over:
+        await b.open_turn("user:dee")
+    assert 1 <= over.value.retry_after_seconds <= 61
+    assert await b.open_turn("user:fay")
+
+
+@in_loop
+async def test_documents_per_hour_are_counted_across_replicas(engines: list[AsyncEngine]) -> None:
+    clock = Clock()
+    a, b = (limits(engine, clock, user_documents_per_hour=3) for engine in engines)
+    await a.open_turn("user:gus", documents=2)
+    clock.now += 600
+    with pytest.raises(Refused, match="limit is 3 per hour") as refused:
+        await b.open_turn("user:gus", documents=2)
+    assert refused.value.retry_after_seconds == pytest.approx(3000, abs=2)
+    assert await b.open_turn("user:gus", documents=1), "one more fits the hour"
+
+
+@in_loop
+async def test_rows_past_their_window_are_deleted(engines: list[AsyncEngine]) -> None:
+    clock = Clock()
+    shared = limits(engines[0], clock, shared_lease_seconds=10)
+    for person in range(50):
+        await shared.count_message(f"user:p{person}")
+        await shared.open_turn(f"user:p{person}")
+    assert await rows(engines[0], "limit_counts") >= 50 and await rows(engines[0], "limit_leases") >= 50
+    clock.now += 7200  # past every window, the earlier tests' rows' too
+    await shared.sweep()
+    assert await rows(engines[0], "limit_counts") == 0 and await rows(engines[0], "limit_leases") == 0
+
+
+@in_loop
+async def test_sign_in_guesses_sent_at_once_to_two_replicas_are_counted_one_by_one(
+    engines: list[AsyncEngine],
+) -> None:
+    clock = Clock()
+    replicas = []
+    for engine in engines:
+        local = SignInLimiter(3, 20, 25, 900, 300, clock=clock)
+        replicas.append(SignInAttempts(local, SharedAttempts(local, SharedDatabase(engine, 5), clock)))
+    waits = await asyncio.gather(*(replicas[i % 2].attempt("hal", "10.1.0.1") for i in range(10)))
+    assert waits.count(0) == 3 and all(wait == 300 for wait in waits if wait), waits
+    assert await replicas[0].attempt("hal", "10.1.0.2") == 0, "not from another address"
+    assert await replicas[1].attempt("ida", "10.1.0.1") == 0, "another account from there"
+    clock.now += 301
+    assert await replicas[1].attempt("hal", "10.1.0.1") == 0, "the wait ends"
+    await replicas[1].succeeded("hal", "10.1.0.1")
+    for _ in range(2):
+        assert await replicas[0].attempt("hal", "10.1.0.1") == 0, "a success starts the pair afresh"
+
+
+@in_loop
+async def test_a_database_that_is_down_is_skipped_and_the_process_counts_alone() -> None:
+    settings = Settings.from_env({"DATABASE_URL": "postgresql://postgres@127.0.0.1:9/none"})
+    engine = create_engine(settings)
+    shared = SharedLimits(settings, SharedDatabase(engine, 2))
+    started = time.perf_counter()
+    assert await shared.open_turn("user:jan") is None and await shared.count_message("user:jan") is False
+    assert (
+        time.perf_counter() - started < 4 and shared.database.fallbacks_total == 2 and shared.database.failing
+    )
+    closed = SharedLimits(settings, SharedDatabase(engine, 2, available=lambda: False))
+    assert await closed.open_turn("user:jan") is None, "the breaker open: not even tried"
+    await engine.dispose()
+
+
+@in_loop
+async def test_the_added_latency_of_one_admission(engines: list[AsyncEngine]) -> None:
+    """What sharing adds to a turn's start (open_turn) and to a message (count_message), on loopback."""
+    shared = limits(engines[0], time.time, user_max_concurrent_turns=1000, user_messages_per_minute=100_000)
+    timings: dict[str, list[float]] = {"open_turn": [], "count_message": []}
+    for person in range(300):
+        for name, call in (("open_turn", shared.open_turn), ("count_message", shared.count_message)):
+            started = time.perf_counter()
+            await call(f"user:lat{person % 20}")
+            timings[name].append((time.perf_counter() - started) * 1000)
+    for name, values in timings.items():
+        values = values[20:]  # the pool's connections are opened first
+        p50, p99 = statistics.median(values), statistics.quantiles(values, n=100)[98]
+        print(f"{name}: p50 {p50:.2f} ms, p99 {p99:.2f} ms over {len(values)}")
+        assert p50 < 20, f"{name} adds {p50:.1f} ms"
