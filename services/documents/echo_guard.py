@@ -9,9 +9,9 @@ written in the prompt, and vLLM sets the last token of each to -inf whenever the
 tokens spell the rest: the step cannot copy four instruction words in a row. A 4-gram the document
 itself holds stays allowed (the echo measure does not count it either).
 
-A single-pass summary gets none: it never went over the echo threshold (0 of 20 measured, 2026-12-01
+A single-pass summary gets none: it never went over the echo threshold (0 of 25 measured, 2026-12-01
 and 2026-12-05), and forbidding its instruction's phrases ("its main points", "the names, commands
-and numbers") lowered its coverage in 6 of 9 documents of the 2026-12-05 run (BENCHMARKS.md).
+and numbers") lowered its mean coverage from 0.147 to 0.129 over 14 documents (BENCHMARKS.md).
 
 vLLM takes at most VLLM_MAX_NUM_BAD_WORDS (128) token sequences of VLLM_MAX_BAD_WORDS_TOTAL_TOKENS
 (1024) tokens in all per request, and each phrase makes up to two (with and without a leading space);
