@@ -178,9 +178,18 @@ async def test_new_batch_sizes_do_not_grow_the_worker(engine: ChatEngine) -> Non
 async def test_warm_up_doubles_its_batches_until_one_is_too_slow_for_the_reading_pace(
     engine: ChatEngine, tiny_model_dir: Path
 ) -> None:
-    """Up to the largest batch admission may run, so the worker's kernels for it exist before users."""
+    """Up to the largest batch admission may run, so the worker's kernels for it exist before users.
+
+    Where the doubling stops depends on the machine's speed at that moment (a loaded machine stops
+    sooner), so the engine's own warm-up is checked for the rule: every batch but the last kept the
+    reading pace, and the last is the largest or the first that did not."""
     settings = tiny_settings(tiny_model_dir)
-    assert max(engine.warm_up_report.decode_seconds_per_token) == min(max(BATCH_SIZES), settings.max_num_seqs)
+    slowest = 1 / (settings.reading_pace_tokens_per_second * settings.reading_pace_headroom)
+    speeds = engine.warm_up_report.decode_seconds_per_token
+    sizes, allowed = sorted(speeds), sorted({min(s, settings.max_num_seqs) for s in BATCH_SIZES})
+    assert sizes == allowed[: len(sizes)], "doubling from one stream, no size skipped"
+    assert all(speeds[size] <= slowest for size in sizes[:-1])
+    assert sizes[-1] == allowed[-1] or speeds[sizes[-1]] > slowest
     strict = await warm_up(engine, settings.replace(reading_pace_tokens_per_second=1e6))  # no batch keeps it
     assert len(strict.decode_seconds_per_token) == 1
     unpaced = await warm_up(engine, settings.replace(reading_pace_tokens_per_second=0))  # admits all at once

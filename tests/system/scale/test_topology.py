@@ -168,6 +168,7 @@ async def test_a_vllm_server_lost_mid_answer_keeps_the_partial_answer_and_the_ne
         await asyncio.wait_for(reply.done.wait(), 60)
         assert reply.final is not None and NOT_AVAILABLE in reply.final, reply.final
         assert reply.streamed_text and reply.final.startswith(reply.streamed_text), "the partial answer stays"
+        await client.update_settings(max_new_tokens=16)  # the long answer's budget would run minutes
         again = await client.ask("Still there?", timeout=60)
         assert again.final and NOT_AVAILABLE not in again.final, again.final
     finally:
@@ -221,6 +222,7 @@ async def test_a_replica_killed_mid_answer_sends_the_page_to_the_other_which_say
         assert "Before the crash." in outputs, outputs
         await asyncio.sleep(1)
         assert any(CUT_ANSWER_NOTICE in n for n in reloaded.notices()), reloaded.notices()
+        await reloaded.update_settings(max_new_tokens=16)  # the resumed conversation kept the long budget
         again = await reloaded.ask("After the crash?", timeout=60)
         assert again.final and NOT_AVAILABLE not in again.final, again.final
     finally:
