@@ -59,8 +59,8 @@ class TracedRemote(RemoteLLM):
         super().__init__(*args, **kwargs)
         self.served_by: dict[str, str] = {}
 
-    async def _open_stream(self, prompt_ids, params, request_id, priority=0):
-        server, response = await super()._open_stream(prompt_ids, params, request_id, priority)
+    async def _open_stream(self, prompt_ids, params, request_id, *args: Any):
+        server, response = await super()._open_stream(prompt_ids, params, request_id, *args)
         self.served_by[request_id] = server.url
         return server, response
 
