@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from harness.loopback_http import LoopbackHttp
 from harness.server import free_port
 from services.config import Settings, SettingsError
 from services.engine.backends.remote import (
@@ -71,33 +72,15 @@ def no_asyncgen_hooks() -> Iterator[None]:
         sys.set_asyncgen_hooks(*saved)
 
 
-class EndlessAnswers:
+class EndlessAnswers(LoopbackHttp):
     """A loopback HTTP server whose every /v1/completions stream goes on until its client leaves."""
 
     HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
     EVENT = b'data: {"choices": [{"text": "x", "token_ids": [7], "finish_reason": null}]}\n\n'
 
     def __init__(self) -> None:
+        super().__init__()
         self.left: asyncio.Queue[None] = asyncio.Queue()  # one item per client that went away
-        self.server: asyncio.Server | None = None
-
-    async def __aenter__(self) -> EndlessAnswers:
-        self.server = await asyncio.start_server(self._answer, "127.0.0.1", 0)
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        """Stop listening: new connections are refused."""
-        assert self.server is not None
-        self.server.close()
-        await self.server.wait_closed()
-
-    @property
-    def url(self) -> str:
-        assert self.server is not None
-        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
 
     async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.loopback_http import LoopbackHttp
 from services.chat.model_choice import OfferedChats, chat_for, choose
 from services.chat.session import ChatSession
 from services.config import Settings
@@ -114,29 +115,12 @@ def test_each_server_is_asked_by_its_own_id_for_the_model() -> None:
 
 
 # --- reading listings over real sockets --------------------------------------------------------
-class ListingServer:
+class ListingServer(LoopbackHttp):
     """A loopback HTTP server that answers every request with `status` and `body` (changeable)."""
 
     def __init__(self, body: bytes, status: int = 200) -> None:
+        super().__init__()
         self.body, self.status = body, status
-        self.server: asyncio.Server | None = None
-
-    async def __aenter__(self) -> ListingServer:
-        self.server = await asyncio.start_server(self._answer, "127.0.0.1", 0)
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        assert self.server is not None
-        self.server.close()
-        await self.server.wait_closed()
-
-    @property
-    def url(self) -> str:
-        assert self.server is not None
-        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
 
     async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
