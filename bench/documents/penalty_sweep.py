@@ -9,6 +9,7 @@ distinct-4-gram ratio, whether the guard would have fired, coverage, language.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from typing import Any
 
@@ -23,7 +24,7 @@ from bench.documents.corpus import (
 from bench.documents.quality_metrics import Coverage, distinct_ngram_ratio, identify_language
 from services.chat.service import ChatService
 from services.config import Settings
-from services.engine import LoopGuardConfig, engine_lifespan, repeats_in
+from services.engine import LoopGuardConfig, engine_lifespan, followed_by, repeats_in
 
 
 def parse_pairs(text: str) -> list[tuple[float, float]]:
@@ -39,7 +40,9 @@ async def one(chat: ChatService, doc: dict, label: str) -> str:
     await attach(chat, session, doc)
     if not force_path(chat, session, "single"):
         return ""
-    return "".join([delta async for delta in chat.summarize(session, "", f"sweep-{label}-{doc['id']}")])
+    return functools.reduce(
+        followed_by, [delta async for delta in chat.summarize(session, "", f"sweep-{label}-{doc['id']}")], ""
+    )
 
 
 async def sweep(ids: set[str] | None, pairs_text: str) -> dict[str, Any]:

@@ -56,6 +56,7 @@ from services.engine import (
     RepetitionError,
     SamplingSettings,
     engine_lifespan,
+    followed_by,
     repeats_in,
 )
 
@@ -88,16 +89,16 @@ async def timed_summary(chat: ChatService, session: ChatSession, request_id: str
     async def progress(update) -> None:
         reports.append(update.describe())
 
-    started, first, parts, fired = time.monotonic(), None, [], False
+    started, first, text, fired = time.monotonic(), None, "", False
     loops_before = chat.summarizer.loops_stopped
     try:
         async for delta in chat.summarize(session, "", request_id, progress):
             first = first or time.monotonic() - started
-            parts.append(delta)
+            text = followed_by(text, delta)
     except RepetitionError as error:
-        parts, fired = [error.kept_text], True
+        text, fired = error.kept_text, True
     return {
-        "text": "".join(parts), "ttft_seconds": first, "total_seconds": time.monotonic() - started,
+        "text": text, "ttft_seconds": first, "total_seconds": time.monotonic() - started,
         "final_loop_stopped": fired, "part_loops_stopped": chat.summarizer.loops_stopped - loops_before,
         "progress_reports": len(reports), "last_progress": reports[-1] if reports else "",
     }  # fmt: skip

@@ -15,7 +15,7 @@ from services.config import Settings
 from services.documents.language import document_language
 from services.documents.progress import Progress
 from services.documents.summarizer import Summarizer, SummaryJob
-from services.engine import ChatEngine, RepetitionError, SamplingSettings
+from services.engine import ChatEngine, RepetitionError, SamplingSettings, followed_by
 
 Ids = tuple[str | None, str | None]  # the stored ids of a turn's message and of its answer
 
@@ -99,21 +99,21 @@ async def _recorded(
     An answer the loop guard stopped is recorded without its repetitions.
     A turn refused before it started (the service was full) leaves no trace: its user sends it again.
     """
-    parts: list[str] = []
+    answer = ""
     refused = False
     try:
         async with contextlib.aclosing(stream):  # type: ignore[type-var]  (an async generator)
             async for delta in stream:
-                parts.append(delta)
+                answer = followed_by(answer, delta)
                 yield delta
     except RepetitionError as error:
-        parts = [error.kept_text]
+        answer = error.kept_text
         raise
     except Refused:
-        refused = not parts
+        refused = not answer
         raise
     finally:
         if not refused:
             branch.record(session, {"role": "user", "content": user_text}, ids[0])
-        if any(parts):
-            branch.record(session, {"role": "assistant", "content": "".join(parts)}, ids[1])
+        if answer:
+            branch.record(session, {"role": "assistant", "content": answer}, ids[1])

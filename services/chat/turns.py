@@ -26,6 +26,7 @@ from services.chat.session import ChatSession
 from services.chat.store import SessionStore
 from services.engine import SamplingSettings
 from services.engine.errors import RepetitionError, report_failure
+from services.engine.rewrite import Rewrite
 from services.engine.route_hint import set_route_hint
 
 Files = list[tuple[str, str]]  # uploads of one message: (path on disk, name)
@@ -233,6 +234,10 @@ async def _stream_into(reply: Reply, stream: AsyncIterator[str], feedback: Waiti
         async with contextlib.aclosing(stream):
             async for delta in stream:
                 await feedback.stop()  # the answer takes the status message's place
-                await reply.stream_token(delta)
+                if isinstance(delta, Rewrite):  # the answer so far, in place of what was shown
+                    reply.content = str(delta)
+                    await reply.update()
+                else:
+                    await reply.stream_token(delta)
     finally:
         await asyncio.shield(feedback.stop())

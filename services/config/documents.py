@@ -57,6 +57,13 @@ class DocumentSettings:
         "at most a quarter of the document and half of SUMMARY_MAX_TOKENS. Not for a request of the user's.",
         0,
     )
+    summary_loop_recoveries: int = setting(
+        1,
+        "SUMMARY_LOOP_RECOVERIES",
+        "Times a summary that starts repeating itself before SUMMARY_MIN_TOKENS is cut back to before "
+        "the loop and goes on, forbidden to say again what it said; 0 = it ends there.",
+        0,
+    )
     summary_chunk_tokens: int = setting(
         2048, "SUMMARY_CHUNK_TOKENS", "Chunk size of the map step (smaller = more parallel).", 64
     )

@@ -58,15 +58,28 @@ def forbidden_phrases(
                 seen.add(gram)
                 written.append(phrase)
     swapped = [p[0].swapcase() + p[1:] for p in written if p[0].swapcase() != p[0]]
+    return fitting([*written, *swapped], count_tokens)
+
+
+def fitting(phrases: Iterable[str], count_tokens: Callable[[str], int]) -> tuple[str, ...]:
+    """The first of `phrases` (without repeats) that vLLM takes together in one request."""
     taken: list[str] = []
     sequences = tokens = 0
-    for phrase in dict.fromkeys([*written, *swapped]):
+    for phrase in dict.fromkeys(phrases):
         cost = count_tokens(phrase) + count_tokens(" " + phrase)
         if sequences + 2 > MAX_SEQUENCES or tokens + cost > MAX_TOKENS:
             break
         taken.append(phrase)
         sequences, tokens = sequences + 2, tokens + cost
     return tuple(taken)
+
+
+def past_a_loop(shown: str, forbidden: Iterable[str], count_tokens: Callable[[str], int]) -> tuple[str, ...]:
+    """The phrases an answer that goes on after a loop may not write: the 4-grams of what it showed,
+    the loop included, newest first (the loop's come first), so it cannot say any of it again; then
+    `forbidden` while room is left."""
+    own = [phrase for phrase, _ in reversed(phrases_of(shown))]
+    return fitting([*own, *forbidden], count_tokens)
 
 
 def step_instructions(messages: list[Message], marks: Iterable[str]) -> list[str]:

@@ -7,10 +7,12 @@ follow-up question shares the summary request's prefix and vLLM's prefix
 cache reuses its KV. The loop guard (services/engine/loop_guard.py) watches
 every request for exact and (summaries being prose) paraphrased loops: a map
 or reduce part that starts repeating itself keeps the text before the
-repetition and the summary goes on (the user is told); a final summary that
-loops ends with the guard's message. No map or reduce step may copy four words of its instructions
-in a row (echo_guard.py: vLLM's bad_words), so a summary in parts says what the document says, not
-what it was asked.
+repetition and the summary goes on (the user is told). A final summary that
+loops before its shortest length is cut back to before the loop and goes on,
+forbidden to say again what it said (SUMMARY_LOOP_RECOVERIES); a later loop
+ends it with the guard's message. No map or reduce step may copy four words
+of its instructions in a row (echo_guard.py: vLLM's bad_words), so a summary
+in parts says what the document says, not what it was asked.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from services.documents.cache import SummaryCache, summary_key
 from services.documents.chunking import split_into_chunks
 from services.documents.echo_guard import StepGuards
 from services.documents.language import answer_language, document_language
+from services.documents.loop_recovery import going_on_past_loops
 from services.documents.planning import Budget, DocumentPlan, plan_document
 from services.documents.progress import Progress, ProgressTracker
 from services.documents.prompts import SummaryPrompts
@@ -37,6 +40,7 @@ from services.engine import (
     RepetitionError,
     SamplingSettings,
     TokenBudgetError,
+    followed_by,
     tick_until_first,
 )
 
@@ -149,19 +153,25 @@ class Summarizer:
             partials = await self._reduce_until_it_fits(partials, prompts, guards, sampling, request_id)
             messages = prompts.reduce(self.settings.system_prompt, partials)
             forbidden = guards.reduce(self.settings.system_prompt)
-        parts: list[str] = []
         sampling = dataclasses.replace(
             sampling, min_new_tokens=self.min_tokens(job, plan.document_tokens), forbidden_phrases=forbidden
         )
-        stream = self.engine.generate(messages, sampling, f"{request_id}-final", prose=self.prose)
+        summary = ""
+        stream = going_on_past_loops(
+            self.engine, messages, sampling, f"{request_id}-final", prose=self.prose,
+            recoveries=self.settings.summary_loop_recoveries, on_recovery=self._loop_recovered,
+        )  # fmt: skip
         async with contextlib.aclosing(tick_until_first(stream, tracker.tick, self._interval())) as deltas:
             async for delta in deltas:
-                if not parts:
+                if not summary:
                     with contextlib.suppress(Exception):  # progress never breaks the summary
                         await tracker.finish()
-                parts.append(delta)
+                summary = followed_by(summary, delta)
                 yield delta
-        self.cache.put(key, "".join(parts))
+        self.cache.put(key, summary)
+
+    def _loop_recovered(self) -> None:
+        self.loops_stopped += 1
 
     def _interval(self) -> float:
         return self.settings.progress_interval_seconds

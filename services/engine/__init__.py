@@ -50,6 +50,8 @@ _EXPORTS = {
     "repeats_in": "loop_guard:repeats_in",
     "PrefillMeter": "prefill:PrefillMeter",
     "tick_until_first": "prefill:tick_until_first",
+    "Rewrite": "rewrite:Rewrite",
+    "followed_by": "rewrite:followed_by",
     "StreamStats": "stream_stats:StreamStats",
     "WarmUpReport": "warmup:WarmUpReport",
     "warm_up": "warmup:warm_up",

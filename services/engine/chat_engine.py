@@ -175,24 +175,22 @@ class ChatEngine:
         *,
         priority: int = 0,
         prose: bool = False,
+        answer_prefix: str = "",
     ) -> AsyncIterator[str]:
-        """Stream the answer to `messages` as text deltas.
-
-        The request is aborted in the engine on every early exit; the caller
-        should close the iterator (``contextlib.aclosing``) when it stops early.
+        """Stream the answer to `messages` as text deltas. The request is aborted in the engine on
+        every early exit; the caller should close the iterator (``contextlib.aclosing``) when it stops early.
         `priority` goes to vLLM's scheduler (lower is earlier; services/admission picks it).
-        `prose` is for summaries: the loop guard also stops paraphrased loops, and
-        the answer ends at a "---" rule (after which a small model writes it again).
+        `prose` is for summaries: the loop guard also stops paraphrased loops, and the answer ends at
+        a "---" rule (a small model writes it again after one). `answer_prefix`: the answer's start.
         """
         if self._llm.errored:
             raise EngineUnavailableError("the engine is not running")
-        prompt_ids = self.encode_chat(messages)
+        prompt_ids = self.encode_chat(messages) + (self._encode_text(answer_prefix) if answer_prefix else [])
         max_tokens = token_budget(self.max_model_len, len(prompt_ids), sampling.max_new_tokens)
         params = _sampling_params(sampling, max_tokens, PROSE_STOP if prose else ())
         stats = StreamStats(request_id, prompt_tokens=len(prompt_ids), submitted_at=time.monotonic())
         loops = RepetitionDetector(self.loop_guard, self.tokenizer.decode, echoes=prose)
-        answer_ids: list[int] = []
-        answer: list[str] = []
+        answer_ids, answer = list[int](), list[str]()
         stream = self._llm.generate({"prompt_token_ids": prompt_ids}, params, request_id, priority=priority)
         try:
             async with contextlib.aclosing(stream):

@@ -7,13 +7,22 @@ on a vLLM server alike, and what vLLM forbids.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
 
 from services.documents.echo import ECHO_THRESHOLD, echo_of, instruction_texts
-from services.documents.echo_guard import MAX_SEQUENCES, MAX_TOKENS, StepGuards, forbidden_phrases, phrases_of
+from services.documents.echo_guard import (
+    MAX_SEQUENCES,
+    MAX_TOKENS,
+    StepGuards,
+    forbidden_phrases,
+    past_a_loop,
+    phrases_of,
+)
 from services.documents.prompts import WORDINGS, SummaryPrompts, wording
+from services.engine.rewrite import Rewrite, followed_by
 
 SYSTEM = "You are a helpful, concise assistant."
 REDUCE = wording("en").reduce
@@ -68,6 +77,24 @@ def test_phrases_stop_at_vllms_bounds_as_written_ones_first() -> None:
     assert forbidden[0] == "waa wab wac wad" and forbidden[-1].islower(), "as written first, in prompt order"
     heavy = forbidden_phrases(instructions, "", lambda text: 40)
     assert len(heavy) == MAX_TOKENS // 80
+
+
+def test_an_answer_past_a_loop_forbids_its_own_words_newest_first_then_the_instructions() -> None:
+    answer = "The license allows copying. The license allows copying."
+    instructions = ("write one summary", "in a few paragraphs")
+    taken = past_a_loop(answer, instructions, words)
+    assert taken[:2] == ("The license allows copying", "copying. The license allows"), "the loop first"
+    assert set(taken) >= {phrase for phrase, _ in phrases_of(answer)} | set(instructions)
+    assert len(taken) == len(set(taken)), "each phrase once"
+    long_answer = " ".join(f"word{i}" for i in range(400))
+    kept = past_a_loop(long_answer, instructions, words)
+    assert kept[0] == "word396 word397 word398 word399", "the loop's end comes first"
+    assert len(kept) * 2 <= MAX_SEQUENCES and not set(instructions) & set(kept), "within vLLM's bounds"
+
+
+def test_a_rewrite_replaces_the_answer_so_far() -> None:
+    answer = functools.reduce(followed_by, ["one ", "two ", "two ", Rewrite("one two "), "three"], "")
+    assert answer == "one two three"
 
 
 @pytest.mark.parametrize("language", LANGUAGES)

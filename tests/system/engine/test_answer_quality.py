@@ -23,9 +23,12 @@ import services.engine.chat_engine as chat_engine_module
 from harness.documents import long_document
 from services.chat.service import ChatService
 from services.chat.session import ChatSession
+from services.documents.echo import ngrams
+from services.documents.echo_guard import phrases_of
 from services.engine.chat_engine import ChatEngine, SamplingSettings
 from services.engine.errors import REPETITION_STOPPED, RepetitionError, report_failure
 from services.engine.loop_guard import LoopGuardConfig, RepetitionDetector
+from services.engine.rewrite import Rewrite
 from services.engine.stream_stats import StreamStats
 from tests.conftest import tiny_settings
 from tests.unit.test_loop_guard import LEGITIMATE, LOOPS
@@ -213,4 +216,51 @@ async def test_a_summary_is_never_shorter_than_its_minimum_unless_the_user_asked
     assert finished[-1].output_tokens >= 20, "the summary may not end before SUMMARY_MIN_TOKENS"
     [_ async for _ in chat.summarize(session, "In one line, please.", "min-request")]
     assert finished[-1].output_tokens <= 1, "a request of the user's is not padded"
+    assert engine.unfinished_requests() == 0
+
+
+async def test_a_summary_that_loops_early_goes_on_without_the_loop(
+    engine: ChatEngine, tiny_model_dir: Path, finished: list[StreamStats], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    counting = engine.tokenizer.encode(" one two three four five six", add_special_tokens=False)
+    original, calls = chat_engine_module._sampling_params, []
+
+    def first_request_counts(sampling: SamplingSettings, max_tokens: int, *stop):
+        params = original(sampling, max_tokens, *stop)
+        calls.append(params)
+        if len(calls) == 1:  # the summary's first request may only count to six: it loops
+            params.allowed_token_ids = counting
+        return params
+
+    monkeypatch.setattr(chat_engine_module, "_sampling_params", first_request_counts)
+    settings = tiny_settings(tiny_model_dir, summary_max_tokens=240, summary_min_tokens=120)
+    chat = ChatService(engine, settings)
+    session = ChatSession("s-relooped", SamplingSettings(0.0, 1.0, 240), "Be brief.", deque(maxlen=20))
+    folder = Path(tempfile.mkdtemp())
+    (folder / "notes.txt").write_text(long_document(600, seed=4242))
+    result = await chat.attach_files(session, [(str(folder / "notes.txt"), "notes.txt")])
+    folder.rmdir()
+    assert result.document is not None and result.document.plan is not None and result.document.plan.whole
+
+    deltas: list[str] = []
+    answer = None
+    try:
+        async for delta in chat.summarize(session, "", "relooped"):
+            deltas.append(delta)
+    except RepetitionError as error:  # the tiny model may loop again: then it ends there
+        answer = error.kept_text
+    rewrites = [i for i, delta in enumerate(deltas) if isinstance(delta, Rewrite)]
+    assert len(rewrites) == 1, "cut back once (SUMMARY_LOOP_RECOVERIES=1)"
+    kept, shown = str(deltas[rewrites[0]]), "".join(deltas[: rewrites[0]])
+    assert shown.startswith(kept) and len(kept) < len(shown), "the loop was shown, then taken back"
+    going_on = "".join(deltas[rewrites[0] + 1 :])
+    answer = answer if answer is not None else kept + going_on
+    assert answer.startswith(kept) and session.history[-1] == {"role": "assistant", "content": answer}
+    said = {gram for _, gram in phrases_of(shown)}
+    assert said, "the loop gave words to forbid"
+    assert set(calls[1].bad_words) >= {phrase for phrase, _ in phrases_of(shown)}
+    assert not said & set(ngrams(going_on)), "nothing shown before is said again, the loop least of all"
+    requests = [stats.request_id for stats in finished]
+    assert requests[-2:] == ["relooped-final", "relooped-final1"], requests
+    assert finished[-2].finish_reason == "repetition"
     assert engine.unfinished_requests() == 0
