@@ -32,6 +32,7 @@ from services.engine import ChatEngine, EngineLoad, Message, SamplingSettings, S
 logger = logging.getLogger(__name__)
 
 REFRESH_SECONDS = 1.0  # how often the running limit is re-derived from the engine's numbers
+FOREIGN_MAX_AGE_SECONDS = 5.0  # others' requests at the engine, read longer ago than this, count as none
 
 
 class Admission:
@@ -84,9 +85,11 @@ class Admission:
                 logger.exception("admission refresh failed")
 
     def refresh(self) -> None:
-        """Learn from the engine's latest windows, then admit whoever the new limit lets in."""
+        """Learn from the engine's latest windows and who else it serves, then admit whoever the new
+        limit lets in."""
         self.capacity.update(self.load)
-        self.line.pace.adjust(self.line.running_total, self.capacity.limit)
+        self.line.foreign = self.load.foreign_requests(time.monotonic(), FOREIGN_MAX_AGE_SECONDS)
+        self.line.pace.adjust(self.line.engine_running, self.capacity.limit)
         self.line.admit_waiting()
 
     @property
@@ -100,6 +103,7 @@ class Admission:
         return {
             "enabled": line.enabled,
             "running": dict(line.running),
+            "others_running": line.foreign,
             "running_limit": line.limit if line.enabled else None,
             "waiting": len(line.waiting),
             "admitted_total": line.admitted_total,
@@ -118,7 +122,7 @@ class Admission:
         per-user message rate (on every replica together, when shared), and while the service is still
         full before the time a capacity refusal gave them."""
         line = self.line
-        full = bool(line.waiting) or line.running_total >= line.limit
+        full = bool(line.waiting) or line.engine_running >= line.limit
         usage = self.limits.usage(user_key)
         try:
             self.limits.count_message(usage, service_full=full)

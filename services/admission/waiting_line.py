@@ -1,21 +1,18 @@
 """Our waiting line in front of the engine: admit while the running limit allows, chat first, bounded.
 
-Requests beyond the running limit (capacity.py, capped by pace.py) wait here, not inside vLLM,
-so that they can be counted, shown to their user with a place and an estimate (corrected by how
-late recent turns ran: promises.py), and refused at once when the queue is full or the wait too
-long. ADMISSION_QUEUE_MAX bounds the chat turns waiting; document parts wait besides them (each
+Requests beyond the running limit (capacity.py, capped by pace.py) wait here, not inside vLLM, so
+they can be counted, shown to their user with a place and an estimate (corrected by how late recent
+turns ran: promises.py), and refused at once when the queue is full or the wait too long. The limit
+is the engine's: others' requests at it (other app replicas on the same vLLM servers) hold slots
+too. ADMISSION_QUEUE_MAX bounds the chat turns waiting; document parts wait besides them (each
 summary has at most SUMMARY_CONCURRENCY parts in flight, and each person a few turns).
-A request is one of three kinds of work: a chat turn, a document part, or an
-API request (which holds a chat slot; vLLM's layer streams it, so its tokens are
-not seen here). Order: chat turns by arrival; document parts as if they had
-arrived DOCUMENT_AGING_SECONDS later, API requests API_AGING_SECONDS later, so
-chat goes first but cannot starve them. The same order goes to vLLM as the
-request's priority (lower is earlier).
-Document parts hold at most DOCUMENT_SLOT_SHARE of the running limit at once:
-a part that may not run yet keeps its place while chat turns behind it go.
-At most MAX_PREFILLING_REQUESTS admitted requests may still be reading their
-prompt (no first token yet), documents one of them: the prefill in each engine
-step, which every running stream waits for, stays small when many arrive at once.
+Three kinds of work: chat turns, document parts, API requests (which hold a chat slot; vLLM's layer
+streams them, so their tokens are not seen here). Order: chat turns by arrival; document parts as if
+they had arrived DOCUMENT_AGING_SECONDS later, API requests API_AGING_SECONDS later, so chat goes
+first but cannot starve them; the same order goes to vLLM as priority (lower is earlier). Document
+parts hold at most DOCUMENT_SLOT_SHARE of the limit: one that may not run yet keeps its place while
+chat turns behind it go. At most MAX_PREFILLING_REQUESTS admitted requests may still be reading
+their prompt, documents one of them: the prefill each engine step waits for stays small.
 """
 
 from __future__ import annotations
@@ -95,6 +92,7 @@ class WaitingLine:
         self.waiting: list[_Ticket] = []  # sorted by _Ticket.order
         self.waiting_by_kind: Counter[str] = Counter()  # chat turns: at most ADMISSION_QUEUE_MAX
         self.running: Counter[str] = Counter()
+        self.foreign = 0  # others' requests at the same engine (other replicas): they hold slots too
         self._running_tickets: set[_Ticket] = set()
         self._prefilling: set[_Ticket] = set()  # admitted, no token yet (a subset of the running ones)
         self.refusals: Counter[str] = Counter()  # by reason (refusals.REASONS)
@@ -139,7 +137,7 @@ class WaitingLine:
         """Under the running limit, or a chat turn while no chat runs: with DOCUMENT_SLOT_SHARE below 1,
         document parts never hold every slot against conversation (at a limit of 1, one part once kept
         chat waiting for minutes)."""
-        if self.running_total < self.limit:
+        if self.engine_running < self.limit:
             return True
         chat_reserved = self.settings.document_slot_share < 1
         return chat_reserved and ticket.kind == CHAT and self.running[CHAT] == 0
@@ -148,8 +146,9 @@ class WaitingLine:
         return self.has_room(ticket) and self.may_run(ticket) and self.may_prefill(ticket)
 
     @property
-    def running_total(self) -> int:
-        return sum(self.running.values())
+    def engine_running(self) -> int:
+        """Requests the engine holds against the limit: ours and others' (the limit is the engine's)."""
+        return sum(self.running.values()) + self.foreign
 
     @property
     def overloaded(self) -> bool:
@@ -254,7 +253,7 @@ class WaitingLine:
                 del self.waiting[index]
                 self.waiting_by_kind[ticket.kind] -= 1
                 self._admit(ticket)
-            elif self.running_total >= self.limit and self.running[CHAT] > 0:
+            elif self.engine_running >= self.limit and self.running[CHAT] > 0:
                 return  # full, and chat has its turn running: nobody else fits
             else:
                 index += 1  # keeps its place; whoever may run goes
@@ -279,16 +278,15 @@ class WaitingLine:
         Replays the slots: each running request frees its slot after what its kind usually takes,
         minus what it has run already; each request ahead takes the earliest free slot and holds it
         for its kind's service time (measured per kind). The estimate counts down as requests age;
-        it adds how late recent chat turns ran (promises.py).
+        it adds how late recent chat turns ran (promises.py). Others' requests hold slots for half
+        a chat turn each (their age is not known here).
         """
-        now = self.clock()
-        free_at = sorted(
-            max(
-                0.1 * self.service_seconds[t.kind],
-                self.service_seconds[t.kind] - (now - (t.admitted_at or now)),
-            )
+        now, service = self.clock(), self.service_seconds
+        ours = [
+            max(0.1 * service[t.kind], service[t.kind] - (now - (t.admitted_at or now)))
             for t in self._running_tickets
-        )
+        ]
+        free_at = sorted(ours + [0.5 * service[CHAT]] * self.foreign)
         free_at = free_at[: max(1, min(self.limit, len(free_at)))] or [0.0]
         heapq.heapify(free_at)
         documents = 0

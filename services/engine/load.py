@@ -50,6 +50,10 @@ class EngineLoad:
         self.running = 0
         self.waiting = 0
         self.updated_at: float | None = None
+        # Requests at the engine that are not this process's (other app replicas, other clients of
+        # the same vLLM servers or router), at `foreign_at`; only remote engines have any.
+        self.foreign = 0
+        self.foreign_at: float | None = None
         self.generation_tokens_total = 0
         self.prompt_tokens_total = 0
         self._start: float | None = None
@@ -83,6 +87,15 @@ class EngineLoad:
             window = LoadWindow(now, seconds, busy, mean_running, mean_waiting, int(generated), int(prompted))
             self.windows.append(window)
         self._start, self._sums = now, [0.0, 0.0, 0.0, 0, 0]
+
+    def note_foreign(self, now: float, engine_total: int, ours: int) -> None:
+        """The engine held `engine_total` requests (running and waiting) when `ours` were this process's."""
+        self.foreign, self.foreign_at = max(0, engine_total - ours), now
+
+    def foreign_requests(self, now: float, max_age: float) -> int:
+        """Others' requests at the engine, as last read, if read within `max_age` seconds; else 0."""
+        fresh = self.foreign_at is not None and now - self.foreign_at <= max_age
+        return self.foreign if fresh else 0
 
     def windows_after(self, moment: float) -> list[LoadWindow]:
         """Windows that ended after `moment` (monotonic), oldest first."""

@@ -100,13 +100,13 @@ async def test_requests_beyond_the_limit_wait_and_chat_goes_before_documents() -
     await queue.submit("doc-4", DOCUMENT)
     await queue.submit("chat-2", CHAT)
     assert queue.admitted == ["doc-1", "doc-2"] and len(queue.line.waiting) == 4
-    assert queue.line.running_total == 2
+    assert queue.line.engine_running == 2
     await queue.finish("doc-1", "doc-2")
     assert queue.admitted[2:] == ["chat-1", "chat-2"], "chat turns take the freed slots first"
     await queue.finish("chat-1", "chat-2")
     assert queue.admitted[4:] == ["doc-3", "doc-4"]
     await queue.finish("doc-3", "doc-4")
-    assert queue.line.running_total == 0 and not queue.line.waiting
+    assert queue.line.engine_running == 0 and not queue.line.waiting
 
 
 @aio
@@ -126,7 +126,7 @@ async def test_document_parts_hold_only_their_share_and_chat_passes_the_rest() -
     assert queue.admitted[3:] == ["doc-2"], "the next part takes the documents' slot"
     await queue.finish("chat-1", "chat-2", "doc-2")
     await queue.finish("doc-3")
-    assert queue.line.running_total == 0 and not queue.line.waiting
+    assert queue.line.engine_running == 0 and not queue.line.waiting
 
 
 @aio
@@ -145,13 +145,13 @@ async def test_a_burst_is_read_a_few_prompts_at_a_time_and_documents_one_of_them
     assert queue.admitted[3:] == [], "one document prompt at a time"
     queue.line.note_token(queue.places["doc-1"])
     await settle()
-    assert queue.admitted[3:] == ["doc-2"] and queue.line.running_total == 4
+    assert queue.admitted[3:] == ["doc-2"] and queue.line.engine_running == 4
     await queue.finish("doc-2")  # released before its first token (stopped, say): its place frees
     await queue.submit("chat-3", CHAT)
     await queue.submit("chat-4", CHAT)
     assert queue.admitted[4:] == ["chat-3", "chat-4"]
     await queue.finish("doc-1", "chat-1", "chat-2", "chat-3", "chat-4")
-    assert queue.line.running_total == 0 and not queue.line.waiting
+    assert queue.line.engine_running == 0 and not queue.line.waiting
 
 
 @aio
@@ -170,7 +170,7 @@ async def test_at_a_limit_of_one_a_document_part_does_not_keep_chat_out() -> Non
     await queue.finish("chat-2")
     assert queue.admitted[3:] == ["doc-2"]
     await queue.finish("doc-2")
-    assert queue.line.running_total == 0 and not queue.line.waiting
+    assert queue.line.engine_running == 0 and not queue.line.waiting
 
 
 @aio
@@ -275,10 +275,10 @@ async def test_a_cancelled_waiter_leaves_the_queue_and_an_admitted_one_frees_its
     await queue.submit("next", CHAT)
     queue.done["running"].set()
     await asyncio.sleep(0)  # "running" gives its slot back, which admits "next"...
-    assert queue.admitted == ["running"] and queue.line.running_total == 1
+    assert queue.admitted == ["running"] and queue.line.engine_running == 1
     queue.tasks["next"].cancel()  # ...which is cancelled before it resumes
     await settle()
-    assert queue.admitted == ["running"] and queue.line.running_total == 0, "the slot came back"
+    assert queue.admitted == ["running"] and queue.line.engine_running == 0, "the slot came back"
 
 
 @aio
@@ -653,7 +653,7 @@ async def test_vllms_own_queue_limit_becomes_a_busy_message_counted_in_metrics()
             [d async for d in engine.generate([], SamplingSettings(0.0, 1.0, 8), "r")]
     assert refused.value.reason == "engine_queue_full"
     assert admission.status()["refusals_total"] == {"engine_queue_full": 1}
-    assert admission.line.running_total == 0 and admission.overloaded
+    assert admission.line.engine_running == 0 and admission.overloaded
 
 
 # --- one line for chat and the API -------------------------------------------------------------------
@@ -745,7 +745,7 @@ async def test_a_persons_chat_and_api_requests_share_one_turn_limit_and_token_bu
         slot.charge(5)
     assert admission.limits.usage(user_key("alice")).tokens_since(0) == 5
     assert admission.limits.usage(user_key("bob")).tokens_since(0) == 7
-    assert admission.line.running_total == 0 and not admission.overloaded, "no refusal for capacity"
+    assert admission.line.engine_running == 0 and not admission.overloaded, "no refusal for capacity"
 
 
 @aio
@@ -799,7 +799,7 @@ async def test_a_cancelled_request_gives_back_its_place_its_slot_and_its_turn() 
     assert requests.admitted == ["carol", "dave"]
     requests.tasks["dave"].cancel()  # cancelled while it runs
     await settle()
-    assert admission.line.running_total == 0, "the slot came back"
+    assert admission.line.engine_running == 0, "the slot came back"
     assert all(admission.limits.usage(user_key(p)).turns == 0 for p in ("alice", "bob", "carol", "dave"))
 
 
@@ -838,3 +838,29 @@ def test_the_docker_healthcheck_asks_healthz() -> None:
     dockerfile = (Path(__file__).resolve().parents[2] / "Dockerfile").read_text()
     check = dockerfile[dockerfile.index("HEALTHCHECK") :].split("CMD ", 1)[1].splitlines()[0]
     assert "/healthz" in check and "/status" not in check
+
+
+@aio
+async def test_others_requests_at_the_engine_hold_slots_and_lengthen_the_estimate() -> None:
+    clock = Clock()
+    queue = Queue(line_with(3, clock), clock)
+    queue.line.foreign = 2  # another replica runs two turns on the same engine
+    await queue.submit("mine-1", CHAT)
+    await queue.submit("mine-2", CHAT)
+    assert queue.admitted == ["mine-1"] and queue.line.engine_running == 3, "one slot was left"
+    alone = line_with(3, clock)
+    assert queue.line.estimate_seconds(0) > 0 and alone.estimate_seconds(0) == 0
+    queue.line.foreign = 0  # the other replica's turns ended: the next refresh admits
+    queue.line.admit_waiting()
+    await settle()
+    assert queue.admitted == ["mine-1", "mine-2"]
+    await queue.finish("mine-1", "mine-2")
+
+
+def test_the_engine_load_counts_others_requests_while_fresh() -> None:
+    load = EngineLoad()
+    load.note_foreign(100.0, engine_total=7, ours=3)
+    assert load.foreign_requests(101.0, max_age=5.0) == 4
+    assert load.foreign_requests(106.0, max_age=5.0) == 0, "a stale reading counts as none"
+    load.note_foreign(107.0, engine_total=2, ours=3)  # ours counted after the servers answered
+    assert load.foreign_requests(107.0, max_age=5.0) == 0

@@ -244,7 +244,7 @@ async def test_api_requests_pass_the_chat_admission_of_their_keys_owner() -> Non
     async with api.admit(alice, answer) as priority:
         assert priority is not None and priority >= settings.api_aging_seconds, "ranked after chat"
     assert admission.limits.usage(user_key("alice")).tokens_since(0) == 4, "her chat's budget"
-    assert admission.status()["admitted_total"] == 1 and admission.line.running_total == 0
+    assert admission.status()["admitted_total"] == 1 and admission.line.engine_running == 0
 
 
 async def _discard(message: dict) -> None:

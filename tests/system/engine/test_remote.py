@@ -15,7 +15,9 @@ from transformers import AutoTokenizer
 
 from harness.chat_client import ChatClient
 from harness.server import AppServer, VllmServer, vllm_processes_without_workarounds
+from services.admission.service import REFRESH_SECONDS
 from services.engine.backends.remote import completion_body
+from services.engine.backends.remote.server_load import POLL_SECONDS
 from services.engine.chat_engine import PROSE_STOP, SamplingSettings, _sampling_params
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
 from tests.system.api.test_api import HELLO, accounts
@@ -151,6 +153,42 @@ async def test_the_api_is_served_by_the_vllm_servers_behind_the_gate(
         assert vllm_server.requests_held() == 0, "the client left: the server aborted the request"
     finally:
         await api.close()
+    await remote_app.poll(lambda s: s["engine_unfinished_requests"] == 0, timeout=5)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_others_requests_on_the_vllm_server_count_against_the_apps_running_limit(
+    remote_app: AppServer, vllm_server: VllmServer
+) -> None:
+    """Another client of the same server (another app replica) holds slots of the engine's running
+    limit: the app reads them from the server's /metrics, its own requests left out."""
+    model = httpx.get(f"{vllm_server.url}/v1/models").json()["data"][0]["id"]
+    body = {"model": model, "prompt": "Once upon a time", "max_tokens": LONG_ANSWER_TOKENS,
+            "ignore_eos": True, "stream": True}  # fmt: skip
+    client = ChatClient(remote_app.base_url)
+
+    async def read_to_the_end(others: httpx.AsyncClient) -> None:
+        async with others.stream("POST", f"{vllm_server.url}/v1/completions", json=body) as response:
+            async for _ in response.aiter_lines():
+                pass
+
+    async with httpx.AsyncClient(timeout=60) as others:
+        readers = [asyncio.create_task(read_to_the_end(others)) for _ in range(2)]
+        try:
+            status = await remote_app.poll(lambda s: s["admission"]["others_running"] == 2, timeout=10)
+            assert status["admission"]["running"].get("chat", 0) == 0
+            await client.connect()
+            await client.start_long_answer(LONG_ANSWER_TOKENS)
+            await asyncio.sleep(2 * POLL_SECONDS + REFRESH_SECONDS)  # readings with our answer in them
+            status = (await remote_app.astatus())["admission"]
+            assert status["running"].get("chat") == 1 and status["others_running"] == 2, status
+            await client.stop()
+        finally:
+            await client.close()
+            for reader in readers:
+                reader.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
+    await remote_app.poll(lambda s: s["admission"]["others_running"] == 0, timeout=10)
     await remote_app.poll(lambda s: s["engine_unfinished_requests"] == 0, timeout=5)
 
 

@@ -107,8 +107,9 @@ class RemoteLLM:
 
     def start_load_polling(self) -> None:
         """Read the servers' load once a second into `self.load` (stopped by aclose)."""
+        ours = self.get_num_unfinished_requests
         self._poller = asyncio.create_task(
-            poll_load_forever(self._client, self.servers, self.load, router=self.router)
+            poll_load_forever(self._client, self.servers, self.load, router=self.router, ours=ours)
         )
 
     @property

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -53,10 +53,12 @@ async def router_workers(client: httpx.AsyncClient, router: str) -> list[str]:
 
 
 async def poll_load_forever(
-    client: httpx.AsyncClient, servers: Sequence[Server], load: EngineLoad, router: bool = False
-) -> None:
+    client: httpx.AsyncClient, servers: Sequence[Server], load: EngineLoad, router: bool = False,
+    ours: Callable[[], int] = lambda: 0,
+) -> None:  # fmt: skip
     """Every POLL_SECONDS: read each server's /metrics, record the sum (token counts as increases).
-    With `router`, `servers` is the router, and the servers read are the ones it lists."""
+    With `router`, `servers` is the router, and the servers read are the ones it lists. `ours`: this
+    process's requests at the servers; the rest of what they hold is others' (`EngineLoad.foreign`)."""
     previous: dict[str, dict[str, float]] = {}
     urls = [server.url for server in servers]
     polls = 0
@@ -66,11 +68,13 @@ async def poll_load_forever(
             previous = {url: values for url, values in previous.items() if url in urls}
         polls += 1
         totals = dict.fromkeys(GAUGES + COUNTERS, 0.0)
+        answered = len(urls) > 0
         for url in urls:
             try:
                 response = await client.get(f"{url}/metrics", timeout=POLL_SECONDS * 5)
                 values = read_load(response.text)
             except (httpx.HTTPError, ValueError):
+                answered = False  # others' share unknown: it goes stale, then counts as none
                 continue  # a server that does not answer adds nothing; /healthz tells about it
             before = previous.get(url, values)
             previous[url] = values
@@ -78,11 +82,8 @@ async def poll_load_forever(
                 totals[name] += values[name]
             for name in COUNTERS:
                 totals[name] += max(0.0, values[name] - before[name])
-        load.record(
-            time.monotonic(),
-            int(totals["vllm:num_requests_running"]),
-            int(totals["vllm:num_requests_waiting"]),
-            int(totals["vllm:generation_tokens_total"]),
-            int(totals["vllm:prompt_tokens_total"]),
-        )
+        now, running, waiting = time.monotonic(), int(totals[GAUGES[0]]), int(totals[GAUGES[1]])
+        load.record(now, running, waiting, int(totals[COUNTERS[0]]), int(totals[COUNTERS[1]]))
+        if answered:
+            load.note_foreign(now, running + waiting, ours())
         await asyncio.sleep(POLL_SECONDS)
