@@ -74,12 +74,15 @@ def fitting(phrases: Iterable[str], count_tokens: Callable[[str], int]) -> tuple
     return tuple(taken)
 
 
-def past_a_loop(shown: str, forbidden: Iterable[str], count_tokens: Callable[[str], int]) -> tuple[str, ...]:
-    """The phrases an answer that goes on after a loop may not write: the 4-grams of what it showed,
-    the loop included, newest first (the loop's come first), so it cannot say any of it again; then
-    `forbidden` while room is left."""
-    own = [phrase for phrase, _ in reversed(phrases_of(shown))]
-    return fitting([*own, *forbidden], count_tokens)
+def past_a_loop(
+    shown: str, kept: str, forbidden: Iterable[str], count_tokens: Callable[[str], int]
+) -> tuple[str, ...]:
+    """The phrases an answer that goes on after a loop may not write, as many as vLLM takes: the
+    loop's 4-grams (what was `shown` past the `kept` text), then `forbidden`, then the kept text's
+    own 4-grams, newest first, so it can say none of it again."""
+    loop = [phrase for phrase, _ in phrases_of(shown[len(kept) :])]
+    said = [phrase for phrase, _ in reversed(phrases_of(kept))]
+    return fitting([*loop, *forbidden, *said], count_tokens)
 
 
 def step_instructions(messages: list[Message], marks: Iterable[str]) -> list[str]:

@@ -6,9 +6,9 @@ summary: on a long license the default model wrote two sentences, paraphrased th
 and the person got 28 words. So the final step of a summary is cut back to before the loop (a
 `Rewrite` in the stream: the page shows the kept text in place of the loop) and a new request goes
 on from the kept text, forbidden (vLLM's bad_words, echo_guard.past_a_loop) to write any four
-words it showed, the loop first, then the step's own forbidden phrases while room is left; up to
-SUMMARY_LOOP_RECOVERIES times. A loop after the summary's shortest length, or one time too many,
-ends it with the loop guard's message as before.
+words of the loop, of the step's instructions, or of the kept text, in that order while vLLM's
+bounds leave room; up to SUMMARY_LOOP_RECOVERIES times. A loop after the summary's shortest
+length, or one time too many, ends it with the loop guard's message as before.
 """
 
 from __future__ import annotations
@@ -60,5 +60,5 @@ async def going_on_past_loops(
                 first,
                 max_new_tokens=max(1, first.max_new_tokens - tokens),
                 min_new_tokens=first.min_new_tokens - tokens,
-                forbidden_phrases=past_a_loop(shown, first.forbidden_phrases, engine.count_tokens),
+                forbidden_phrases=past_a_loop(shown, kept, first.forbidden_phrases, engine.count_tokens),
             )

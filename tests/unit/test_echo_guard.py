@@ -79,17 +79,20 @@ def test_phrases_stop_at_vllms_bounds_as_written_ones_first() -> None:
     assert len(heavy) == MAX_TOKENS // 80
 
 
-def test_an_answer_past_a_loop_forbids_its_own_words_newest_first_then_the_instructions() -> None:
-    answer = "The license allows copying. The license allows copying."
+def test_an_answer_past_a_loop_forbids_the_loop_then_the_instructions_then_what_it_kept() -> None:
+    kept = "The license allows copying and selling it. It asks for the notice."
+    shown = kept + " It asks for the notice. It asks for the notice."
     instructions = ("write one summary", "in a few paragraphs")
-    taken = past_a_loop(answer, instructions, words)
-    assert taken[:2] == ("The license allows copying", "copying. The license allows"), "the loop first"
-    assert set(taken) >= {phrase for phrase, _ in phrases_of(answer)} | set(instructions)
+    taken = past_a_loop(shown, kept, instructions, words)
+    loop = list(dict.fromkeys(phrase for phrase, _ in phrases_of(shown[len(kept) :])))
+    assert list(taken[: len(loop)]) == loop and taken[len(loop) : len(loop) + 2] == instructions
+    assert set(taken) >= {phrase for phrase, _ in phrases_of(kept)}, "then every phrase it kept"
     assert len(taken) == len(set(taken)), "each phrase once"
-    long_answer = " ".join(f"word{i}" for i in range(400))
-    kept = past_a_loop(long_answer, instructions, words)
-    assert kept[0] == "word396 word397 word398 word399", "the loop's end comes first"
-    assert len(kept) * 2 <= MAX_SEQUENCES and not set(instructions) & set(kept), "within vLLM's bounds"
+    long_kept = " ".join(f"word{i}" for i in range(400))
+    bounded = past_a_loop(long_kept + " again and again and again", long_kept, instructions, words)
+    assert bounded[:3] == ("again and again and", "and again and again", *instructions[:1])
+    assert bounded[4] == "word396 word397 word398 word399", "what it kept, newest first"
+    assert len(bounded) * 2 <= MAX_SEQUENCES, "within vLLM's bounds"
 
 
 def test_a_rewrite_replaces_the_answer_so_far() -> None:
