@@ -42,6 +42,7 @@ class Topology:
     port: int | None = None
     app_env: dict[str, str] = field(default_factory=dict)  # more settings for both replicas
     engine_servers: int = ENGINE_SERVERS
+    app_replicas: int = REPLICAS
     engine_args: tuple[str, ...] = ()  # more `vllm serve` options for each engine server
     engine_env: dict[str, str] = field(default_factory=dict)  # more environment for each engine server
     admin_password: str = field(default_factory=lambda: secrets.token_urlsafe(12))
@@ -68,6 +69,8 @@ class Topology:
 
     def start(self) -> Topology:
         """Start every part, each once the one it needs answers; on a failure, stop what started."""
+        if self.app_replicas not in (1, 2):
+            raise ValueError("deploy/haproxy.cfg balances two replicas (or one, twice)")
         self.cookie_secret = secrets.token_urlsafe(48)
         try:
             self.postgres = PostgresCluster().start()
@@ -81,10 +84,12 @@ class Topology:
                 engine.start()
             self.router = VllmRouter([e.url for e in self.engines], self.logs / "router.log").start()
             env = self.replica_env(database_url, self.router.url)
-            self.replicas = [AppServer(dict(env), self.logs / f"app-{i}.log") for i in range(1, REPLICAS + 1)]
+            numbers = range(1, self.app_replicas + 1)
+            self.replicas = [AppServer(dict(env), self.logs / f"app-{i}.log") for i in numbers]
             for replica in self.replicas:
                 replica.start()
             addresses = [f"127.0.0.1:{r.port}" for r in self.replicas]
+            addresses *= 2 // len(addresses)  # haproxy.cfg names two: one replica (benchmarks) is both
             self.balancer = Balancer(addresses, self.logs / "haproxy.log", self.port).start()
         except BaseException:
             self.stop()

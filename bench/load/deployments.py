@@ -229,8 +229,10 @@ def engine_server_options(settings: Any) -> tuple[tuple[str, ...], dict[str, str
     return tuple(args), env
 
 
-def start_replicas(settings: dict[str, str], logs: Path, people: int, engine_servers: int = 1) -> Deployment:
-    """deploy/topology.py's parts with the arm's settings on both replicas, and `people` accounts."""
+def start_replicas(
+    settings: dict[str, str], logs: Path, people: int, engine_servers: int = 1, app_replicas: int = 2
+) -> Deployment:
+    """deploy/topology.py's parts with the arm's settings on every replica, and `people` accounts."""
     from deploy.topology import Topology
     from services.config import Settings
     from services.engine.backends.local.model_prep import ensure_default_model
@@ -238,7 +240,8 @@ def start_replicas(settings: dict[str, str], logs: Path, people: int, engine_ser
     app_settings = Settings.from_env(settings)
     args, env = engine_server_options(app_settings)
     topology = Topology(ensure_default_model(app_settings), logs, app_settings.max_model_len,
-                        app_env=dict(settings), engine_servers=engine_servers, engine_args=args,
+                        app_env=dict(settings), engine_servers=engine_servers, app_replicas=app_replicas,
+                        engine_args=args,
                         engine_env=env)  # fmt: skip
     topology.start()
     password = secrets.token_urlsafe(16)

@@ -139,7 +139,9 @@ def locust_command(
 
 def deploy(name: str, arm: Arm, options: argparse.Namespace, out: Path) -> Deployment:
     if arm.deployment == "replicas":
-        return start_replicas(arm.settings, out / f"{name}-logs", options.users, options.engine_servers)
+        return start_replicas(
+            arm.settings, out / f"{name}-logs", options.users, options.engine_servers, options.app_replicas
+        )
     return start_single(arm.settings, out / f"server-{name}.log")
 
 
@@ -200,6 +202,7 @@ def run_arm(name: str, options: argparse.Namespace, out: Path) -> dict[str, Any]
     )
     if len(deployment.apps) > 1:
         summary["engine_servers"] = len(deployment.engines)
+        summary["app_replicas"] = len(deployment.apps)
         summary["turns_by_replica"] = turns_by_replica(turns)
         summary["balancer_marked_down"] = downs  # during the load; a replica's pages cut each time
     return summary
@@ -482,6 +485,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--engine-servers", type=int, default=1, help="`vllm serve` behind the router (replicas arm)."
+    )
+    parser.add_argument(
+        "--app-replicas", type=int, default=2, help="App replicas behind the balancer (replicas arm)."
     )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument(
