@@ -130,7 +130,6 @@ class AdmissionSettings:
 SHARED_LIMITS_MODES = ("auto", "on", "off")
 
 
-def limits_shared(shared_limits: str, database_url: str) -> bool:
-    """Whether per-person limits and sign-in failures are counted in the database (SHARED_LIMITS)."""
-    postgres = database_url.strip().startswith(("postgresql", "postgres"))
-    return shared_limits == "on" or (shared_limits == "auto" and postgres)
+def is_postgres(database_url: str) -> bool:
+    """Whether DATABASE_URL names PostgreSQL (postgresql:// or postgres://), which replicas can share."""
+    return database_url.startswith("postgres")

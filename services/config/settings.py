@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from services.config.accounts import AUTH_MODES, AccountSettings
-from services.config.admission import SHARED_LIMITS_MODES, AdmissionSettings, limits_shared
+from services.config.admission import SHARED_LIMITS_MODES, AdmissionSettings, is_postgres
 from services.config.api import ApiSettings
 from services.config.audit import AuditSettings
 from services.config.chat import ChatSettings
@@ -178,13 +178,14 @@ class Settings(
         if self.shared_limits not in SHARED_LIMITS_MODES:
             modes = ", ".join(SHARED_LIMITS_MODES)
             raise SettingsError(f"SHARED_LIMITS={self.shared_limits!r} is not one of {modes}")
-        if self.shared_limits == "on" and not self.database_url.startswith(("postgresql", "postgres")):
+        if self.shared_limits == "on" and not is_postgres(self.database_url):
             raise SettingsError("SHARED_LIMITS=on needs DATABASE_URL to be PostgreSQL (replicas share it)")
 
     @property
     def limits_shared(self) -> bool:
-        """Per-person limits and failed sign-ins are counted in the database (SHARED_LIMITS)."""
-        return limits_shared(self.shared_limits, self.database_url)
+        """Per-person limits and failed sign-ins are counted in the database (SHARED_LIMITS: `auto` or
+        `on`, which validation only allows with PostgreSQL)."""
+        return self.shared_limits != "off" and is_postgres(self.database_url)
 
     def non_default(self) -> dict[str, Any]:
         """Settings that differ from the defaults, secrets redacted (for the start-up log)."""
