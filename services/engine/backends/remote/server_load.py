@@ -26,8 +26,8 @@ logger = logging.getLogger(__name__)
 POLL_SECONDS = 1.0
 WORKERS_EVERY_POLLS = 10
 MAX_WORKERS = 256  # a router listing more is read for its first this many
-GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
-COUNTERS = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total")
+GAUGES = RUNNING, WAITING = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+COUNTERS = GENERATED, PROMPTED = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total")
 
 
 def read_load(text: str) -> dict[str, float]:
@@ -68,7 +68,7 @@ async def poll_load_forever(
             previous = {url: values for url, values in previous.items() if url in urls}
         polls += 1
         totals = dict.fromkeys(GAUGES + COUNTERS, 0.0)
-        answered = len(urls) > 0
+        answered = bool(urls)
         for url in urls:
             try:
                 response = await client.get(f"{url}/metrics", timeout=POLL_SECONDS * 5)
@@ -82,8 +82,8 @@ async def poll_load_forever(
                 totals[name] += values[name]
             for name in COUNTERS:
                 totals[name] += max(0.0, values[name] - before[name])
-        now, running, waiting = time.monotonic(), int(totals[GAUGES[0]]), int(totals[GAUGES[1]])
-        load.record(now, running, waiting, int(totals[COUNTERS[0]]), int(totals[COUNTERS[1]]))
+        now, running, waiting = time.monotonic(), int(totals[RUNNING]), int(totals[WAITING])
+        load.record(now, running, waiting, int(totals[GENERATED]), int(totals[PROMPTED]))
         if answered:
             load.note_foreign(now, running + waiting, ours())
         await asyncio.sleep(POLL_SECONDS)
