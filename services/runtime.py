@@ -47,7 +47,7 @@ from services.config import Settings
 from services.engine import ChatEngine, ServedModels, served_models_lifespan
 from services.engine.backends.local import engine_processes
 from services.history.database import ensure_data_dir
-from services.history.replica_limits import shared_database, shared_limits
+from services.history.replica_limits import shared_database, shared_limits, shared_line
 from services.history.service import History, HistoryCollector
 from services.observability.app_probe import start_app_probe
 from services.observability.maintenance import Maintenance
@@ -190,6 +190,7 @@ class Runtime:
             admission.learn_from_warm_up(engine.warm_up_report.decode_seconds_per_token)
         admission.start()
         stack.push_async_callback(admission.stop)
+        admission.shared_line = shared_line(s, self.history, admission.line, stack)  # SHARED_LINE_SECONDS
         sessions = SessionStore(s)
         chats = chats_per_model(models, admission, s, stack)
         models.on_added(lambda _, each: stack.callback(each.on_finish(requests.record)))

@@ -62,7 +62,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np
 
 from bench.common import PROMPTS_FILE, machine_info, run_until_signalled
-from services.admission.waiting_line import CHAT, DOCUMENT, engine_priority, queue_key
+from services.admission.tickets import CHAT, DOCUMENT, engine_priority, queue_key
 from services.chat.store import session_sampling
 from services.config import Settings
 from services.engine import ChatEngine, RepetitionError, SamplingSettings, StreamStats, engine_lifespan

@@ -22,17 +22,18 @@ Show = Callable[[str | None], Awaitable[None]]  # show a status text; None remov
 
 def status_text(line: WaitingLine, context: TurnContext, now: float) -> str | None:
     """The status of a turn that has no answer yet: its place in line, or how long it has been working."""
-    ahead = line.position_of(context)
-    if ahead is not None:
-        place = (
+    place = line.place_of(context)
+    if place is not None:
+        ahead, estimate = place
+        where = (
             "you are next in line"
             if ahead == 0
             else f"{ahead} request{'s' if ahead != 1 else ''} ahead of yours"
         )
-        wait = rounded_seconds(line.estimate_seconds(ahead))
+        wait = rounded_seconds(estimate)
         waited = int(now - context.started_at)
         return (
-            f"⏳ The service is busy: {place}, about {wait} to wait (waiting {waited} s so far). "
+            f"⏳ The service is busy: {where}, about {wait} to wait (waiting {waited} s so far). "
             "Your answer will appear here."
         )
     elapsed = now - context.started_at

@@ -25,6 +25,7 @@ from services.admission.feedback import Show, WaitingFeedback
 from services.admission.limits import UserLimits
 from services.admission.refusals import ENGINE_QUEUE_FULL, Refused
 from services.admission.shared_limits import SharedLimits
+from services.admission.shared_line import SharedLine
 from services.admission.waiting_line import CHAT, WaitingLine
 from services.config import Settings
 from services.engine import ChatEngine, EngineLoad, Message, SamplingSettings, StreamStats, is_engine_busy
@@ -54,6 +55,7 @@ class Admission:
         )
         self.line = WaitingLine(settings, self.capacity)
         self.limits = UserLimits(settings)
+        self.shared_line: SharedLine | None = None  # shared with other replicas' lines, once started
         self._task: asyncio.Task | None = None
 
     def learn_from_warm_up(
@@ -115,6 +117,7 @@ class Admission:
             "stream_pace": line.pace.status(),
             "users_tracked": len(self.limits),
             "shared_limits": self.shared.status() if self.shared is not None else None,
+            "shared_line": self.shared_line.status() if self.shared_line is not None else None,
         }
 
     async def message(self, user_key: str) -> None:

@@ -4,7 +4,9 @@ Requests beyond the running limit (capacity.py, capped by pace.py) wait here, no
 they can be counted, shown to their user with a place and an estimate (corrected by how late recent
 turns ran: promises.py), and refused at once when the queue is full or the wait too long. The limit
 is the engine's: others' requests at it (other app replicas on the same vLLM servers) hold slots
-too. ADMISSION_QUEUE_MAX bounds the chat turns waiting; document parts wait besides them (each
+too, and so do the chat turns waiting ahead in their lines (`others_waiting`, shared_line.py): across
+replicas the line is first come, first served. ADMISSION_QUEUE_MAX bounds the chat turns waiting
+(others' too); document parts wait besides them (each
 summary has at most SUMMARY_CONCURRENCY parts in flight, and each person a few turns).
 Three kinds of work: chat turns, document parts, API requests (which hold a chat slot; vLLM's layer
 streams them, so their tokens are not seen here). Order: chat turns by arrival; document parts as if
@@ -17,7 +19,6 @@ their prompt, documents one of them: the prefill each engine step waits for stay
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 import contextlib
 import heapq
@@ -26,57 +27,25 @@ import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 
 from services.admission.capacity import DecodeCapacity
 from services.admission.pace import StreamPace
 from services.admission.promises import WaitPromises
 from services.admission.refusals import QUEUE_FULL, WAIT_TOO_LONG, Refused, busy
+from services.admission.tickets import (
+    API,
+    CHAT,
+    DOCUMENT,
+    Ticket,
+    engine_priority,
+    first_service_seconds,
+    queue_key,
+)
 from services.config import Settings
 
-CHAT = "chat"  # a chat turn's request, and the slots chat turns and API requests hold
-DOCUMENT = "document"  # a document part's request, and its slots
-API = "api"  # an API request's
 OVERLOADED_SECONDS = 60.0  # a capacity refusal keeps the line overloaded this long
 SERVICE_SMOOTHING = 0.1  # weight of each new measurement in the moving average
 MEASURED_AFTER = 3  # chat turns released before the estimate alone decides (until then: one round)
-
-
-def first_service_seconds(settings: Settings) -> dict[str, float]:
-    """What a request of each kind holds a slot for until measured: its answer budget at the pace."""
-    pace = settings.reading_pace_tokens_per_second or 5.0
-    return {CHAT: min(settings.max_new_tokens, 128) / pace, DOCUMENT: settings.summary_max_tokens / pace}
-
-
-@dataclass(eq=False)
-class _Ticket:
-    """One engine request's place: waiting in our line, then running until released."""
-
-    kind: str  # the slot it holds: CHAT or DOCUMENT
-    key: float  # order: seconds since the line started, plus aging (queue_key)
-    seq: int
-    entered_at: float
-    owner: object  # the turn it belongs to, for position_of
-    reports_tokens: bool  # note_token is called for its tokens (not for the API's requests)
-    admitted: asyncio.Event = field(default_factory=asyncio.Event)
-    admitted_at: float | None = None
-    released: bool = False
-    promised: float = 0.0  # the wait it was told when it took its place (a chat turn's)
-
-    def order(self) -> tuple[float, int]:
-        return self.key, self.seq
-
-
-def queue_key(settings: Settings, work: str, arrived_after: float) -> float:
-    """A request's place in the line: seconds since the start, with priority scheduling on a document
-    part's pushed back by DOCUMENT_AGING_SECONDS and an API request's by API_AGING_SECONDS."""
-    aging = {DOCUMENT: settings.document_aging_seconds, API: settings.api_aging_seconds}.get(work, 0.0)
-    return arrived_after + aging if settings.priority_scheduling else arrived_after
-
-
-def engine_priority(settings: Settings, key: float) -> int:
-    """A queue key as vLLM's priority (whole seconds, lower first); 0 when priority is off."""
-    return int(key) if settings.priority_scheduling else 0
 
 
 class WaitingLine:
@@ -89,12 +58,13 @@ class WaitingLine:
         self.capacity = capacity
         self.clock = clock
         self.pace = StreamPace(settings.reading_pace_tokens_per_second, clock)  # what chat streams get
-        self.waiting: list[_Ticket] = []  # sorted by _Ticket.order
+        self.waiting: list[Ticket] = []  # sorted by Ticket.order
         self.waiting_by_kind: Counter[str] = Counter()  # chat turns: at most ADMISSION_QUEUE_MAX
         self.running: Counter[str] = Counter()
         self.foreign = 0  # others' requests at the same engine (other replicas): they hold slots too
-        self._running_tickets: set[_Ticket] = set()
-        self._prefilling: set[_Ticket] = set()  # admitted, no token yet (a subset of the running ones)
+        self.others_waiting: list[float] = []  # keys of chat turns waiting in other replicas' lines, sorted
+        self._running_tickets: set[Ticket] = set()
+        self._prefilling: set[Ticket] = set()  # admitted, no token yet (a subset of the running ones)
         self.refusals: Counter[str] = Counter()  # by reason (refusals.REASONS)
         self.refused_at: float | None = None  # the latest refusal for capacity
         self.admitted_total = 0
@@ -102,7 +72,7 @@ class WaitingLine:
         self.service_seconds = first_service_seconds(settings)
         self.promises = WaitPromises(clock)  # chat turns' promised and actual waits
         self.completed: Counter[str] = Counter()  # requests released, by kind
-        self._epoch = clock()
+        self.epoch = clock()  # keys count from here
         self._numbers = itertools.count()
 
     @property
@@ -120,11 +90,11 @@ class WaitingLine:
         limit = self.limit
         return limit if limit == sys.maxsize else max(1, int(limit * self.settings.document_slot_share))
 
-    def may_run(self, ticket: _Ticket, documents_before: int = 0) -> bool:
+    def may_run(self, ticket: Ticket, documents_before: int = 0) -> bool:
         """Whether `ticket`'s kind has a slot (after `documents_before` parts admitted ahead of it)."""
         return ticket.kind != DOCUMENT or self.running[DOCUMENT] + documents_before < self.document_slots
 
-    def may_prefill(self, ticket: _Ticket) -> bool:
+    def may_prefill(self, ticket: Ticket) -> bool:
         """Whether `ticket`'s prompt may be read now: few prompts at once, documents one of them."""
         bound = self.settings.max_prefilling_requests
         if not self.enabled or bound <= 0 or not self._prefilling:
@@ -133,16 +103,17 @@ class WaitingLine:
             return False
         return len(self._prefilling) < bound
 
-    def has_room(self, ticket: _Ticket) -> bool:
-        """Under the running limit, or a chat turn while no chat runs: with DOCUMENT_SLOT_SHARE below 1,
-        document parts never hold every slot against conversation (at a limit of 1, one part once kept
-        chat waiting for minutes)."""
-        if self.engine_running < self.limit:
+    def has_room(self, ticket: Ticket) -> bool:
+        """Under the running limit (others' turns waiting ahead hold their slots), or a chat turn while
+        our document parts run and no chat does: with DOCUMENT_SLOT_SHARE below 1, document parts never
+        hold every slot against conversation (at a limit of 1, one part once kept chat waiting for
+        minutes)."""
+        if self.engine_running + self.others_ahead(ticket.key) < self.limit:
             return True
-        chat_reserved = self.settings.document_slot_share < 1
+        chat_reserved = self.settings.document_slot_share < 1 and self.running[DOCUMENT] > 0
         return chat_reserved and ticket.kind == CHAT and self.running[CHAT] == 0
 
-    def _may_start(self, ticket: _Ticket) -> bool:
+    def _may_start(self, ticket: Ticket) -> bool:
         return self.has_room(ticket) and self.may_run(ticket) and self.may_prefill(ticket)
 
     @property
@@ -157,39 +128,41 @@ class WaitingLine:
         return bool(self.waiting) or recent
 
     @contextlib.asynccontextmanager
-    async def place(self, work: str, owner: object = None) -> AsyncIterator[_Ticket]:
+    async def place(self, work: str, owner: object = None) -> AsyncIterator[Ticket]:
         """Wait for a slot for a request of `work` (CHAT, DOCUMENT or API), hold it while the body runs,
         give it back on every exit (cancellation too). Raise Refused at once when the line is full or
         the wait too long. `owner` (its turn) is what `position_of` is asked about."""
         now = self.clock()
-        key = queue_key(self.settings, work, now - self._epoch)
+        key = queue_key(self.settings, work, now - self.epoch)
         kind = DOCUMENT if work == DOCUMENT else CHAT
-        ticket = _Ticket(kind, key, next(self._numbers), now, owner, reports_tokens=work != API)
+        ticket = Ticket(kind, key, next(self._numbers), now, owner, reports_tokens=work != API)
         await self._enter(ticket)
         try:
             yield ticket
         finally:
             self._release(ticket)
 
-    def engine_priority(self, ticket: _Ticket) -> int:
+    def engine_priority(self, ticket: Ticket) -> int:
         return engine_priority(self.settings, ticket.key)
 
-    async def _enter(self, ticket: _Ticket) -> None:
+    async def _enter(self, ticket: Ticket) -> None:
         """Return once `ticket` may run; raise Refused at once when the line is full or the wait too long."""
-        ahead = bisect.bisect_left(self.waiting, ticket.order(), key=_Ticket.order)
+        ahead = bisect.bisect_left(self.waiting, ticket.order(), key=Ticket.order)
         if self._may_start(ticket) and self._nobody_ahead_runs(ticket, ahead):
             self._admit(ticket)
             return
         if ticket.kind == CHAT:
-            if self.waiting_by_kind[CHAT] >= self.settings.admission_queue_max:
-                raise self.refuse(QUEUE_FULL, ahead, self.estimate_seconds(len(self.waiting)))
-            estimate = self.estimate_seconds(ahead)
+            ahead_everywhere = ahead + self.others_ahead(ticket.key)
+            if self.waiting_by_kind[CHAT] + len(self.others_waiting) >= self.settings.admission_queue_max:
+                raise self.refuse(QUEUE_FULL, ahead_everywhere, self.estimate_seconds(len(self.waiting)))
+            estimate = self.estimate_seconds(ahead, ticket.key)
             # Until chat turns were measured the estimate is a guess from the answer budget: up to
             # one round of the running limit may still wait (the overload run's first burst queued
             # 45 turns behind a limit of 1 and waited minutes).
             measured = self.completed[CHAT] >= MEASURED_AFTER
-            if estimate > self.settings.admission_max_wait_seconds and (measured or ahead >= self.limit):
-                raise self.refuse(WAIT_TOO_LONG, ahead, estimate)
+            too_long = estimate > self.settings.admission_max_wait_seconds
+            if too_long and (measured or ahead_everywhere >= self.limit):
+                raise self.refuse(WAIT_TOO_LONG, ahead_everywhere, estimate)
             ticket.promised = estimate
         self.waiting.insert(ahead, ticket)
         self.waiting_by_kind[ticket.kind] += 1
@@ -204,7 +177,7 @@ class WaitingLine:
                 self.waiting_by_kind[ticket.kind] -= 1
             raise
 
-    def _nobody_ahead_runs(self, ticket: _Ticket, ahead: int) -> bool:
+    def _nobody_ahead_runs(self, ticket: Ticket, ahead: int) -> bool:
         """Nothing waits ahead, or only document parts that cannot run (over their share) ahead of a
         chat turn: they keep their place, and the turn goes."""
         if ahead == 0:
@@ -218,7 +191,7 @@ class WaitingLine:
         self.refused_at = self.clock()
         return busy(reason, ahead, wait_seconds)
 
-    def note_token(self, ticket: _Ticket) -> None:
+    def note_token(self, ticket: Ticket) -> None:
         """A running request streamed a token: chat streams feed the pace (what a person reads), and
         the first token ends its prefill (the next prompt may be read)."""
         if ticket.kind == CHAT:
@@ -229,7 +202,7 @@ class WaitingLine:
                 self.promises.keep(ticket.promised, self.clock() - ticket.entered_at)
             self.admit_waiting()
 
-    def _release(self, ticket: _Ticket) -> None:
+    def _release(self, ticket: Ticket) -> None:
         """The ticket's request ended: free its slot and admit whoever is next."""
         self.pace.ended(ticket)
         if ticket.released or ticket.admitted_at is None:
@@ -258,7 +231,7 @@ class WaitingLine:
             else:
                 index += 1  # keeps its place; whoever may run goes
 
-    def _admit(self, ticket: _Ticket) -> None:
+    def _admit(self, ticket: Ticket) -> None:
         ticket.admitted_at = self.clock()
         self.running[ticket.kind] += 1
         self._running_tickets.add(ticket)
@@ -268,12 +241,22 @@ class WaitingLine:
         self.waited_seconds_total += ticket.admitted_at - ticket.entered_at
         ticket.admitted.set()
 
-    def position_of(self, owner: object) -> int | None:
-        """Requests waiting ahead of the first waiting request of `owner` (None when none of its wait)."""
-        return next((index for index, ticket in enumerate(self.waiting) if ticket.owner is owner), None)
+    def others_ahead(self, key: float | None = None) -> int:
+        """Chat turns waiting in other replicas' lines before `key` (None: all of them)."""
+        return len(self.others_waiting) if key is None else bisect.bisect_left(self.others_waiting, key)
 
-    def estimate_seconds(self, ahead: int) -> float:
-        """Expected wait of the request with `ahead` requests waiting before it.
+    def place_of(self, owner: object) -> tuple[int, float] | None:
+        """The requests waiting ahead of the first waiting request of `owner` (others' lines too) and
+        its expected wait; None when none of its requests wait."""
+        index = next((i for i, ticket in enumerate(self.waiting) if ticket.owner is owner), None)
+        if index is None:
+            return None
+        key = self.waiting[index].key
+        return index + self.others_ahead(key), self.estimate_seconds(index, key)
+
+    def estimate_seconds(self, ahead: int, key: float | None = None) -> float:
+        """Expected wait of the request with `ahead` of our requests waiting before it, and the chat
+        turns of other replicas' lines waiting before `key` (None: all of them, as for a newcomer).
 
         Replays the slots: each running request frees its slot after what its kind usually takes,
         minus what it has run already; each request ahead takes the earliest free slot and holds it
@@ -289,6 +272,8 @@ class WaitingLine:
         free_at = sorted(ours + [0.5 * service[CHAT]] * self.foreign)
         free_at = free_at[: max(1, min(self.limit, len(free_at)))] or [0.0]
         heapq.heapify(free_at)
+        for _ in range(self.others_ahead(key)):
+            heapq.heappush(free_at, heapq.heappop(free_at) + service[CHAT])
         documents = 0
         for ticket in self.waiting[:ahead]:
             if not self.may_run(ticket, documents):

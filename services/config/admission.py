@@ -119,6 +119,15 @@ class AdmissionSettings:
         "was killed free their places after at most this.",
         3,
     )
+    shared_line_seconds: float = setting(
+        1.0,
+        "SHARED_LINE_SECONDS",
+        "With shared limits, how often each replica shares when its waiting chat turns arrived and reads "
+        "the other replicas': turns then start first come, first served across replicas, and a waiting "
+        "person's place and estimate and ADMISSION_QUEUE_MAX count everyone waiting. 0 = each replica's "
+        "waiting line is its own.",
+        0,
+    )
     user_table_entries: int = setting(
         100_000,
         "USER_TABLE_ENTRIES",

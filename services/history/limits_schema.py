@@ -1,10 +1,14 @@
 """The tables of limits shared by replicas (services/admission/shared_limits.py,
-services/accounts/shared_attempts.py): created by migration 15.
+services/accounts/shared_attempts.py, services/admission/shared_line.py): created by migrations 15
+and 16.
 
 - `limit_leases`: one row per running turn of a person (`holder`: the replica's id), kept alive by
   its replica and lapsing at `expires_at` (seconds since the epoch) when that replica is gone;
 - `limit_counts`: a person's answer tokens, documents and messages, one row per kind per second;
-- `sign_in_attempts`: one row per counted sign-in attempt per key (account, address, both).
+- `sign_in_attempts`: one row per counted sign-in attempt per key (account, address, both);
+- `line_places` (migration 16): one row per replica (`holder`), when its waiting chat turns arrived
+  (a JSON list of seconds since the epoch), renewed every SHARED_LINE_SECONDS and lapsing at
+  `expires_at`.
 People, accounts and addresses are stored as digests (`person`, `key`), never as names. Every row
 expires: writes delete a person's expired rows, and maintenance sweeps the rest.
 """
@@ -33,3 +37,12 @@ STATEMENTS = (
 async def shared_limit_tables(connection: AsyncConnection) -> None:
     for statement in STATEMENTS:
         await connection.execute(text(statement))
+
+
+async def line_places_table(connection: AsyncConnection) -> None:
+    await connection.execute(
+        text(
+            "CREATE TABLE IF NOT EXISTS line_places (holder TEXT PRIMARY KEY, places TEXT NOT NULL, "
+            "expires_at DOUBLE PRECISION NOT NULL)"
+        )
+    )

@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from sqlalchemy import inspect, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from services.history.limits_schema import shared_limit_tables
+from services.history.limits_schema import line_places_table, shared_limit_tables
 from services.history.search_index import create_search_index
 from services.history.search_index_upgrade import upgrade_search_index
 from services.history.usage_schema import quotas_table, usage_days_table
@@ -214,6 +214,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(13, "presets: default chat settings and prompt templates per person", _presets),
     Migration(14, "search: owner-scoped PostgreSQL index, SQLite prefix indexes", upgrade_search_index),
     Migration(15, "limits replicas share: turn leases, counts, sign-in attempts", shared_limit_tables),
+    Migration(16, "waiting lines replicas share: when each one's waiting turns arrived", line_places_table),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

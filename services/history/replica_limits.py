@@ -1,6 +1,7 @@
-"""The database replicas count per-person limits and sign-in attempts in (SHARED_LIMITS): the
-history's own, behind its breaker, so a database that is down is skipped at once
-(services/admission/shared_database.py) and each process counts its own meanwhile."""
+"""The database replicas count per-person limits and sign-in attempts in (SHARED_LIMITS) and share
+their waiting lines through (SHARED_LINE_SECONDS): the history's own, behind its breaker, so a
+database that is down is skipped at once (services/admission/shared_database.py) and each process
+counts its own meanwhile."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import contextlib
 
 from services.admission.shared_database import SharedDatabase
 from services.admission.shared_limits import SharedLimits
+from services.admission.shared_line import SharedLine
+from services.admission.waiting_line import WaitingLine
 from services.config import Settings
 from services.history.service import History
 
@@ -37,3 +40,17 @@ def shared_limits(
     limits.start()
     stack.push_async_callback(limits.stop)
     return limits
+
+
+def shared_line(
+    settings: Settings, history: History | None, line: WaitingLine, stack: contextlib.AsyncExitStack
+) -> SharedLine | None:
+    """`line` shared with the other replicas' (started, its stop pushed on `stack`); None when limits
+    are not shared or SHARED_LINE_SECONDS is 0."""
+    database = shared_database(settings, history, "shared waiting line")
+    if database is None or settings.shared_line_seconds <= 0:
+        return None
+    shared = SharedLine(settings, line, database)
+    shared.start()
+    stack.push_async_callback(shared.stop)
+    return shared

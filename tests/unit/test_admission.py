@@ -120,8 +120,8 @@ async def test_document_parts_hold_only_their_share_and_chat_passes_the_rest() -
     await queue.submit("chat-1", CHAT, after_seconds=60)  # behind the waiting parts, yet it runs
     await queue.submit("chat-2", CHAT)
     assert queue.admitted == ["doc-1", "chat-1", "chat-2"]
-    assert queue.line.position_of(summary) == 1
-    assert queue.line.estimate_seconds(queue.line.position_of(summary)) > 0
+    ahead, estimate = queue.line.place_of(summary)
+    assert ahead == 1 and estimate > 0
     await queue.finish("doc-1")
     assert queue.admitted[3:] == ["doc-2"], "the next part takes the documents' slot"
     await queue.finish("chat-1", "chat-2", "doc-2")
@@ -864,3 +864,46 @@ def test_the_engine_load_counts_others_requests_while_fresh() -> None:
     assert load.foreign_requests(106.0, max_age=5.0) == 0, "a stale reading counts as none"
     load.note_foreign(107.0, engine_total=2, ours=3)  # ours counted after the servers answered
     assert load.foreign_requests(107.0, max_age=5.0) == 0
+
+
+@aio
+async def test_turns_waiting_in_other_replicas_lines_go_first_and_count_in_places() -> None:
+    clock = Clock()
+    queue = Queue(line_with(2, clock), clock)
+    line = queue.line
+    line.others_waiting = [clock.now - line.epoch]  # a turn waits in another replica's line since now
+    await queue.submit("mine-1", CHAT)  # one slot for the other's turn, one for this
+    await queue.submit("mine-2", CHAT)
+    assert queue.admitted == ["mine-1"], "the other replica's turn came first: its slot is kept"
+    ahead, estimate = line.place_of(None)
+    assert ahead == 1 and estimate > 0, "the person is told of the turn waiting elsewhere"
+    alone = line_with(2, clock)
+    assert line.estimate_seconds(0) > alone.estimate_seconds(0)
+    line.others_waiting, line.foreign = [], 1  # the other replica started it: it runs at the engine
+    line.admit_waiting()
+    await settle()
+    assert queue.admitted == ["mine-1"], "it holds its slot at the engine now"
+    line.foreign = 0
+    line.admit_waiting()
+    await settle()
+    assert queue.admitted == ["mine-1", "mine-2"]
+    line.others_waiting = [clock.now + 5 - line.epoch]  # arrived elsewhere after this one
+    await queue.finish("mine-1")
+    await queue.submit("mine-3", CHAT, after_seconds=0)
+    assert queue.admitted[2:] == ["mine-3"], "a later arrival elsewhere waits behind this replica's"
+    await queue.finish("mine-2", "mine-3")
+
+
+@aio
+async def test_admission_queue_max_counts_the_turns_waiting_in_other_replicas_lines() -> None:
+    clock = Clock()
+    queue = Queue(line_with(1, clock, admission_queue_max=3), clock)
+    line = queue.line
+    await queue.submit("running", CHAT)
+    line.others_waiting = [1.0, 2.0]
+    await queue.submit("waits", CHAT)  # 1 here + 2 elsewhere: the line is full now
+    with pytest.raises(Refused) as refused:
+        async with line.place(CHAT):
+            pass
+    assert refused.value.reason == "queue_full" and line.waiting_by_kind[CHAT] == 1
+    await queue.finish("running", "waits")

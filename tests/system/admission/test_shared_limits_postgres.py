@@ -1,11 +1,13 @@
 """The shared limits' statements on a real PostgreSQL (Debian's, a throwaway cluster), two "replicas"
 being two engines of their own: checks sent at once are counted one by one, a killed replica's turns
 lapse, rows stay bounded, a database that is down is skipped at once, and the added latency of one
-admission is small (printed: `-s` shows it)."""
+admission is small (printed: `-s` shows it). Then the waiting lines replicas share: first come,
+first served across them, a killed replica's places lapse, a stopped one's row is deleted."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import statistics
 import time
 from collections.abc import AsyncIterator
@@ -18,9 +20,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from harness.postgres import PostgresCluster
 from services.accounts.limits import SignInLimiter
 from services.accounts.shared_attempts import SharedAttempts, SignInAttempts
+from services.admission.capacity import DecodeCapacity
 from services.admission.refusals import Refused
 from services.admission.shared_database import SharedDatabase
 from services.admission.shared_limits import SharedLimits
+from services.admission.shared_line import SharedLine
+from services.admission.waiting_line import CHAT, WaitingLine
 from services.config import Settings
 from services.history.database import create_engine
 from services.history.migrations import migrate
@@ -192,3 +197,86 @@ async def test_the_added_latency_of_one_admission(engines: list[AsyncEngine]) ->
         p50, p99 = statistics.median(values), statistics.quantiles(values, n=100)[98]
         print(f"{name}: p50 {p50:.2f} ms, p99 {p99:.2f} ms over {len(values)}")
         assert p50 < 20, f"{name} adds {p50:.1f} ms"
+
+
+class TwoSlots(DecodeCapacity):
+    limit = 2  # the engine's running limit, the same in every replica
+
+
+def line_replica(engine: AsyncEngine, wall: Clock, available: bool = True) -> SharedLine:
+    settings = Settings.from_env({}).replace(admission_max_wait_seconds=1000, max_prefilling_requests=0)
+    line = WaitingLine(settings, TwoSlots(5.0, 64))
+    return SharedLine(settings, line, SharedDatabase(engine, 5, available=lambda: available), wall)
+
+
+class Held:
+    """A chat request of `owner` in `line`: waits for its slot, then holds it until `end`."""
+
+    def __init__(self, line: WaitingLine, owner: object = None) -> None:
+        self.started, self.done = asyncio.Event(), asyncio.Event()
+        self.task = asyncio.create_task(self._hold(line, owner))
+
+    async def _hold(self, line: WaitingLine, owner: object) -> None:
+        async with line.place(CHAT, owner=owner):
+            self.started.set()
+            await self.done.wait()
+
+    async def end(self) -> None:
+        self.done.set()
+        await self.task
+
+
+@in_loop
+async def test_a_turn_waiting_on_one_replica_goes_before_a_later_one_on_another(
+    engines: list[AsyncEngine],
+) -> None:
+    wall = Clock()
+    a, b = (line_replica(engine, wall) for engine in engines)
+    a1, b1 = Held(a.line), Held(b.line)
+    a.line.foreign = b.line.foreign = 1  # each one's running turn, seen by the other at the engine
+    a2 = Held(a.line)  # the engine is full: it waits
+    await asyncio.sleep(0.05)
+    assert a1.started.is_set() and b1.started.is_set() and not a2.started.is_set()
+    await a.exchange()
+    await b.exchange()
+    assert len(b.line.others_waiting) == 1 and b.status()["others_waiting"] == 1
+    await b1.end()  # a slot frees; b sees it first
+    later = object()
+    b2 = Held(b.line, owner=later)
+    await asyncio.sleep(0.05)
+    assert not b2.started.is_set(), "the slot is kept for the turn that waited on the other replica"
+    assert b.line.place_of(later)[0] == 1, "its person is told of the turn ahead on the other replica"
+    a.line.foreign = 0  # a reads the engine: b's turn ended
+    a.line.admit_waiting()
+    await asyncio.wait_for(a2.started.wait(), 1)
+    await a.exchange()  # nobody waits on a any more
+    await b.exchange()
+    await asyncio.wait_for(b2.started.wait(), 1)
+    for held in (a1, a2, b2):
+        await held.end()
+    await a.stop()
+    await b.stop()
+    assert await rows(engines[0], "line_places") == 0, "stopped replicas delete their rows"
+
+
+@in_loop
+async def test_a_killed_replicas_places_lapse_and_a_database_down_counts_none(
+    engines: list[AsyncEngine],
+) -> None:
+    wall = Clock()
+    killed, alive = (line_replica(engine, wall) for engine in engines)
+    held = [Held(killed.line) for _ in range(3)]  # two run, one waits
+    await asyncio.sleep(0.05)
+    await killed.exchange()
+    await alive.exchange()
+    assert alive.line.others_waiting and await rows(engines[0], "line_places") == 1
+    wall.now += 3 * alive.settings.shared_line_seconds + 0.1  # the killed replica renews nothing
+    await alive.exchange()
+    assert alive.line.others_waiting == [] and await rows(engines[0], "line_places") == 0, "swept"
+    down = line_replica(engines[1], wall, available=False)
+    down.take([json.dumps([wall.now - 1])])
+    await down.exchange()
+    assert down.line.others_waiting == [] and down.exchanges_total == 0, "its line is its own again"
+    for each in held:
+        each.task.cancel()
+    await asyncio.gather(*(each.task for each in held), return_exceptions=True)

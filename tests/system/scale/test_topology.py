@@ -191,6 +191,9 @@ async def test_a_persons_answers_at_a_time_are_counted_across_replicas(
             await client.start_long_answer(3000)
         refused = await third.ask("And a third one?", timeout=30)
         assert refused.refused == "user_concurrent_turns", refused.final
+        for replica in topology.replicas:  # their waiting lines are shared through PostgreSQL too
+            line = replica.status()["admission"]["shared_line"]
+            assert line["exchanges_total"] > 0 and line["others_waiting"] == 0, line
     finally:
         for client in running:
             await client.stop()
