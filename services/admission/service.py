@@ -26,6 +26,7 @@ from services.admission.limits import UserLimits
 from services.admission.refusals import ENGINE_QUEUE_FULL, Refused
 from services.admission.shared_limits import SharedLimits
 from services.admission.shared_line import SharedLine
+from services.admission.tickets import engine_priority
 from services.admission.waiting_line import CHAT, WaitingLine
 from services.config import Settings
 from services.engine import ChatEngine, EngineLoad, Message, SamplingSettings, StreamStats, is_engine_busy
@@ -150,6 +151,14 @@ class Admission:
         usage = self.limits.usage(user_key)
         try:
             self.limits.check(usage, documents)
+        except Refused as refusal:
+            self._refused(user_key, refusal)
+            raise
+        if not (api or documents) and (full := self.line.refusal_now()) is not None:
+            self.limits.told(usage, full)  # a chat turn the line would refuse: told before any database work
+            self.accounting.refused(user_key, full)
+            raise full
+        try:
             await self.accounting.check(user_key)
             lease = await self.shared.open_turn(user_key, documents) if self.shared is not None else None
         except Refused as refusal:
@@ -222,7 +231,7 @@ class Slot:
         self._shared = admission.shared
         self._ticket = ticket
         self._turn = turn
-        self.priority = self._line.engine_priority(ticket)  # lower is earlier; 0 when priority is off
+        self.priority = engine_priority(admission.settings, ticket.key)  # lower is earlier; 0: priority off
         self.tokens = 0
 
     def token(self) -> None:

@@ -32,15 +32,7 @@ from services.admission.capacity import DecodeCapacity
 from services.admission.pace import StreamPace
 from services.admission.promises import WaitPromises
 from services.admission.refusals import QUEUE_FULL, WAIT_TOO_LONG, Refused, busy
-from services.admission.tickets import (
-    API,
-    CHAT,
-    DOCUMENT,
-    Ticket,
-    engine_priority,
-    first_service_seconds,
-    queue_key,
-)
+from services.admission.tickets import API, CHAT, DOCUMENT, Ticket, first_service_seconds, queue_key
 from services.config import Settings
 
 OVERLOADED_SECONDS = 60.0  # a capacity refusal keeps the line overloaded this long
@@ -132,18 +124,45 @@ class WaitingLine:
         """Wait for a slot for a request of `work` (CHAT, DOCUMENT or API), hold it while the body runs,
         give it back on every exit (cancellation too). Raise Refused at once when the line is full or
         the wait too long. `owner` (its turn) is what `position_of` is asked about."""
-        now = self.clock()
-        key = queue_key(self.settings, work, now - self.epoch)
-        kind = DOCUMENT if work == DOCUMENT else CHAT
-        ticket = Ticket(kind, key, next(self._numbers), now, owner, reports_tokens=work != API)
+        ticket = self._ticket(work, owner)
         await self._enter(ticket)
         try:
             yield ticket
         finally:
             self._release(ticket)
 
-    def engine_priority(self, ticket: Ticket) -> int:
-        return engine_priority(self.settings, ticket.key)
+    def _ticket(self, work: str, owner: object = None) -> Ticket:
+        now = self.clock()
+        key = queue_key(self.settings, work, now - self.epoch)
+        kind = DOCUMENT if work == DOCUMENT else CHAT
+        return Ticket(kind, key, next(self._numbers), now, owner, reports_tokens=work != API)
+
+    def refusal_now(self) -> Refused | None:
+        """The refusal a chat request arriving now would get (counted), None when it would run or wait:
+        a chat turn asks before any database work, so telling it the service is full costs nothing."""
+        ticket = self._ticket(CHAT)
+        ahead = bisect.bisect_left(self.waiting, ticket.order(), key=Ticket.order)
+        if self._may_start(ticket) and self._nobody_ahead_runs(ticket, ahead):
+            return None
+        return self._chat_refusal(ticket, ahead)
+
+    def _chat_refusal(self, ticket: Ticket, ahead: int) -> Refused | None:
+        """The refusal of a chat `ticket` that must wait behind `ahead` of ours (counted); None when it
+        may wait, with its promised wait set."""
+        ahead_everywhere = ahead + self.others_ahead(ticket.key)
+        if self.waiting_by_kind[CHAT] + len(self.others_waiting) >= self.settings.admission_queue_max:
+            return self.refuse(QUEUE_FULL, ahead_everywhere, self.estimate_seconds(len(self.waiting)))
+        estimate = self.estimate_seconds(ahead, ticket.key)
+        # Until chat turns were measured the estimate is a guess from the answer budget: up to one
+        # round of the running limit may still wait (the overload run's first burst queued 45 turns
+        # behind a limit of 1 and waited minutes).
+        measured = self.completed[CHAT] >= MEASURED_AFTER
+        if estimate > self.settings.admission_max_wait_seconds and (
+            measured or ahead_everywhere >= self.limit
+        ):
+            return self.refuse(WAIT_TOO_LONG, ahead_everywhere, estimate)
+        ticket.promised = estimate
+        return None
 
     async def _enter(self, ticket: Ticket) -> None:
         """Return once `ticket` may run; raise Refused at once when the line is full or the wait too long."""
@@ -151,19 +170,8 @@ class WaitingLine:
         if self._may_start(ticket) and self._nobody_ahead_runs(ticket, ahead):
             self._admit(ticket)
             return
-        if ticket.kind == CHAT:
-            ahead_everywhere = ahead + self.others_ahead(ticket.key)
-            if self.waiting_by_kind[CHAT] + len(self.others_waiting) >= self.settings.admission_queue_max:
-                raise self.refuse(QUEUE_FULL, ahead_everywhere, self.estimate_seconds(len(self.waiting)))
-            estimate = self.estimate_seconds(ahead, ticket.key)
-            # Until chat turns were measured the estimate is a guess from the answer budget: up to
-            # one round of the running limit may still wait (the overload run's first burst queued
-            # 45 turns behind a limit of 1 and waited minutes).
-            measured = self.completed[CHAT] >= MEASURED_AFTER
-            too_long = estimate > self.settings.admission_max_wait_seconds
-            if too_long and (measured or ahead_everywhere >= self.limit):
-                raise self.refuse(WAIT_TOO_LONG, ahead_everywhere, estimate)
-            ticket.promised = estimate
+        if ticket.kind == CHAT and (refusal := self._chat_refusal(ticket, ahead)) is not None:
+            raise refusal
         self.waiting.insert(ahead, ticket)
         self.waiting_by_kind[ticket.kind] += 1
         self.admit_waiting()  # those ahead may be parts over the documents' share

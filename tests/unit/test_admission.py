@@ -17,6 +17,7 @@ from services.admission.limits import UserLimits, user_key
 from services.admission.promises import MAX_KEPT, MIN_TURNS, PROMISE_WINDOW_SECONDS, WaitPromises
 from services.admission.refusals import Refused, rounded_seconds
 from services.admission.service import Admission
+from services.admission.tickets import Ticket, engine_priority
 from services.admission.waiting_line import API, CHAT, DOCUMENT, WaitingLine
 from services.config import Settings
 from services.engine.backends.remote import Server, prefix_hashes, servers_to_try
@@ -54,6 +55,11 @@ def line_with(limit: int, clock: Clock | None = None, **changes) -> WaitingLine:
     changes.setdefault("admission_max_wait_seconds", 1000)  # these tests queue turns on purpose
     changes.setdefault("max_prefilling_requests", 0)  # no tokens stream here, unless a test sends them
     return WaitingLine(settings(**changes), FixedCapacity(limit), clock or Clock())
+
+
+def priority(line: WaitingLine, ticket: Ticket) -> int:
+    """The vLLM priority an admitted request of `line` is sent with."""
+    return engine_priority(line.settings, ticket.key)
 
 
 async def settle() -> None:
@@ -199,7 +205,7 @@ async def test_with_priority_off_it_is_first_come_first_served() -> None:
     await queue.finish("doc")
     await queue.finish("b")
     assert queue.admitted == ["a", "doc", "b", "api"]
-    assert line.engine_priority(queue.places["doc"]) == line.engine_priority(queue.places["api"]) == 0
+    assert priority(line, queue.places["doc"]) == priority(line, queue.places["api"]) == 0
     await queue.finish("api")
 
 
@@ -210,7 +216,7 @@ async def test_vllm_priority_puts_chat_before_a_document_part_of_the_same_moment
     queue = Queue(line, clock)
     for name, kind in (("chat", CHAT), ("doc", DOCUMENT), ("api", API)):
         await queue.submit(name, kind, after_seconds=0)
-    chat, document, api = (line.engine_priority(queue.places[name]) for name in ("chat", "doc", "api"))
+    chat, document, api = (priority(line, queue.places[name]) for name in ("chat", "doc", "api"))
     assert chat < api < document <= chat + 30
     await queue.finish("chat", "doc", "api")
 
@@ -907,3 +913,50 @@ async def test_admission_queue_max_counts_the_turns_waiting_in_other_replicas_li
             pass
     assert refused.value.reason == "queue_full" and line.waiting_by_kind[CHAT] == 1
     await queue.finish("running", "waits")
+
+
+class Recorded:
+    """Accounting and shared limits that record what was asked of them (the database's work)."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def check(self, user_key: str) -> None:
+        self.calls.append("budget checked")
+
+    async def open_turn(self, user_key: str, documents: int = 0) -> None:
+        self.calls.append("turn opened")
+
+    def close_turn(self, lease: object) -> None:
+        self.calls.append("turn closed")
+
+    def refused(self, user_key: str, refusal: Refused) -> None:
+        self.calls.append(f"refused: {refusal.reason}")
+
+    def started(self, user_key: str, api: bool, documents: int) -> None:
+        self.calls.append("started")
+
+
+@aio
+async def test_a_chat_turn_the_full_line_refuses_is_told_before_any_database_work() -> None:
+    admission = shared_admission(1, admission_queue_max=0)
+    recorded = Recorded()
+    admission.accounting = admission.shared = recorded  # type: ignore[assignment]
+    requests = Requests(admission)
+    await requests.start("alice", requests.chat)  # fills the service
+    recorded.calls.clear()
+    with pytest.raises(Refused) as full:
+        async with admission.turn(user_key("bob")):
+            pass
+    assert full.value.reason == "queue_full" and admission.line.refusals["queue_full"] == 1
+    assert recorded.calls == ["refused: queue_full"], "no budget read, no shared turn opened"
+    assert admission.limits.usage(user_key("bob")).told_until, "a resend before the time is paced"
+    recorded.calls.clear()
+    async with admission.turn(user_key("bob"), documents=1):  # document parts wait: not refused here
+        pass
+    assert recorded.calls[:2] == ["budget checked", "turn opened"]
+    await requests.finish("alice")
+    recorded.calls.clear()
+    async with admission.turn(user_key("bob")):  # room again
+        pass
+    assert recorded.calls == ["budget checked", "turn opened", "started", "turn closed"]
