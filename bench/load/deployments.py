@@ -24,6 +24,7 @@ PostgreSQL, memory of the replicas and the engine servers (apart and summed), ea
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import os
 import re
@@ -36,8 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 
+from harness.chat_client import local_cookie
 from harness.server import AppServer, VllmServer
 
 TOKEN_COUNTERS = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total")
@@ -79,6 +82,37 @@ def merged_cookie(cookie: str, set_cookies: dict[str, str]) -> str:
     jar = dict(part.strip().partition("=")[::2] for part in cookie.split(";") if part.strip())
     jar.update(set_cookies)
     return "; ".join(f"{name}={value}" for name, value in jar.items())
+
+
+def person_address(number: int) -> str:
+    """The address person `number` of a load comes from (each their own: sign-in limits count by it)."""
+    return f"10.77.{number // 250}.{number % 250 + 1}"
+
+
+def browser_cookie(base_url: str, address: str, username: str, password: str) -> str | None:
+    """The Cookie header a person's browser sends: the local user's sign-in (no `username`), or
+    `username`'s password sign-in with every cookie its answer set (the balancer's sticky one too)."""
+    if not username:
+        return local_cookie(base_url)
+    response = httpx.post(
+        f"{base_url}/login", data={"username": username, "password": password},
+        headers={"X-Forwarded-For": address}, timeout=60,
+    )  # fmt: skip
+    response.raise_for_status()
+    return "; ".join(f"{name}={value}" for name, value in response.cookies.items())
+
+
+def signed_in_cookies(base_url: str, accounts: str, people: int, password: str) -> dict[str, str]:
+    """Person number -> their sign-in's cookies, made before a load starts, two at a time: browsers
+    keep their sign-in across visits, so the load measures chatting, not 50 argon2 checks (0.3 s of
+    CPU each) at once in its first seconds."""
+
+    def one(number: int) -> tuple[str, str]:
+        cookie = browser_cookie(base_url, person_address(number), f"{accounts}{number}", password)
+        return str(number), cookie or ""
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        return dict(pool.map(one, range(1, people + 1)))
 
 
 def combined_status(statuses: list[dict[str, Any]]) -> dict[str, Any]:

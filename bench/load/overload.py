@@ -17,8 +17,10 @@ app's settings and how people behave (overload_users.py, --pattern):
     replicas the managed arm's people and settings through deploy/topology.py's scale-out: HAProxy
              (sticky cookie) -> 2 app replicas -> vLLM's router -> `vllm serve` with the in-process
              engine's defaults (--engine-servers, 1 by default: two on 2 cores share the same
-             cores; bench/load/deployments.py says why), one PostgreSQL; each person signs in to an
-             account of their own and stays on one replica by the balancer's cookie
+             cores; bench/load/deployments.py says why), one PostgreSQL; each person has an account of
+             their own, signed in before the load (browsers keep a sign-in across visits: the
+             load measures chatting, not 50 argon2 checks at once), and stays on one replica by
+             the balancer's cookie
 Per arm: time to first token of accepted chat turns, tokens/s per stream, answers finished,
 refusals and how fast they were told, how long a page took to open, tokens delivered to people,
 document completion time, total tokens/s (vLLM's own counters), the longest wait without any
@@ -54,6 +56,7 @@ from bench.load.deployments import (
     Deployment,
     combined_status,
     marked_down,
+    signed_in_cookies,
     start_replicas,
     start_single,
 )
@@ -122,7 +125,7 @@ def after_load(deployment: Deployment) -> dict[str, Any]:
 
 
 def locust_command(
-    arm: Arm, options: argparse.Namespace, url: str, out: Path, name: str, accounts: str
+    arm: Arm, options: argparse.Namespace, url: str, out: Path, name: str, accounts: str, cookies: str = ""
 ) -> list:
     users_file = ROOT / "bench" / "load" / "overload_users.py"
     documents = options.document_fraction if arm.documents else 0
@@ -133,7 +136,7 @@ def locust_command(
         "--only-summary", "--document-fraction", str(documents), "--turn-timeout", str(options.turn_timeout),
         "--pattern", arm.pattern, "--leave-after-first-token", str(arm.leave_after_first_token),
         "--max-new-tokens", str(arm.max_new_tokens), "--accounts", accounts,
-        "--logfile", str(out / f"locust-{name}.log"),
+        "--logfile", str(out / f"locust-{name}.log"), "--cookies", cookies,
     ]  # fmt: skip
 
 
@@ -145,14 +148,26 @@ def deploy(name: str, arm: Arm, options: argparse.Namespace, out: Path) -> Deplo
     return start_single(arm.settings, out / f"server-{name}.log")
 
 
-def load(name: str, arm: Arm, options: argparse.Namespace, out: Path, deployment: Deployment) -> None:
+def sign_in_before(name: str, options: argparse.Namespace, out: Path, deployment: Deployment) -> str:
+    """With accounts, everyone's sign-in made before the load, in a file for Locust ("" without)."""
+    if not deployment.accounts:
+        return ""
+    cookies = signed_in_cookies(deployment.url, deployment.accounts, options.users, deployment.password)
+    path = out / f"cookies-{name}.json"
+    path.write_text(json.dumps(cookies))
+    return str(path)
+
+
+def load(
+    name: str, arm: Arm, options: argparse.Namespace, out: Path, deployment: Deployment, cookies: str
+) -> None:
     """Locust's people against the deployment for --duration (the accounts' password in its env only)."""
     env = {**os.environ, PASSWORD_ENV: deployment.password}
+    command = locust_command(arm, options, deployment.url, out, name, deployment.accounts, cookies)
     with (out / f"locust-{name}.out").open("wb") as log:
         subprocess.run(
-            locust_command(arm, options, deployment.url, out, name, deployment.accounts), cwd=ROOT, env=env,
-            stdout=log, stderr=subprocess.STDOUT, timeout=options.duration + 180,
-        )  # fmt: skip
+            command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=options.duration + 180
+        )
 
 
 def run_arm(name: str, options: argparse.Namespace, out: Path) -> dict[str, Any]:
@@ -162,11 +177,12 @@ def run_arm(name: str, options: argparse.Namespace, out: Path) -> dict[str, Any]
     deployment = deploy(name, arm, options, out)
     start_seconds = time.monotonic() - started
     try:
+        cookies = sign_in_before(name, options, out, deployment)
         warm_up = one_or_each([s.get("warm_up") for s in deployment.statuses()])
         rss_before, rows_before = deployment.rss_mb(), deployment.stored_rows()
         cpu_before = deployment.app_cpu_seconds()
         before, began, logged = deployment.counters(), time.monotonic(), len(deployment.balancer_log())
-        load(name, arm, options, out, deployment)
+        load(name, arm, options, out, deployment, cookies)
         after, elapsed = deployment.counters(), time.monotonic() - began
         downs = marked_down(deployment.balancer_log()[logged:])
         cpu, rows = deployment.app_cpu_seconds() - cpu_before, deployment.stored_rows()

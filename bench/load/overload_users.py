@@ -26,6 +26,7 @@ for a session's first turn how long its page took to open (connect until the cha
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import os
@@ -41,13 +42,8 @@ import httpx
 import socketio
 from locust import User, events, task
 
-from bench.load.deployments import PASSWORD_ENV, merged_cookie, replica_of
-from harness.chat_client import (
-    client_headers,
-    connect_sync,
-    local_cookie,
-    user_message_payload,
-)
+from bench.load.deployments import PASSWORD_ENV, browser_cookie, merged_cookie, person_address, replica_of
+from harness.chat_client import client_headers, connect_sync, user_message_payload
 from harness.csv_log import CsvLog
 from harness.documents import long_document
 
@@ -78,6 +74,9 @@ def add_options(parser: Any) -> None:
         "--turn-timeout", type=float, default=300.0, help="Seconds before a turn counts as unfinished."
     )
     group.add_argument("--pattern", choices=PATTERNS, default="patient", help="How people resend.")
+    group.add_argument(
+        "--cookies", default="", help="JSON file: person number -> the cookies of a sign-in made before."
+    )
     group.add_argument(
         "--leave-after-first-token", type=float, default=0.0, help="Share of turns whose page closes then."
     )
@@ -116,19 +115,6 @@ class Turn:
     leave_at_first_token: bool = False  # the person closes the page as the answer starts
     connect_seconds: float | None = None  # the session's first turn: how long its page took to open
     done: threading.Event = field(default_factory=threading.Event)
-
-
-def browser_cookie(base_url: str, address: str, username: str) -> str | None:
-    """The Cookie header a person's browser sends: the local user's sign-in (no `username`), or
-    `username`'s password sign-in with every cookie its answer set (the balancer's sticky one too)."""
-    if not username:
-        return local_cookie(base_url)
-    response = httpx.post(
-        f"{base_url}/login", data={"username": username, "password": os.environ.get(PASSWORD_ENV, "")},
-        headers={"X-Forwarded-For": address}, timeout=60,
-    )  # fmt: skip
-    response.raise_for_status()
-    return "; ".join(f"{name}={value}" for name, value in response.cookies.items())
 
 
 def page_cookie(base_url: str, address: str, cookie: str) -> str:
@@ -251,6 +237,12 @@ def turn_row(turn: Turn, user: int, kind: str, timeout: float, replica: str = ""
     }  # fmt: skip
 
 
+@functools.cache
+def signed_in(path: str) -> dict[str, str]:
+    """The sign-ins made before the load (--cookies), by person number; none without the file."""
+    return json.loads(Path(path).read_text()) if path else {}
+
+
 class Chatter(User):
     """A person: sessions of a few turns, mostly questions, sometimes a document (--pattern)."""
 
@@ -264,12 +256,12 @@ class Chatter(User):
         super().__init__(environment)
         options = environment.parsed_options
         self.number = next(Chatter._numbers)
-        self.address = f"10.77.{self.number // 250}.{self.number % 250 + 1}"
+        self.address = person_address(self.number)
         self.rng = random.Random(self.number)
         self.options = options
         self.questions = json.loads(PROMPTS_FILE.read_text())["short"]
         self.person: Person | None = None
-        self.cookie: str | None = None  # the browser's cookies, kept across its pages
+        self.cookie = signed_in(options.cookies).get(str(self.number))  # kept across its pages
         self.turns_left = 0
 
     def on_stop(self) -> None:
@@ -283,7 +275,8 @@ class Chatter(User):
         if self.person is None:
             if self.cookie is None:
                 username = f"{self.options.accounts}{self.number}" if self.options.accounts else ""
-                self.cookie = browser_cookie(self.host, self.address, username) or ""
+                password = os.environ.get(PASSWORD_ENV, "")
+                self.cookie = browser_cookie(self.host, self.address, username, password) or ""
             elif replica_of(self.cookie):
                 self.cookie = page_cookie(self.host, self.address, self.cookie)
             person = Person(self.host, self.address, self.cookie)
