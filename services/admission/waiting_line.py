@@ -115,9 +115,10 @@ class WaitingLine:
 
     @property
     def overloaded(self) -> bool:
-        """Someone waits, or a request was refused for capacity in the last OVERLOADED_SECONDS."""
+        """Someone waits (here or in another replica's line), or a request was refused for capacity in
+        the last OVERLOADED_SECONDS."""
         recent = self.refused_at is not None and self.clock() - self.refused_at < OVERLOADED_SECONDS
-        return bool(self.waiting) or recent
+        return bool(self.waiting or self.others_waiting) or recent
 
     @contextlib.asynccontextmanager
     async def place(self, work: str, owner: object = None) -> AsyncIterator[Ticket]:

@@ -778,6 +778,10 @@ async def test_a_message_resent_before_the_time_a_refusal_gave_gets_that_answer_
     await admission.message(user_key("bob"))  # at the time given: a message like any other
     admission.limits.told(admission.limits.usage(user_key("bob")), full.value)
     await requests.finish("alice")
+    admission.line.others_waiting = [0.0]  # the service is still full: someone waits on another replica
+    with pytest.raises(Refused, match="not sent"):
+        await admission.message(user_key("bob"))
+    admission.line.others_waiting = []
     await admission.message(user_key("bob"))  # the service has room again: no need to wait for the time
 
 
@@ -881,6 +885,7 @@ async def test_turns_waiting_in_other_replicas_lines_go_first_and_count_in_place
     await queue.submit("mine-1", CHAT)  # one slot for the other's turn, one for this
     await queue.submit("mine-2", CHAT)
     assert queue.admitted == ["mine-1"], "the other replica's turn came first: its slot is kept"
+    assert line.overloaded, "someone waits, if on another replica"
     ahead, estimate = line.place_of(None)
     assert ahead == 1 and estimate > 0, "the person is told of the turn waiting elsewhere"
     alone = line_with(2, clock)
