@@ -70,8 +70,8 @@ class StreamPace:
         return min(rates) if rates else None
 
     def adjust(self, running: int, model_limit: int) -> None:
-        """Lower the cap below `running` when a stream is too slow (under MARGIN times the pace);
-        raise it when all keep HEADROOM times the pace."""
+        """Lower the cap below `running` (our own requests) when a stream is too slow (under MARGIN
+        times the pace); raise it when all keep HEADROOM times the pace."""
         if self.pace <= 0:
             return
         now = self.clock()
@@ -91,9 +91,12 @@ class StreamPace:
             self.cap = None if self.cap + 1 >= model_limit else self.cap + 1
             self._changed_at = now
 
-    def limit(self, model_limit: int) -> int:
-        """The running limit: the model's, or the cap when lower."""
-        return model_limit if self.cap is None else min(model_limit, self.cap)
+    def limit(self, model_limit: int, others: int = 0) -> int:
+        """The running limit at the engine: the model's, or the cap on our own requests plus `others`
+        (other replicas' requests at the same engine) when lower. The cap bounds what this process
+        runs, never what others do: a cap counted against everyone's requests kept a replica whose
+        cap fell below the others' count from ever running a stream again, so from ever raising it."""
+        return model_limit if self.cap is None else min(model_limit, self.cap + others)
 
     def status(self) -> dict[str, float | int | None]:
         slowest = self.slowest()

@@ -73,8 +73,9 @@ class WaitingLine:
 
     @property
     def limit(self) -> int:
-        """Requests allowed to run at once (no limit when admission is off)."""
-        return self.pace.limit(self.capacity.limit) if self.enabled else sys.maxsize
+        """Requests allowed to run at once at the engine, ours and others' (no limit when admission is
+        off): the capacity model's, with the stream pace's cap on ours."""
+        return self.pace.limit(self.capacity.limit, others=self.foreign) if self.enabled else sys.maxsize
 
     @property
     def document_slots(self) -> int:

@@ -965,3 +965,27 @@ async def test_a_chat_turn_the_full_line_refuses_is_told_before_any_database_wor
     async with admission.turn(user_key("bob")):  # room again
         pass
     assert recorded.calls == ["budget checked", "turn opened", "started", "turn closed"]
+
+
+@aio
+async def test_a_pace_cap_bounds_this_replicas_requests_not_the_others() -> None:
+    """A replica whose streams were slow capped itself at one stream while the other replica ran
+    four at the engine: counted against everyone's requests the cap left it nothing to run, so no
+    stream to measure and raise it by (the replica admitted 8 turns in ten minutes)."""
+    clock = Clock()
+    queue = Queue(line_with(13, clock), clock)
+    line = queue.line
+    line.pace.cap, line.foreign = 1, 4
+    assert line.limit == 5, "its one stream on top of the others' four"
+    await queue.submit("mine-1", CHAT)
+    await queue.submit("mine-2", CHAT)
+    assert queue.admitted == ["mine-1"], "the cap holds for its own requests"
+    line.foreign = 13
+    assert line.limit == 13, "the engine's limit still bounds everyone"
+    await queue.finish("mine-1")
+    assert queue.admitted == ["mine-1"], "13 others, none of its own: the engine is full, not the cap"
+    line.foreign = 4
+    line.admit_waiting()
+    await settle()
+    assert queue.admitted == ["mine-1", "mine-2"]
+    await queue.finish("mine-2")
