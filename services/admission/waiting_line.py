@@ -4,10 +4,10 @@ Requests beyond the running limit (capacity.py, capped by pace.py) wait here, no
 they can be counted, shown to their user with a place and an estimate (corrected by how late recent
 turns ran: promises.py), and refused at once when the queue is full or the wait too long. The limit
 is the engine's: others' requests at it (other app replicas on the same vLLM servers) hold slots
-too, and so do the chat turns waiting ahead in their lines (`others_waiting`, shared_line.py): across
-replicas the line is first come, first served. ADMISSION_QUEUE_MAX bounds the chat turns waiting
-(others' too); document parts wait besides them (each
-summary has at most SUMMARY_CONCURRENCY parts in flight, and each person a few turns).
+too, and so do the chat turns waiting ahead in their lines (`others_waiting`, shared_line.py):
+across replicas the line is first come, first served. ADMISSION_QUEUE_MAX bounds the chat turns
+waiting (others' too); document parts wait besides them (each summary has at most
+SUMMARY_CONCURRENCY parts in flight, and each person a few turns).
 Three kinds of work: chat turns, document parts, API requests (which hold a chat slot; vLLM's layer
 streams them, so their tokens are not seen here). Order: chat turns by arrival; document parts as if
 they had arrived DOCUMENT_AGING_SECONDS later, API requests API_AGING_SECONDS later, so chat goes
@@ -125,7 +125,7 @@ class WaitingLine:
     async def place(self, work: str, owner: object = None) -> AsyncIterator[Ticket]:
         """Wait for a slot for a request of `work` (CHAT, DOCUMENT or API), hold it while the body runs,
         give it back on every exit (cancellation too). Raise Refused at once when the line is full or
-        the wait too long. `owner` (its turn) is what `position_of` is asked about."""
+        the wait too long. `owner` (its turn) is what `place_of` is asked about."""
         ticket = self._ticket(work, owner)
         await self._enter(ticket)
         try:
