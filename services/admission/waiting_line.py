@@ -110,9 +110,14 @@ class WaitingLine:
         return self.has_room(ticket) and self.may_run(ticket) and self.may_prefill(ticket)
 
     @property
+    def own_running(self) -> int:
+        """This process's requests running at the engine (what its stream pace cap bounds)."""
+        return sum(self.running.values())
+
+    @property
     def engine_running(self) -> int:
         """Requests the engine holds against the limit: ours and others' (the limit is the engine's)."""
-        return sum(self.running.values()) + self.foreign
+        return self.own_running + self.foreign
 
     @property
     def overloaded(self) -> bool:

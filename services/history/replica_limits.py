@@ -47,8 +47,10 @@ def shared_line(
 ) -> SharedLine | None:
     """`line` shared with the other replicas' (started, its stop pushed on `stack`); None when limits
     are not shared or SHARED_LINE_SECONDS is 0."""
+    if settings.shared_line_seconds <= 0:
+        return None
     database = shared_database(settings, history, "shared waiting line")
-    if database is None or settings.shared_line_seconds <= 0:
+    if database is None:
         return None
     shared = SharedLine(settings, line, database)
     shared.start()
