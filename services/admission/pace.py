@@ -13,6 +13,13 @@ keeps the pace (six running at 3 tokens/s for a pace of 5: three), at least one
 below what runs: a burst of admissions is undone in one move, not one stream per
 ADJUST_SECONDS. When every stream keeps HEADROOM times the pace while the cap is
 reached, the cap rises by one, and it goes away once it reaches the model's limit.
+
+App replicas at one engine (shared_line.py) pace it together: each shares its slowest stream, its
+running count and its cap, and each one's cap then bounds the app's requests on every replica
+(`others_slowest`, `others_cap`, the running count `adjust` is given): the lowest cap is the
+engine's. A cap per replica, each from its own streams, fell to 2-3 streams each through two
+replicas at 50 people (5 running against 13 in one process), and a capped replica's turns kept
+their place first in line, so the other replica left the slot idle.
 """
 
 from __future__ import annotations
@@ -21,6 +28,9 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Hashable
+from typing import TypeVar
+
+Number = TypeVar("Number", int, float)
 
 PACE_WINDOW_SECONDS = 10.0  # a stream's pace is the tokens it received in this window
 MIN_STREAM_SECONDS = 4.0  # younger streams have no pace yet (the first token may take a prefill)
@@ -42,6 +52,10 @@ class StreamPace:
         self.lowered_total = 0
         self._streams: dict[Hashable, tuple[float, deque[float]]] = {}  # owned by running requests
         self._changed_at = -math.inf
+        # Other app replicas at the same engine (shared_line.py): the slowest of their streams and the
+        # lowest of their caps; None when none is known.
+        self.others_slowest: float | None = None
+        self.others_cap: int | None = None
 
     def token(self, stream: Hashable) -> None:
         """`stream` received a token; its pace is timed from its first one (a prefill comes before)."""
@@ -56,8 +70,9 @@ class StreamPace:
     def __len__(self) -> int:
         return len(self._streams)
 
-    def slowest(self) -> float | None:
-        """The lowest tokens/s among streams old enough to have a pace; None when there is none."""
+    def own_slowest(self) -> float | None:
+        """The lowest tokens/s among this process's streams old enough to have a pace; None when there
+        is none."""
         now = self.clock()
         rates = []
         for started_at, times in self._streams.values():
@@ -69,9 +84,18 @@ class StreamPace:
             rates.append(len(times) / min(age, PACE_WINDOW_SECONDS))
         return min(rates) if rates else None
 
+    def slowest(self) -> float | None:
+        """The lowest tokens/s among the app's streams: this process's and other replicas'."""
+        return _lowest(self.own_slowest(), self.others_slowest)
+
+    @property
+    def engine_cap(self) -> int | None:
+        """The cap on the app's requests: the lowest of this process's and other replicas'."""
+        return _lowest(self.cap, self.others_cap)
+
     def adjust(self, running: int, model_limit: int) -> None:
-        """Lower the cap below `running` (our own requests) when a stream is too slow (under MARGIN
-        times the pace); raise it when all keep HEADROOM times the pace."""
+        """Lower the cap below `running` (the app's requests: ours and other replicas') when a stream
+        is too slow (under MARGIN times the pace); raise it when all keep HEADROOM times the pace."""
         if self.pace <= 0:
             return
         now = self.clock()
@@ -91,17 +115,24 @@ class StreamPace:
             self.cap = None if self.cap + 1 >= model_limit else self.cap + 1
             self._changed_at = now
 
-    def limit(self, model_limit: int, others: int = 0) -> int:
-        """The running limit at the engine: the model's, or the cap on our own requests plus `others`
-        (other replicas' requests at the same engine) when lower. The cap bounds what this process
-        runs, never what others do: a cap counted against everyone's requests kept a replica whose
-        cap fell below the others' count from ever running a stream again, so from ever raising it."""
-        return model_limit if self.cap is None else min(model_limit, self.cap + others)
+    def limit(self, model_limit: int, outside: int = 0) -> int:
+        """The running limit at the engine: the model's, or the cap on the app's requests plus
+        `outside` (requests at the same engine of clients that share no pace) when lower. The cap
+        bounds what paced replicas run, never what others do: counted against requests it cannot
+        see, a replica whose cap fell below their count never ran a stream again to raise it by."""
+        cap = self.engine_cap
+        return model_limit if cap is None else min(model_limit, cap + outside)
 
     def status(self) -> dict[str, float | int | None]:
         slowest = self.slowest()
         return {
             "slowest_stream_tokens_per_second": None if slowest is None else round(slowest, 2),
             "cap": self.cap,
+            "engine_cap": self.engine_cap,
             "lowered_total": self.lowered_total,
         }
+
+
+def _lowest(*values: Number | None) -> Number | None:
+    known = [value for value in values if value is not None]
+    return min(known) if known else None

@@ -92,7 +92,7 @@ class Admission:
         limit lets in."""
         self.capacity.update(self.load)
         self.line.foreign = self.load.foreign_requests(time.monotonic(), FOREIGN_MAX_AGE_SECONDS)
-        self.line.pace.adjust(self.line.own_running, self.capacity.limit)
+        self.line.pace.adjust(self.line.own_running + self.line.others_running, self.capacity.limit)
         self.line.admit_waiting()
 
     @property

@@ -11,7 +11,9 @@ keys as seconds since the epoch) in its row of `line_places`, and reads the othe
 that have not expired (EXPIRY_ROUNDS intervals: a killed replica's places lapse). Its line then
 starts a request only when the engine's running requests plus the others' turns waiting ahead of
 it leave a slot (first come, first served across replicas), and counts them in a waiting person's
-place and estimate and in ADMISSION_QUEUE_MAX. A row holds times only, never who waits; each row
+place and estimate and in ADMISSION_QUEUE_MAX. The row also carries the replica's stream pace
+(its running requests, slowest stream and cap: pace.py), so the replicas pace the engine together
+and the lowest cap holds for all. A row holds times and counts only, never who waits; each row
 holds at most ADMISSION_QUEUE_MAX places; a stopping replica deletes its row, every replica sweeps
 expired ones. While the database cannot answer, the others' lines count as empty (each replica's
 line is its own, as without sharing). Times are wall clocks: keep the replicas' clocks in sync.
@@ -25,7 +27,8 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import text
@@ -40,10 +43,14 @@ logger = logging.getLogger(__name__)
 
 EXPIRY_ROUNDS = 3  # a row not renewed for this many intervals is a replica gone
 WRITE = text(
-    "INSERT INTO line_places (holder, places, expires_at) VALUES (:holder, :places, :expires) "
-    "ON CONFLICT (holder) DO UPDATE SET places = excluded.places, expires_at = excluded.expires_at"
+    "INSERT INTO line_places (holder, places, running, slowest, pace_cap, expires_at) "
+    "VALUES (:holder, :places, :running, :slowest, :cap, :expires) ON CONFLICT (holder) DO UPDATE SET "
+    "places = excluded.places, running = excluded.running, slowest = excluded.slowest, "
+    "pace_cap = excluded.pace_cap, expires_at = excluded.expires_at"
 )
-READ = text("SELECT places FROM line_places WHERE holder <> :holder AND expires_at > :now")
+READ = text(
+    "SELECT places, running, slowest, pace_cap FROM line_places WHERE holder <> :holder AND expires_at > :now"
+)
 SWEEP = text("DELETE FROM line_places WHERE expires_at <= :now")
 LEAVE = text("DELETE FROM line_places WHERE holder = :holder")
 
@@ -60,6 +67,34 @@ def parsed_places(stored: str, most: int) -> list[float]:
     return [float(p) for p in numbers if math.isfinite(p)]
 
 
+@dataclass(frozen=True)
+class Shared:
+    """What one other replica shares: when its waiting chat turns arrived, and its stream pace."""
+
+    places: list[float]
+    running: int
+    slowest: float | None
+    cap: int | None
+
+
+def parsed_row(row: Sequence[Any], most_places: int, most_running: int) -> Shared:
+    """A row (places, running, slowest, pace_cap), each value checked and bounded: a count that is not
+    an integer counts 0 (a cap: none), a rate that is not a finite number >= 0 counts none."""
+    places, running, slowest, cap = (*row, None, None, None, None)[:4]
+
+    def count(value: Any) -> int | None:
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        return min(max(value, 0), most_running) if whole else None
+
+    rate = isinstance(slowest, int | float) and not isinstance(slowest, bool) and math.isfinite(slowest)
+    return Shared(
+        parsed_places(places, most_places),
+        count(running) or 0,
+        float(slowest) if rate and slowest >= 0 else None,
+        count(cap) or None,  # a cap of 0 is none: the lowest is one
+    )
+
+
 class SharedLine:
     """Shares this replica's waiting places and hands the other replicas' to its line."""
 
@@ -70,7 +105,7 @@ class SharedLine:
         self.settings, self.line, self.database, self.wall = settings, line, database, wall
         self.holder = uuid.uuid4().hex  # this replica, in its row
         self.exchanges_total = 0
-        self._wrote_places = False  # whether the row holds places (an empty line writes once)
+        self._wrote_busy = False  # whether the row holds places or a pace (an idle line writes once)
         self._task: asyncio.Task | None = None
 
     def _offset(self) -> float:
@@ -83,32 +118,45 @@ class SharedLine:
         keys = [ticket.key for ticket in self.line.waiting if ticket.kind == CHAT][:most]
         return [round(key + offset, 3) for key in keys]
 
+    def own_row(self) -> dict[str, Any]:
+        """What this replica shares: its places and its stream pace."""
+        slowest = self.line.pace.own_slowest()
+        return {
+            "places": json.dumps(self.own_places()),
+            "running": self.line.own_running,
+            "slowest": None if slowest is None else round(slowest, 3),
+            "cap": self.line.pace.cap,
+        }
+
     async def exchange(self) -> None:
-        """Write this replica's places, read the others', and let the line admit by them."""
-        now, places = self.wall(), self.own_places()
-        interval = self.settings.shared_line_seconds
-        found: list[str] = []
+        """Write this replica's places and pace, read the others', and let the line admit by them."""
+        now, row = self.wall(), self.own_row()
+        busy = row["places"] != "[]" or row["running"] > 0 or row["cap"] is not None
+        found: list[Sequence[Any]] = []
 
         async def work(connection: AsyncConnection) -> None:
-            if places or self._wrote_places:
-                values = {"holder": self.holder, "places": json.dumps(places),
-                          "expires": now + EXPIRY_ROUNDS * interval}  # fmt: skip
-                await connection.execute(WRITE, values)
-            found.extend((await connection.execute(READ, {"holder": self.holder, "now": now})).scalars())
+            if busy or self._wrote_busy:  # an idle replica writes its row once
+                expires = now + EXPIRY_ROUNDS * self.settings.shared_line_seconds
+                await connection.execute(WRITE, {"holder": self.holder, "expires": expires, **row})
+            found.extend(await connection.execute(READ, {"holder": self.holder, "now": now}))
             await connection.execute(SWEEP, {"now": now})
 
         shared = await self.database.run(work)
         if shared:
-            self._wrote_places = bool(places)
+            self._wrote_busy = busy
             self.exchanges_total += 1
         self.take(found if shared else [])
 
-    def take(self, rows: Iterable[str]) -> None:
-        """The other replicas' rows as the line's `others_waiting` (in its keys), then admit."""
-        offset, most = self._offset(), self.settings.admission_queue_max
-        others = [place - offset for row in rows for place in parsed_places(row, most)]
-        self.line.others_waiting = sorted(others)
-        self.line.admit_waiting()
+    def take(self, rows: Iterable[Sequence[Any]]) -> None:
+        """The other replicas' rows as the line's `others_waiting` (in its keys), `others_running` and
+        their pace, then admit."""
+        offset, line, most = self._offset(), self.line, self.settings.admission_queue_max
+        shared = [parsed_row(row, most, line.capacity.max_running) for row in rows]
+        line.others_waiting = sorted(place - offset for each in shared for place in each.places)
+        line.others_running = sum(each.running for each in shared)
+        line.pace.others_slowest = min((e.slowest for e in shared if e.slowest is not None), default=None)
+        line.pace.others_cap = min((e.cap for e in shared if e.cap is not None), default=None)
+        line.admit_waiting()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._exchange_forever(), name="shared-line")
@@ -127,9 +175,16 @@ class SharedLine:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-        self.line.others_waiting = []
+        self.take([])
         await self.database.run(lambda connection: connection.execute(LEAVE, {"holder": self.holder}))
 
     def status(self) -> dict[str, Any]:
         """What /status shows of the shared line."""
-        return {"others_waiting": len(self.line.others_waiting), "exchanges_total": self.exchanges_total}
+        line = self.line
+        return {
+            "others_waiting": len(line.others_waiting),
+            "others_running": line.others_running,
+            "others_slowest_tokens_per_second": line.pace.others_slowest,
+            "others_cap": line.pace.others_cap,
+            "exchanges_total": self.exchanges_total,
+        }

@@ -54,6 +54,7 @@ class WaitingLine:
         self.waiting_by_kind: Counter[str] = Counter()  # chat turns: at most ADMISSION_QUEUE_MAX
         self.running: Counter[str] = Counter()
         self.foreign = 0  # others' requests at the same engine (other replicas): they hold slots too
+        self.others_running = 0  # other replicas' requests, as they share them (shared_line.py)
         self.others_waiting: list[float] = []  # keys of chat turns waiting in other replicas' lines, sorted
         self._running_tickets: set[Ticket] = set()
         self._prefilling: set[Ticket] = set()  # admitted, no token yet (a subset of the running ones)
@@ -74,8 +75,9 @@ class WaitingLine:
     @property
     def limit(self) -> int:
         """Requests allowed to run at once at the engine, ours and others' (no limit when admission is
-        off): the capacity model's, with the stream pace's cap on ours."""
-        return self.pace.limit(self.capacity.limit, others=self.foreign) if self.enabled else sys.maxsize
+        off): the capacity model's, with the stream pace's cap on the app's (the replicas that share)."""
+        outside = max(0, self.foreign - self.others_running)  # clients that share no pace
+        return self.pace.limit(self.capacity.limit, outside) if self.enabled else sys.maxsize
 
     @property
     def document_slots(self) -> int:

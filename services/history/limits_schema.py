@@ -8,7 +8,8 @@ and 16.
 - `sign_in_attempts`: one row per counted sign-in attempt per key (account, address, both);
 - `line_places` (migration 16): one row per replica (`holder`), when its waiting chat turns arrived
   (a JSON list of seconds since the epoch), renewed every SHARED_LINE_SECONDS and lapsing at
-  `expires_at`.
+  `expires_at`; since migration 17 also its stream pace: requests it runs (`running`), its slowest
+  stream's tokens/s (`slowest`) and its cap (`pace_cap`; NULL: none).
 People, accounts and addresses are stored as digests (`person`, `key`), never as names. Every row
 expires: writes delete a person's expired rows, and maintenance sweeps the rest.
 """

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from services.admission.capacity import DecodeCapacity
-from services.admission.shared_line import SharedLine, parsed_places
+from services.admission.shared_line import SharedLine, parsed_places, parsed_row
 from services.admission.waiting_line import CHAT, WaitingLine
 from services.config import Settings
 
@@ -27,10 +27,16 @@ class OneSlot(DecodeCapacity):
     limit = 1
 
 
-def replica(monotonic: float, wall: float, **changes: object) -> SharedLine:
-    """A replica's line with one slot, and its sharing (no database)."""
+class SixSlots(DecodeCapacity):
+    limit = 6
+
+
+def replica(
+    monotonic: float, wall: float, slots: type[DecodeCapacity] = OneSlot, **changes: object
+) -> SharedLine:
+    """A replica's line with `slots`, and its sharing (no database)."""
     settings = Settings.from_env({}).replace(admission_max_wait_seconds=1000, **changes)
-    line = WaitingLine(settings, OneSlot(5.0, 64), Clock(monotonic))
+    line = WaitingLine(settings, slots(5.0, 64), Clock(monotonic))
     return SharedLine(settings, line, database=None, wall=Clock(wall))  # type: ignore[arg-type]
 
 
@@ -40,6 +46,24 @@ def replica(monotonic: float, wall: float, **changes: object) -> SharedLine:
 )
 def test_a_row_that_is_not_a_list_of_times_counts_as_no_places(stored: str) -> None:
     assert parsed_places(stored, 100) == []
+
+
+@pytest.mark.parametrize(
+    ("row", "running", "slowest", "cap"),
+    [
+        (("[]", "5", "2.5", "3"), 0, None, None),  # text where numbers belong
+        (("[]", -3, -1.0, 0), 0, None, None),  # below any real value
+        (("[]", 10**12, float("nan"), -2), 64, None, None),  # beyond the engine's requests; NaN
+        (("[]", True, float("inf"), True), 0, None, None),  # booleans are not counts
+        (("[]",), 0, None, None),  # a row of the earlier schema: places only
+        (("[]", 3, 4, 2), 3, 4.0, 2),
+    ],
+)
+def test_a_rows_pace_is_checked_and_bounded(
+    row: tuple, running: int, slowest: float | None, cap: int | None
+) -> None:
+    shared = parsed_row(row, 32, most_running=64)
+    assert (shared.running, shared.slowest, shared.cap) == (running, slowest, cap)
 
 
 def test_a_rows_places_are_numbers_and_bounded() -> None:
@@ -56,11 +80,11 @@ async def test_places_cross_replicas_in_each_ones_own_clock() -> None:
     waits = [asyncio.create_task(_wait(s.line)) for s in (a, b) for _ in range(2)]  # one runs, one waits
     await asyncio.sleep(0)
     assert a.own_places() == [5_000.0] and b.own_places() == [5_001.0]
-    b.take([json.dumps(a.own_places())])
+    b.take([(json.dumps(a.own_places()), 1, None, None)])
     mine = b.line.waiting[0].key
     assert b.line.others_waiting == [pytest.approx(mine - 1.0)]
     assert b.line.place_of(None)[0] == 1, "B's person is told of A's turn ahead"
-    a.take([json.dumps(b.own_places())])
+    a.take([(json.dumps(b.own_places()), 1, None, None)])
     assert a.line.place_of(None)[0] == 0, "A's turn came first"
     for wait in waits:
         wait.cancel()
@@ -72,3 +96,24 @@ async def _wait(line: WaitingLine) -> None:
     """A chat request that waits for its slot, then holds it until cancelled."""
     async with line.place(CHAT):
         await asyncio.Event().wait()
+
+
+def test_replicas_pace_the_engine_together() -> None:
+    """B runs nothing yet: A's slow stream and cap hold for it too, and A's fast streams let B raise
+    the cap it then shares, so a replica with nothing to measure is never kept from running."""
+    b = replica(monotonic=50.0, wall=1_000.0, slots=SixSlots)
+    line, pace = b.line, b.line.pace
+    line.foreign = 4  # at the engine: A's three requests and one of a client that shares no pace
+    b.take([("[]", 3, 2.0, 3)])
+    assert line.others_running == 3 and pace.engine_cap == 3 and pace.slowest() == 2.0
+    assert line.limit == 3 + 1, "A's cap bounds the app's requests; the other client's come on top"
+    line.clock.now += 10  # type: ignore[attr-defined]
+    pace.adjust(running=line.own_running + line.others_running, model_limit=line.capacity.limit)
+    assert pace.cap == 1 and pace.lowered_total == 1, "3 streams at 2 tokens/s for a pace of 5.5: one"
+    b.take([("[]", 1, 9.0, 1)])  # A lowered too; its one stream now gets 9 tokens/s
+    line.clock.now += 10  # type: ignore[attr-defined]
+    pace.adjust(running=line.own_running + line.others_running, model_limit=line.capacity.limit)
+    assert pace.cap == 2, "A's fast stream raises B's cap though B runs nothing"
+    b.take([])
+    assert pace.others_cap is None and pace.others_slowest is None and line.others_running == 0
+    assert b.status()["others_running"] == 0

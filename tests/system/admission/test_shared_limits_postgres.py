@@ -260,6 +260,35 @@ async def test_a_turn_waiting_on_one_replica_goes_before_a_later_one_on_another(
 
 
 @in_loop
+async def test_replicas_share_their_stream_pace_and_the_lowest_cap_holds_for_all(
+    engines: list[AsyncEngine],
+) -> None:
+    wall = Clock()
+    a, b = (line_replica(engine, wall) for engine in engines)
+    a1 = Held(a.line)
+    await asyncio.sleep(0.05)
+    a.line.pace.cap = 1  # a's streams were too slow at two
+    await a.exchange()
+    await b.exchange()
+    assert b.status()["others_running"] == 1 and b.status()["others_cap"] == 1
+    b.line.foreign = 1  # the engine holds a's request
+    b1 = Held(b.line)
+    await asyncio.sleep(0.05)
+    assert not b1.started.is_set(), "a's cap is the engine's: b's turn waits though the model allows two"
+    a.line.pace.cap = None  # a's stream keeps the pace again: the cap goes
+    await a.exchange()
+    await b.exchange()
+    await asyncio.wait_for(b1.started.wait(), 1)
+    await b.exchange()
+    await a.exchange()
+    assert a.status()["others_running"] == 1 and a.line.others_running == 1
+    for held in (a1, b1):
+        await held.end()
+    await a.stop()
+    await b.stop()
+
+
+@in_loop
 async def test_a_killed_replicas_places_lapse_and_a_database_down_counts_none(
     engines: list[AsyncEngine],
 ) -> None:
@@ -274,9 +303,10 @@ async def test_a_killed_replicas_places_lapse_and_a_database_down_counts_none(
     await alive.exchange()
     assert alive.line.others_waiting == [] and await rows(engines[0], "line_places") == 0, "swept"
     down = line_replica(engines[1], wall, available=False)
-    down.take([json.dumps([wall.now - 1])])
+    down.take([(json.dumps([wall.now - 1]), 1, 1.0, 1)])
     await down.exchange()
     assert down.line.others_waiting == [] and down.exchanges_total == 0, "its line is its own again"
+    assert down.line.others_running == 0 and down.line.pace.engine_cap is None, "and its pace"
     for each in held:
         each.task.cancel()
     await asyncio.gather(*(each.task for each in held), return_exceptions=True)
