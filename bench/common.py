@@ -94,6 +94,43 @@ def process_label(process: psutil.Process, app_pid: int | None) -> str:
     return "worker" if role.startswith("Worker") else "other"
 
 
+# A machine's processes by part of a deployment: the first rule whose words are in its command wins.
+CPU_PARTS = (
+    ("engine", ("VLLM::", "vllm.entrypoints", "vllm serve")),  # workers, engine cores, API servers
+    ("apps", ("chainlit",)),
+    ("router", ("vllm-router", "vllm_router")),
+    ("balancer", ("haproxy",)),
+    ("database", ("postgres",)),
+    ("load", ("locust",)),
+)
+
+
+def cpu_seconds_by_part() -> dict[tuple[int, float], tuple[str, float]]:
+    """CPU seconds so far of every process of the machine, keyed by (pid, start time), with its part
+    (CPU_PARTS; "other" for the rest). Two readings' difference is what each part used between them."""
+    seen: dict[tuple[int, float], tuple[str, float]] = {}
+    for process in psutil.process_iter(["cmdline", "name", "create_time", "cpu_times"]):
+        info = process.info
+        if info["cpu_times"] is None:
+            continue
+        command = " ".join(info["cmdline"] or [info["name"] or ""])
+        part = next((name for name, words in CPU_PARTS if any(w in command for w in words)), "other")
+        seen[(process.pid, info["create_time"])] = (part, info["cpu_times"].user + info["cpu_times"].system)
+    return seen
+
+
+def cores_by_part(
+    before: dict[tuple[int, float], tuple[str, float]],
+    after: dict[tuple[int, float], tuple[str, float]],
+    seconds: float,
+) -> dict[str, float]:
+    """Cores each part used on average between two readings (processes born between them count whole)."""
+    used: dict[str, float] = {}
+    for key, (part, cpu) in after.items():
+        used[part] = used.get(part, 0.0) + cpu - before.get(key, (part, 0.0))[1]
+    return {part: round(total / seconds, 2) for part, total in sorted(used.items())}
+
+
 def machine_info() -> dict[str, Any]:
     """What the numbers depend on: CPU, its bf16 support, and how busy the machine was."""
     flags: set[str] = set()

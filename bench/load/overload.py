@@ -24,8 +24,10 @@ app's settings and how people behave (overload_users.py, --pattern):
 Per arm: time to first token of accepted chat turns, tokens/s per stream, answers finished,
 refusals and how fast they were told, how long a page took to open, tokens delivered to people,
 document completion time, total tokens/s (vLLM's own counters), the longest wait without any
-update, and what the app holds after the load (engine requests, sessions, memory of its process
-tree; for replicas their sum and each one's, and the engine servers' requests and memory). Writes
+update, the cores each part of the machine used during the load (engine processes, apps, router,
+balancer, database, Locust: what two cores give each tier), and what the app holds after the load
+(engine requests, sessions, memory of its process tree; for replicas their sum and each one's, and
+the engine servers' requests and memory). Writes
 to --out (default bench/out/overload-<time>): summary.json (one object per arm, the targets; with
 managed and replicas both, replicas_vs_managed), overload.png (TTFT over time, one panel per arm),
 turns-<arm>.csv, server-<arm>.log (replicas: <arm>-logs/), locust-<arm>.log. --save-results copies
@@ -39,6 +41,7 @@ import argparse
 import csv
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -50,7 +53,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import machine_info, parse_duration, percentile, result_path
+from bench.common import (
+    cores_by_part,
+    cpu_seconds_by_part,
+    machine_info,
+    parse_duration,
+    percentile,
+    result_path,
+)
 from bench.load.deployments import (
     PASSWORD_ENV,
     Deployment,
@@ -182,8 +192,11 @@ def run_arm(name: str, options: argparse.Namespace, out: Path) -> dict[str, Any]
         rss_before, rows_before = deployment.rss_mb(), deployment.stored_rows()
         cpu_before = deployment.app_cpu_seconds()
         before, began, logged = deployment.counters(), time.monotonic(), len(deployment.balancer_log())
+        machine_cpu, load_cpu = cpu_seconds_by_part(), children_cpu_seconds()
         load(name, arm, options, out, deployment, cookies)
         after, elapsed = deployment.counters(), time.monotonic() - began
+        cores = cores_by_part(machine_cpu, cpu_seconds_by_part(), elapsed)
+        cores["load"] = round(cores.get("load", 0.0) + (children_cpu_seconds() - load_cpu) / elapsed, 2)
         downs = marked_down(deployment.balancer_log()[logged:])
         cpu, rows = deployment.app_cpu_seconds() - cpu_before, deployment.stored_rows()
         status = combined_status(deployment.statuses())
@@ -212,6 +225,7 @@ def run_arm(name: str, options: argparse.Namespace, out: Path) -> dict[str, Any]
             - before["chat_admission_refusals_total"],
             "admission_at_end": status["admission"],
             "event_loop_lag_max_seconds": status["event_loop_lag_max_seconds"],
+            "cores_used_by_part": cores,  # of the machine's, on average over the load (Locust: "load")
             "sessions_dropped_total": status["sessions_dropped_total"],
             "after_load": {**held, "tree_rss_mb_before": round(sum(rss_before.values()), 1)},
         }
@@ -222,6 +236,12 @@ def run_arm(name: str, options: argparse.Namespace, out: Path) -> dict[str, Any]
         summary["turns_by_replica"] = turns_by_replica(turns)
         summary["balancer_marked_down"] = downs  # during the load; a replica's pages cut each time
     return summary
+
+
+def children_cpu_seconds() -> float:
+    """CPU seconds of this process's children that ended (Locust's, when the load is over)."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
 
 
 def one_or_each(values: list[Any]) -> Any:
