@@ -92,7 +92,7 @@ class Admission:
         limit lets in."""
         self.capacity.update(self.load)
         self.line.foreign = self.load.foreign_requests(time.monotonic(), FOREIGN_MAX_AGE_SECONDS)
-        self.line.pace.adjust(self.line.own_running + self.line.others_running, self.capacity.limit)
+        self.line.pace.adjust(self.line.own_running + self.line.others.running, self.capacity.limit)
         self.line.admit_waiting()
 
     @property
@@ -126,7 +126,7 @@ class Admission:
         per-user message rate (on every replica together, when shared), and while the service is still
         full before the time a capacity refusal gave them."""
         line = self.line
-        full = bool(line.waiting or line.others_waiting) or line.engine_running >= line.limit
+        full = bool(line.waiting or line.others.waiting) or line.engine_running >= line.limit
         usage = self.limits.usage(user_key)
         try:
             self.limits.count_message(usage, service_full=full)

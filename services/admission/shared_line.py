@@ -13,7 +13,9 @@ starts a request only when the engine's running requests plus the others' turns 
 it leave a slot (first come, first served across replicas), and counts them in a waiting person's
 place and estimate and in ADMISSION_QUEUE_MAX. The row also carries the replica's stream pace
 (its running requests, slowest stream and cap: pace.py), so the replicas pace the engine together
-and the lowest cap holds for all. A row holds times and counts only, never who waits; each row
+and the lowest cap holds for all, and its document parts running and reading their prompt, so the
+documents' bounds hold at the engine, not per replica (other_replicas.py). A row holds times and
+counts only, never who waits; each row
 holds at most ADMISSION_QUEUE_MAX places; a stopping replica deletes its row, every replica sweeps
 expired ones. While the database cannot answer, the others' lines count as empty (each replica's
 line is its own, as without sharing). Times are wall clocks: keep the replicas' clocks in sync.
@@ -34,8 +36,9 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from services.admission.other_replicas import OtherReplicas
 from services.admission.shared_database import SharedDatabase
-from services.admission.tickets import CHAT
+from services.admission.tickets import CHAT, DOCUMENT
 from services.admission.waiting_line import WaitingLine
 from services.config import Settings
 
@@ -43,13 +46,15 @@ logger = logging.getLogger(__name__)
 
 EXPIRY_ROUNDS = 3  # a row not renewed for this many intervals is a replica gone
 WRITE = text(
-    "INSERT INTO line_places (holder, places, running, slowest, pace_cap, expires_at) "
-    "VALUES (:holder, :places, :running, :slowest, :cap, :expires) ON CONFLICT (holder) DO UPDATE SET "
-    "places = excluded.places, running = excluded.running, slowest = excluded.slowest, "
-    "pace_cap = excluded.pace_cap, expires_at = excluded.expires_at"
+    "INSERT INTO line_places (holder, places, running, slowest, pace_cap, documents, documents_prefilling, "
+    "expires_at) VALUES (:holder, :places, :running, :slowest, :cap, :documents, :documents_prefilling, "
+    ":expires) ON CONFLICT (holder) DO UPDATE SET places = excluded.places, running = excluded.running, "
+    "slowest = excluded.slowest, pace_cap = excluded.pace_cap, documents = excluded.documents, "
+    "documents_prefilling = excluded.documents_prefilling, expires_at = excluded.expires_at"
 )
 READ = text(
-    "SELECT places, running, slowest, pace_cap FROM line_places WHERE holder <> :holder AND expires_at > :now"
+    "SELECT places, running, slowest, pace_cap, documents, documents_prefilling FROM line_places "
+    "WHERE holder <> :holder AND expires_at > :now"
 )
 SWEEP = text("DELETE FROM line_places WHERE expires_at <= :now")
 LEAVE = text("DELETE FROM line_places WHERE holder = :holder")
@@ -69,18 +74,22 @@ def parsed_places(stored: str, most: int) -> list[float]:
 
 @dataclass(frozen=True)
 class Shared:
-    """What one other replica shares: when its waiting chat turns arrived, and its stream pace."""
+    """What one other replica shares: when its waiting chat turns arrived, its stream pace, and its
+    document parts running and reading their prompt."""
 
     places: list[float]
     running: int
     slowest: float | None
     cap: int | None
+    documents: int = 0
+    documents_prefilling: int = 0
 
 
 def parsed_row(row: Sequence[Any], most_places: int, most_running: int) -> Shared:
-    """A row (places, running, slowest, pace_cap), each value checked and bounded: a count that is not
-    an integer counts 0 (a cap: none), a rate that is not a finite number >= 0 counts none."""
-    places, running, slowest, cap = (*row, None, None, None, None)[:4]
+    """A row (places, running, slowest, pace_cap, documents, documents_prefilling), each value checked
+    and bounded: a count that is not an integer counts 0 (a cap: none), a rate that is not a finite
+    number >= 0 counts none."""
+    places, running, slowest, cap, documents, prefilling = (*row, *[None] * 6)[:6]
 
     def count(value: Any) -> int | None:
         whole = isinstance(value, int) and not isinstance(value, bool)
@@ -92,6 +101,8 @@ def parsed_row(row: Sequence[Any], most_places: int, most_running: int) -> Share
         count(running) or 0,
         float(slowest) if rate and slowest >= 0 else None,
         count(cap) or None,  # a cap of 0 is none: the lowest is one
+        count(documents) or 0,
+        count(prefilling) or 0,
     )
 
 
@@ -126,6 +137,8 @@ class SharedLine:
             "running": self.line.own_running,
             "slowest": None if slowest is None else round(slowest, 3),
             "cap": self.line.pace.cap,
+            "documents": self.line.running[DOCUMENT],
+            "documents_prefilling": sum(ticket.kind == DOCUMENT for ticket in self.line.prefilling),
         }
 
     async def exchange(self) -> None:
@@ -148,12 +161,16 @@ class SharedLine:
         self.take(found if shared else [])
 
     def take(self, rows: Iterable[Sequence[Any]]) -> None:
-        """The other replicas' rows as the line's `others_waiting` (in its keys), `others_running` and
-        their pace, then admit."""
+        """The other replicas' rows as the line's `others` (places in its keys) and its pace's, then
+        admit."""
         offset, line, most = self._offset(), self.line, self.settings.admission_queue_max
         shared = [parsed_row(row, most, line.capacity.max_running) for row in rows]
-        line.others_waiting = sorted(place - offset for each in shared for place in each.places)
-        line.others_running = sum(each.running for each in shared)
+        line.others = OtherReplicas(
+            sorted(place - offset for each in shared for place in each.places),
+            sum(each.running for each in shared),
+            sum(each.documents for each in shared),
+            sum(each.documents_prefilling for each in shared),
+        )
         line.pace.others_slowest = min((e.slowest for e in shared if e.slowest is not None), default=None)
         line.pace.others_cap = min((e.cap for e in shared if e.cap is not None), default=None)
         line.admit_waiting()
@@ -182,8 +199,9 @@ class SharedLine:
         """What /status shows of the shared line."""
         line = self.line
         return {
-            "others_waiting": len(line.others_waiting),
-            "others_running": line.others_running,
+            "others_waiting": len(line.others.waiting),
+            "others_running": line.others.running,
+            "others_documents": line.others.documents,
             "others_slowest_tokens_per_second": line.pace.others_slowest,
             "others_cap": line.pace.others_cap,
             "exchanges_total": self.exchanges_total,

@@ -1,20 +1,20 @@
 """Our waiting line in front of the engine: admit while the running limit allows, chat first, bounded.
 
-Requests beyond the running limit (capacity.py, capped by pace.py) wait here, not inside vLLM, so
-they can be counted, shown to their user with a place and an estimate (corrected by how late recent
-turns ran: promises.py), and refused at once when the queue is full or the wait too long. The limit
-is the engine's: others' requests at it (other app replicas on the same vLLM servers) hold slots
-too, and so do the chat turns waiting ahead in their lines (`others_waiting`, shared_line.py):
-across replicas the line is first come, first served. ADMISSION_QUEUE_MAX bounds the chat turns
-waiting (others' too); document parts wait besides them (each summary has at most
-SUMMARY_CONCURRENCY parts in flight, and each person a few turns).
-Three kinds of work: chat turns, document parts, API requests (which hold a chat slot; vLLM's layer
-streams them, so their tokens are not seen here). Order: chat turns by arrival; document parts as if
-they had arrived DOCUMENT_AGING_SECONDS later, API requests API_AGING_SECONDS later, so chat goes
-first but cannot starve them; the same order goes to vLLM as priority (lower is earlier). Document
-parts hold at most DOCUMENT_SLOT_SHARE of the limit: one that may not run yet keeps its place while
-chat turns behind it go. At most MAX_PREFILLING_REQUESTS admitted requests may still be reading
-their prompt, documents one of them: the prefill each engine step waits for stays small.
+Requests beyond the running limit (capacity.py, capped by pace.py) wait here, not inside vLLM, so they can
+be counted, shown to their user with a place and an estimate (corrected by how late recent turns ran:
+promises.py), and refused at once when the queue is full or the wait too long. The limit is the engine's:
+others' requests at it (other app replicas on the same vLLM servers) hold slots too, and so do the chat
+turns waiting ahead in their lines (`others`: other_replicas.py): across replicas the line is first come,
+first served, and their document parts count against the documents' bounds below. ADMISSION_QUEUE_MAX
+bounds the chat turns waiting (others' too); document parts wait besides them (each summary has at most
+SUMMARY_CONCURRENCY parts in flight, and each person a few turns). Three kinds of work: chat turns,
+document parts, API requests (which hold a chat slot; vLLM's layer streams them, so their tokens are not
+seen here). Order: chat turns by arrival; document parts as if they had arrived DOCUMENT_AGING_SECONDS
+later, API requests API_AGING_SECONDS later, so chat goes first but cannot starve them; the same order
+goes to vLLM as priority (lower is earlier). Document parts hold at most DOCUMENT_SLOT_SHARE of the limit:
+one that may not run yet keeps its place while chat turns behind it go. At most MAX_PREFILLING_REQUESTS
+admitted requests may still be reading their prompt, documents one of them: the prefill each engine step
+waits for stays small.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 
 from services.admission.capacity import DecodeCapacity
+from services.admission.other_replicas import OtherReplicas
 from services.admission.pace import StreamPace
 from services.admission.promises import WaitPromises
 from services.admission.refusals import QUEUE_FULL, WAIT_TOO_LONG, Refused, busy
@@ -54,10 +55,9 @@ class WaitingLine:
         self.waiting_by_kind: Counter[str] = Counter()  # chat turns: at most ADMISSION_QUEUE_MAX
         self.running: Counter[str] = Counter()
         self.foreign = 0  # others' requests at the same engine (other replicas): they hold slots too
-        self.others_running = 0  # other replicas' requests, as they share them (shared_line.py)
-        self.others_waiting: list[float] = []  # keys of chat turns waiting in other replicas' lines, sorted
+        self.others = OtherReplicas()  # what other replicas at the engine share (shared_line.py)
         self._running_tickets: set[Ticket] = set()
-        self._prefilling: set[Ticket] = set()  # admitted, no token yet (a subset of the running ones)
+        self.prefilling: set[Ticket] = set()  # admitted, no token yet (a subset of the running ones)
         self.refusals: Counter[str] = Counter()  # by reason (refusals.REASONS)
         self.refused_at: float | None = None  # the latest refusal for capacity
         self.admitted_total = 0
@@ -76,7 +76,7 @@ class WaitingLine:
     def limit(self) -> int:
         """Requests allowed to run at once at the engine, ours and others' (no limit when admission is
         off): the capacity model's, with the stream pace's cap on the app's (the replicas that share)."""
-        outside = max(0, self.foreign - self.others_running)  # clients that share no pace
+        outside = max(0, self.foreign - self.others.running)  # clients that share no pace
         return self.pace.limit(self.capacity.limit, outside) if self.enabled else sys.maxsize
 
     @property
@@ -86,17 +86,21 @@ class WaitingLine:
         return limit if limit == sys.maxsize else max(1, int(limit * self.settings.document_slot_share))
 
     def may_run(self, ticket: Ticket, documents_before: int = 0) -> bool:
-        """Whether `ticket`'s kind has a slot (after `documents_before` parts admitted ahead of it)."""
-        return ticket.kind != DOCUMENT or self.running[DOCUMENT] + documents_before < self.document_slots
+        """Whether `ticket`'s kind has a slot (after `documents_before` parts admitted ahead of it;
+        other replicas' parts hold the documents' slots too)."""
+        documents = self.running[DOCUMENT] + self.others.documents + documents_before
+        return ticket.kind != DOCUMENT or documents < self.document_slots
 
     def may_prefill(self, ticket: Ticket) -> bool:
-        """Whether `ticket`'s prompt may be read now: few prompts at once, documents one of them."""
+        """Whether `ticket`'s prompt may be read now: few prompts at once, documents one of them (at
+        the engine: other replicas' too)."""
         bound = self.settings.max_prefilling_requests
-        if not self.enabled or bound <= 0 or not self._prefilling:
+        if not self.enabled or bound <= 0:
             return True
-        if ticket.kind == DOCUMENT and any(t.kind == DOCUMENT for t in self._prefilling):
+        documents = self.others.documents_prefilling or any(t.kind == DOCUMENT for t in self.prefilling)
+        if ticket.kind == DOCUMENT and documents:
             return False
-        return len(self._prefilling) < bound
+        return len(self.prefilling) < bound
 
     def has_room(self, ticket: Ticket) -> bool:
         """Under the running limit (others' turns waiting ahead hold their slots), or a chat turn while
@@ -123,10 +127,9 @@ class WaitingLine:
 
     @property
     def overloaded(self) -> bool:
-        """Someone waits (here or in another replica's line), or a request was refused for capacity in
-        the last OVERLOADED_SECONDS."""
+        """Someone waits (here or in another replica's line), or a capacity refusal came recently."""
         recent = self.refused_at is not None and self.clock() - self.refused_at < OVERLOADED_SECONDS
-        return bool(self.waiting or self.others_waiting) or recent
+        return bool(self.waiting or self.others.waiting) or recent
 
     @contextlib.asynccontextmanager
     async def place(self, work: str, owner: object = None) -> AsyncIterator[Ticket]:
@@ -143,7 +146,7 @@ class WaitingLine:
     def _ticket(self, work: str, owner: object = None) -> Ticket:
         now = self.clock()
         key = queue_key(self.settings, work, now - self.epoch)
-        kind = DOCUMENT if work == DOCUMENT else CHAT
+        kind = DOCUMENT if work == DOCUMENT else CHAT  # an API request holds a chat slot
         return Ticket(kind, key, next(self._numbers), now, owner, reports_tokens=work != API)
 
     def refusal_now(self) -> Refused | None:
@@ -159,7 +162,7 @@ class WaitingLine:
         """The refusal of a chat `ticket` that must wait behind `ahead` of ours (counted); None when it
         may wait, with its promised wait set."""
         ahead_everywhere = ahead + self.others_ahead(ticket.key)
-        if self.waiting_by_kind[CHAT] + len(self.others_waiting) >= self.settings.admission_queue_max:
+        if self.waiting_by_kind[CHAT] + len(self.others.waiting) >= self.settings.admission_queue_max:
             return self.refuse(QUEUE_FULL, ahead_everywhere, self.estimate_seconds(len(self.waiting)))
         estimate = self.estimate_seconds(ahead, ticket.key)
         # Until chat turns were measured the estimate is a guess from the answer budget: up to one
@@ -202,8 +205,7 @@ class WaitingLine:
         return ticket.kind == CHAT and all(t.kind == DOCUMENT for t in self.waiting[:ahead])
 
     def refuse(self, reason: str, ahead: int, wait_seconds: float) -> Refused:
-        """A refusal for capacity (the line's, or the engine's own queue): counted, and the line
-        reports itself overloaded for a while."""
+        """A refusal for capacity (the line's, or the engine's queue): counted; the line is overloaded."""
         self.refusals[reason] += 1
         self.refused_at = self.clock()
         return busy(reason, ahead, wait_seconds)
@@ -213,8 +215,8 @@ class WaitingLine:
         the first token ends its prefill (the next prompt may be read)."""
         if ticket.kind == CHAT:
             self.pace.token(ticket)
-        if ticket in self._prefilling:
-            self._prefilling.discard(ticket)
+        if ticket in self.prefilling:
+            self.prefilling.discard(ticket)
             if ticket.kind == CHAT:  # its first token: was the promise kept?
                 self.promises.keep(ticket.promised, self.clock() - ticket.entered_at)
             self.admit_waiting()
@@ -227,7 +229,7 @@ class WaitingLine:
         ticket.released = True
         self.running[ticket.kind] -= 1
         self._running_tickets.discard(ticket)
-        self._prefilling.discard(ticket)
+        self.prefilling.discard(ticket)
         self.completed[ticket.kind] += 1
         served = self.clock() - ticket.admitted_at
         mean = self.service_seconds[ticket.kind]
@@ -253,14 +255,14 @@ class WaitingLine:
         self.running[ticket.kind] += 1
         self._running_tickets.add(ticket)
         if ticket.reports_tokens:
-            self._prefilling.add(ticket)
+            self.prefilling.add(ticket)
         self.admitted_total += 1
         self.waited_seconds_total += ticket.admitted_at - ticket.entered_at
         ticket.admitted.set()
 
     def others_ahead(self, key: float | None = None) -> int:
         """Chat turns waiting in other replicas' lines before `key` (None: all of them)."""
-        return len(self.others_waiting) if key is None else bisect.bisect_left(self.others_waiting, key)
+        return len(self.others.waiting) if key is None else bisect.bisect_left(self.others.waiting, key)
 
     def place_of(self, owner: object) -> tuple[int, float] | None:
         """The requests waiting ahead of the first waiting request of `owner` (others' lines too) and
@@ -272,15 +274,13 @@ class WaitingLine:
         return index + self.others_ahead(key), self.estimate_seconds(index, key)
 
     def estimate_seconds(self, ahead: int, key: float | None = None) -> float:
-        """Expected wait of the request with `ahead` of our requests waiting before it, and the chat
-        turns of other replicas' lines waiting before `key` (None: all of them, as for a newcomer).
-
-        Replays the slots: each running request frees its slot after what its kind usually takes,
-        minus what it has run already; each request ahead takes the earliest free slot and holds it
-        for its kind's service time (measured per kind). The estimate counts down as requests age;
-        it adds how late recent chat turns ran (promises.py). Others' requests hold slots for half
-        a chat turn each (their age is not known here).
-        """
+        """Expected wait of the request with `ahead` of our requests waiting before it, and the chat turns
+        of other replicas' lines waiting before `key` (None: all of them, as for a newcomer). Replays the
+        slots: each running request frees its slot after what its kind usually takes, minus what it has run
+        already; each request ahead takes the earliest free slot and holds it for its kind's service time
+        (measured per kind). The estimate counts down as requests age; it adds how late recent chat turns
+        ran (promises.py). Others' requests hold slots for half a chat turn each (their age is not known
+        here)."""
         now, service = self.clock(), self.service_seconds
         ours = [
             max(0.1 * service[t.kind], service[t.kind] - (now - (t.admitted_at or now)))

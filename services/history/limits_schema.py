@@ -9,7 +9,8 @@ and 16.
 - `line_places` (migration 16): one row per replica (`holder`), when its waiting chat turns arrived
   (a JSON list of seconds since the epoch), renewed every SHARED_LINE_SECONDS and lapsing at
   `expires_at`; since migration 17 also its stream pace: requests it runs (`running`), its slowest
-  stream's tokens/s (`slowest`) and its cap (`pace_cap`; NULL: none).
+  stream's tokens/s (`slowest`) and its cap (`pace_cap`; NULL: none), and its document parts running
+  (`documents`) and reading their prompt (`documents_prefilling`).
 People, accounts and addresses are stored as digests (`person`, `key`), never as names. Every row
 expires: writes delete a person's expired rows, and maintenance sweeps the rest.
 """

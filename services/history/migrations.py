@@ -57,8 +57,9 @@ CHAINLIT_COLUMNS: dict[str, dict[str, str]] = {
 ACCOUNT_COLUMNS = {"password_hash": "text", "role": "text", "disabled": "bool", "updated_at": "text"}
 # Moved by every change that ends an account's sign-ins (services/accounts/sessions.py); NULL = 0.
 SESSION_COLUMNS = {"session_generation": "int"}
-# What each app replica shares of its stream pace beside its waiting places (limits_schema.py).
-LINE_PACE_COLUMNS = {"running": "int", "slowest": "float", "pace_cap": "int"}
+# What each app replica shares beside its waiting places (limits_schema.py): its stream pace, its documents.
+LINE_SHARE_COLUMNS = {"running": "int", "slowest": "float", "pace_cap": "int", "documents": "int",
+                      "documents_prefilling": "int"}  # fmt: skip
 _TYPES = {"id": "TEXT", "text": "TEXT", "json": "TEXT", "int": "INTEGER", "bool": "BOOLEAN",
           "float": "DOUBLE PRECISION"}  # fmt: skip
 _NOT_NULL = {("users", "identifier"), ("steps", "name"), ("steps", "type"), ("steps", "threadId"),
@@ -192,8 +193,8 @@ async def _presets(connection: AsyncConnection) -> None:
     )
 
 
-async def _line_pace(connection: AsyncConnection) -> None:
-    await _ensure_columns(connection, "line_places", LINE_PACE_COLUMNS)
+async def _line_share(connection: AsyncConnection) -> None:
+    await _ensure_columns(connection, "line_places", LINE_SHARE_COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -222,7 +223,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(14, "search: owner-scoped PostgreSQL index, SQLite prefix indexes", upgrade_search_index),
     Migration(15, "limits replicas share: turn leases, counts, sign-in attempts", shared_limit_tables),
     Migration(16, "waiting lines replicas share: when each one's waiting turns arrived", line_places_table),
-    Migration(17, "waiting lines replicas share: each one's running count, slowest stream, cap", _line_pace),
+    Migration(17, "waiting lines replicas share: running counts, slowest stream, pace cap", _line_share),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

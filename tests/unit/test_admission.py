@@ -14,6 +14,7 @@ from services.admission.capacity import DecodeCapacity
 from services.admission.context import TurnContext
 from services.admission.feedback import QUIET_SECONDS, WaitingFeedback, status_text
 from services.admission.limits import UserLimits, user_key
+from services.admission.other_replicas import OtherReplicas
 from services.admission.promises import MAX_KEPT, MIN_TURNS, PROMISE_WINDOW_SECONDS, WaitPromises
 from services.admission.refusals import Refused, rounded_seconds
 from services.admission.service import Admission
@@ -158,6 +159,32 @@ async def test_a_burst_is_read_a_few_prompts_at_a_time_and_documents_one_of_them
     assert queue.admitted[4:] == ["chat-3", "chat-4"]
     await queue.finish("doc-1", "chat-1", "chat-2", "chat-3", "chat-4")
     assert queue.line.engine_running == 0 and not queue.line.waiting
+
+
+@aio
+async def test_other_replicas_document_parts_hold_the_documents_share_and_prefill() -> None:
+    """N replicas at one engine: their parts count against the one share and the one document
+    prefill, so documents do not hold N times their share of the engine."""
+    clock = Clock()
+    queue = Queue(line_with(8, clock, max_prefilling_requests=2, document_slot_share=0.25), clock)
+    line = queue.line
+    line.others = OtherReplicas(running=1, documents=1, documents_prefilling=1)
+    await queue.submit("doc-1", DOCUMENT, after_seconds=0)
+    await queue.submit("chat-1", CHAT)
+    assert queue.admitted == ["chat-1"], "the other replica's part reads its prompt: ours waits"
+    line.others = OtherReplicas(running=1, documents=1)  # its prompt is read; it holds a slot of two
+    line.admit_waiting()
+    await settle()
+    assert queue.admitted == ["chat-1", "doc-1"], "8 x 0.25: two document slots, one of them ours"
+    await queue.submit("doc-2", DOCUMENT, after_seconds=0)
+    line.note_token(queue.places["doc-1"])
+    await settle()
+    assert queue.admitted[2:] == [], "the documents' slots are full at the engine"
+    line.others = OtherReplicas()
+    line.admit_waiting()
+    await settle()
+    assert queue.admitted[2:] == ["doc-2"]
+    await queue.finish("chat-1", "doc-1", "doc-2")
 
 
 @aio
@@ -778,10 +805,10 @@ async def test_a_message_resent_before_the_time_a_refusal_gave_gets_that_answer_
     await admission.message(user_key("bob"))  # at the time given: a message like any other
     admission.limits.told(admission.limits.usage(user_key("bob")), full.value)
     await requests.finish("alice")
-    admission.line.others_waiting = [0.0]  # the service is still full: someone waits on another replica
+    admission.line.others = OtherReplicas(waiting=[0.0])  # still full: someone waits on another replica
     with pytest.raises(Refused, match="not sent"):
         await admission.message(user_key("bob"))
-    admission.line.others_waiting = []
+    admission.line.others = OtherReplicas()
     await admission.message(user_key("bob"))  # the service has room again: no need to wait for the time
 
 
@@ -881,7 +908,7 @@ async def test_turns_waiting_in_other_replicas_lines_go_first_and_count_in_place
     clock = Clock()
     queue = Queue(line_with(2, clock), clock)
     line = queue.line
-    line.others_waiting = [clock.now - line.epoch]  # a turn waits in another replica's line since now
+    line.others = OtherReplicas(waiting=[clock.now - line.epoch])  # waits on another replica since now
     await queue.submit("mine-1", CHAT)  # one slot for the other's turn, one for this
     await queue.submit("mine-2", CHAT)
     assert queue.admitted == ["mine-1"], "the other replica's turn came first: its slot is kept"
@@ -890,7 +917,7 @@ async def test_turns_waiting_in_other_replicas_lines_go_first_and_count_in_place
     assert ahead == 1 and estimate > 0, "the person is told of the turn waiting elsewhere"
     alone = line_with(2, clock)
     assert line.estimate_seconds(0) > alone.estimate_seconds(0)
-    line.others_waiting, line.foreign = [], 1  # the other replica started it: it runs at the engine
+    line.others, line.foreign = OtherReplicas(), 1  # the other replica started it: it runs at the engine
     line.admit_waiting()
     await settle()
     assert queue.admitted == ["mine-1"], "it holds its slot at the engine now"
@@ -898,7 +925,7 @@ async def test_turns_waiting_in_other_replicas_lines_go_first_and_count_in_place
     line.admit_waiting()
     await settle()
     assert queue.admitted == ["mine-1", "mine-2"]
-    line.others_waiting = [clock.now + 5 - line.epoch]  # arrived elsewhere after this one
+    line.others = OtherReplicas(waiting=[clock.now + 5 - line.epoch])  # arrived elsewhere after this one
     await queue.finish("mine-1")
     await queue.submit("mine-3", CHAT, after_seconds=0)
     assert queue.admitted[2:] == ["mine-3"], "a later arrival elsewhere waits behind this replica's"
@@ -911,7 +938,7 @@ async def test_admission_queue_max_counts_the_turns_waiting_in_other_replicas_li
     queue = Queue(line_with(1, clock, admission_queue_max=3), clock)
     line = queue.line
     await queue.submit("running", CHAT)
-    line.others_waiting = [1.0, 2.0]
+    line.others = OtherReplicas(waiting=[1.0, 2.0])
     await queue.submit("waits", CHAT)  # 1 here + 2 elsewhere: the line is full now
     with pytest.raises(Refused) as refused:
         async with line.place(CHAT):

@@ -66,6 +66,15 @@ def test_a_rows_pace_is_checked_and_bounded(
     assert (shared.running, shared.slowest, shared.cap) == (running, slowest, cap)
 
 
+def test_a_rows_documents_are_counts_and_the_rows_add_up() -> None:
+    b = replica(monotonic=50.0, wall=1_000.0, slots=SixSlots)
+    assert parsed_row(("[]", 2, None, None, "1", -1), 32, most_running=64).documents == 0
+    b.take([("[1000.5]", 3, None, None, 2, 1), ("[]", 1, None, None, 10**9, True)])
+    assert b.line.others.running == 4 and b.line.others.documents == 2 + 64, "bounded: at most max_running"
+    assert b.line.others.documents_prefilling == 1 and len(b.line.others.waiting) == 1
+    assert b.status()["others_documents"] == 66
+
+
 def test_a_rows_places_are_numbers_and_bounded() -> None:
     assert parsed_places('[1, 2.5, "x", 3]', 100) == [1.0, 2.5, 3.0]
     assert parsed_places(json.dumps(list(range(10_000))), 32) == [float(n) for n in range(32)]
@@ -82,7 +91,7 @@ async def test_places_cross_replicas_in_each_ones_own_clock() -> None:
     assert a.own_places() == [5_000.0] and b.own_places() == [5_001.0]
     b.take([(json.dumps(a.own_places()), 1, None, None)])
     mine = b.line.waiting[0].key
-    assert b.line.others_waiting == [pytest.approx(mine - 1.0)]
+    assert b.line.others.waiting == [pytest.approx(mine - 1.0)]
     assert b.line.place_of(None)[0] == 1, "B's person is told of A's turn ahead"
     a.take([(json.dumps(b.own_places()), 1, None, None)])
     assert a.line.place_of(None)[0] == 0, "A's turn came first"
@@ -105,15 +114,15 @@ def test_replicas_pace_the_engine_together() -> None:
     line, pace = b.line, b.line.pace
     line.foreign = 4  # at the engine: A's three requests and one of a client that shares no pace
     b.take([("[]", 3, 2.0, 3)])
-    assert line.others_running == 3 and pace.engine_cap == 3 and pace.slowest() == 2.0
+    assert line.others.running == 3 and pace.engine_cap == 3 and pace.slowest() == 2.0
     assert line.limit == 3 + 1, "A's cap bounds the app's requests; the other client's come on top"
     line.clock.now += 10  # type: ignore[attr-defined]
-    pace.adjust(running=line.own_running + line.others_running, model_limit=line.capacity.limit)
+    pace.adjust(running=line.own_running + line.others.running, model_limit=line.capacity.limit)
     assert pace.cap == 1 and pace.lowered_total == 1, "3 streams at 2 tokens/s for a pace of 5.5: one"
     b.take([("[]", 1, 9.0, 1)])  # A lowered too; its one stream now gets 9 tokens/s
     line.clock.now += 10  # type: ignore[attr-defined]
-    pace.adjust(running=line.own_running + line.others_running, model_limit=line.capacity.limit)
+    pace.adjust(running=line.own_running + line.others.running, model_limit=line.capacity.limit)
     assert pace.cap == 2, "A's fast stream raises B's cap though B runs nothing"
     b.take([])
-    assert pace.others_cap is None and pace.others_slowest is None and line.others_running == 0
+    assert pace.others_cap is None and pace.others_slowest is None and line.others.running == 0
     assert b.status()["others_running"] == 0

@@ -25,7 +25,7 @@ from services.admission.refusals import Refused
 from services.admission.shared_database import SharedDatabase
 from services.admission.shared_limits import SharedLimits
 from services.admission.shared_line import SharedLine
-from services.admission.waiting_line import CHAT, WaitingLine
+from services.admission.waiting_line import CHAT, DOCUMENT, WaitingLine
 from services.config import Settings
 from services.history.database import create_engine
 from services.history.migrations import migrate
@@ -210,14 +210,14 @@ def line_replica(engine: AsyncEngine, wall: Clock, available: bool = True) -> Sh
 
 
 class Held:
-    """A chat request of `owner` in `line`: waits for its slot, then holds it until `end`."""
+    """A request of `kind` and `owner` in `line`: waits for its slot, then holds it until `end`."""
 
-    def __init__(self, line: WaitingLine, owner: object = None) -> None:
+    def __init__(self, line: WaitingLine, owner: object = None, kind: str = CHAT) -> None:
         self.started, self.done = asyncio.Event(), asyncio.Event()
-        self.task = asyncio.create_task(self._hold(line, owner))
+        self.task = asyncio.create_task(self._hold(line, owner, kind))
 
-    async def _hold(self, line: WaitingLine, owner: object) -> None:
-        async with line.place(CHAT, owner=owner):
+    async def _hold(self, line: WaitingLine, owner: object, kind: str) -> None:
+        async with line.place(kind, owner=owner):
             self.started.set()
             await self.done.wait()
 
@@ -239,7 +239,7 @@ async def test_a_turn_waiting_on_one_replica_goes_before_a_later_one_on_another(
     assert a1.started.is_set() and b1.started.is_set() and not a2.started.is_set()
     await a.exchange()
     await b.exchange()
-    assert len(b.line.others_waiting) == 1 and b.status()["others_waiting"] == 1
+    assert len(b.line.others.waiting) == 1 and b.status()["others_waiting"] == 1
     await b1.end()  # a slot frees; b sees it first
     later = object()
     b2 = Held(b.line, owner=later)
@@ -265,12 +265,13 @@ async def test_replicas_share_their_stream_pace_and_the_lowest_cap_holds_for_all
 ) -> None:
     wall = Clock()
     a, b = (line_replica(engine, wall) for engine in engines)
-    a1 = Held(a.line)
+    a1 = Held(a.line, kind=DOCUMENT)  # a document part: the documents' share is the engine's too
     await asyncio.sleep(0.05)
     a.line.pace.cap = 1  # a's streams were too slow at two
     await a.exchange()
     await b.exchange()
     assert b.status()["others_running"] == 1 and b.status()["others_cap"] == 1
+    assert b.line.others.documents == 1 and b.line.others.documents_prefilling == 1
     b.line.foreign = 1  # the engine holds a's request
     b1 = Held(b.line)
     await asyncio.sleep(0.05)
@@ -281,7 +282,7 @@ async def test_replicas_share_their_stream_pace_and_the_lowest_cap_holds_for_all
     await asyncio.wait_for(b1.started.wait(), 1)
     await b.exchange()
     await a.exchange()
-    assert a.status()["others_running"] == 1 and a.line.others_running == 1
+    assert a.status()["others_running"] == 1 and a.line.others.running == 1
     for held in (a1, b1):
         await held.end()
     await a.stop()
@@ -298,15 +299,16 @@ async def test_a_killed_replicas_places_lapse_and_a_database_down_counts_none(
     await asyncio.sleep(0.05)
     await killed.exchange()
     await alive.exchange()
-    assert alive.line.others_waiting and await rows(engines[0], "line_places") == 1
+    assert alive.line.others.waiting and await rows(engines[0], "line_places") == 1
     wall.now += 3 * alive.settings.shared_line_seconds + 0.1  # the killed replica renews nothing
     await alive.exchange()
-    assert alive.line.others_waiting == [] and await rows(engines[0], "line_places") == 0, "swept"
+    assert alive.line.others.waiting == [] and await rows(engines[0], "line_places") == 0, "swept"
     down = line_replica(engines[1], wall, available=False)
-    down.take([(json.dumps([wall.now - 1]), 1, 1.0, 1)])
+    down.take([(json.dumps([wall.now - 1]), 1, 1.0, 1, 1, 1)])
     await down.exchange()
-    assert down.line.others_waiting == [] and down.exchanges_total == 0, "its line is its own again"
-    assert down.line.others_running == 0 and down.line.pace.engine_cap is None, "and its pace"
+    assert down.line.others.waiting == [] and down.exchanges_total == 0, "its line is its own again"
+    assert down.line.others.running == 0 and down.line.pace.engine_cap is None, "and its pace"
+    assert down.line.others.documents == 0, "and its documents' share"
     for each in held:
         each.task.cancel()
     await asyncio.gather(*(each.task for each in held), return_exceptions=True)
