@@ -98,7 +98,7 @@ def process_label(process: psutil.Process, app_pid: int | None) -> str:
 CPU_PARTS = (
     ("engine", ("VLLM::", "vllm.entrypoints", "vllm serve")),  # workers, engine cores, API servers
     ("apps", ("chainlit",)),
-    ("router", ("vllm-router", "vllm_router")),
+    ("router", ("vllm-router", "vllm_router", "vllm::router")),  # it renames its process vllm::router
     ("balancer", ("haproxy",)),
     ("database", ("postgres",)),
     ("load", ("locust",)),
