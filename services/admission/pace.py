@@ -86,12 +86,12 @@ class StreamPace:
 
     def slowest(self) -> float | None:
         """The lowest tokens/s among the app's streams: this process's and other replicas'."""
-        return _lowest(self.own_slowest(), self.others_slowest)
+        return lowest(self.own_slowest(), self.others_slowest)
 
     @property
     def engine_cap(self) -> int | None:
         """The cap on the app's requests: the lowest of this process's and other replicas'."""
-        return _lowest(self.cap, self.others_cap)
+        return lowest(self.cap, self.others_cap)
 
     def adjust(self, running: int, model_limit: int) -> None:
         """Lower the cap below `running` (the app's requests: ours and other replicas') when a stream
@@ -133,6 +133,7 @@ class StreamPace:
         }
 
 
-def _lowest(*values: Number | None) -> Number | None:
+def lowest(*values: Number | None) -> Number | None:
+    """The lowest of the known `values`; None when none is known."""
     known = [value for value in values if value is not None]
     return min(known) if known else None

@@ -37,6 +37,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.admission.other_replicas import OtherReplicas
+from services.admission.pace import lowest
 from services.admission.shared_database import SharedDatabase
 from services.admission.tickets import CHAT, DOCUMENT
 from services.admission.waiting_line import WaitingLine
@@ -60,6 +61,12 @@ SWEEP = text("DELETE FROM line_places WHERE expires_at <= :now")
 LEAVE = text("DELETE FROM line_places WHERE holder = :holder")
 
 
+def finite_number(value: Any) -> float | None:
+    """`value` as a float when it is a finite number (not a boolean); None otherwise."""
+    number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if number else None
+
+
 def parsed_places(stored: str, most: int) -> list[float]:
     """A row's places (at most `most`); none when it is not a JSON list of finite numbers."""
     try:
@@ -68,8 +75,8 @@ def parsed_places(stored: str, most: int) -> list[float]:
         return []
     if not isinstance(places, list):
         return []
-    numbers = [p for p in places[:most] if isinstance(p, int | float) and not isinstance(p, bool)]
-    return [float(p) for p in numbers if math.isfinite(p)]
+    numbers = (finite_number(place) for place in places[:most])
+    return [number for number in numbers if number is not None]
 
 
 @dataclass(frozen=True)
@@ -95,11 +102,11 @@ def parsed_row(row: Sequence[Any], most_places: int, most_running: int) -> Share
         whole = isinstance(value, int) and not isinstance(value, bool)
         return min(max(value, 0), most_running) if whole else None
 
-    rate = isinstance(slowest, int | float) and not isinstance(slowest, bool) and math.isfinite(slowest)
+    rate = finite_number(slowest)
     return Shared(
         parsed_places(places, most_places),
         count(running) or 0,
-        float(slowest) if rate and slowest >= 0 else None,
+        rate if rate is not None and rate >= 0 else None,
         count(cap) or None,  # a cap of 0 is none: the lowest is one
         count(documents) or 0,
         count(prefilling) or 0,
@@ -171,8 +178,8 @@ class SharedLine:
             sum(each.documents for each in shared),
             sum(each.documents_prefilling for each in shared),
         )
-        line.pace.others_slowest = min((e.slowest for e in shared if e.slowest is not None), default=None)
-        line.pace.others_cap = min((e.cap for e in shared if e.cap is not None), default=None)
+        line.pace.others_slowest = lowest(*(each.slowest for each in shared))
+        line.pace.others_cap = lowest(*(each.cap for each in shared))
         line.admit_waiting()
 
     def start(self) -> None:

@@ -223,7 +223,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(14, "search: owner-scoped PostgreSQL index, SQLite prefix indexes", upgrade_search_index),
     Migration(15, "limits replicas share: turn leases, counts, sign-in attempts", shared_limit_tables),
     Migration(16, "waiting lines replicas share: when each one's waiting turns arrived", line_places_table),
-    Migration(17, "waiting lines replicas share: running counts, slowest stream, pace cap", _line_share),
+    Migration(17, "waiting lines replicas share: running, documents, slowest stream, pace cap", _line_share),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 
