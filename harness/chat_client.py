@@ -159,6 +159,9 @@ class Reply:
     status_removed_at: float | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
     earlier: set[str] = field(default_factory=set)  # messages seen before it was asked: never this one
+    # An edit's answer comes after the server shows the edited message (`update_message` of this id):
+    # what comes before it belongs to the turn the edit stopped, even when it started streaming late.
+    after_update_of: str | None = None
 
     @property
     def streamed_text(self) -> str:
@@ -246,6 +249,10 @@ class ChatClient:
         reply = self._reply
         if name in ("new_message", "update_message", "stream_start") and isinstance(data, dict):
             self.messages[data["id"]] = data
+        if reply is not None and reply.after_update_of is not None:  # the edit not shown yet
+            if name == "update_message" and self.messages.get(reply.after_update_of) is data:
+                reply.after_update_of = None
+            return
         if (
             reply is None
             or reply.done.is_set()
@@ -326,6 +333,7 @@ class ChatClient:
         sent = next((m for m in self.sent if m["id"] == message_id), None)
         message = {**(sent or user_message_payload("")["message"]), "id": message_id, "output": text}
         reply = self._expect_reply()
+        reply.after_update_of = message_id
         await self.sio.emit("edit_message", {"message": message})
         return reply
 

@@ -61,17 +61,18 @@ def knows_user_message(session: ChatSession, step_id: str) -> bool:
     )
 
 
-def rewind(session: ChatSession, cut_from: Collection[str]) -> int:
-    """Drop the history from its first message whose id is in `cut_from` on; return how many went."""
+def rewind(session: ChatSession, cut_from: Collection[str]) -> list[str | None]:
+    """Drop the history from its first message whose id is in `cut_from` on; return the ids of the
+    messages that went, oldest first (None for one without an id)."""
     _align(session)
     for index, step_id in enumerate(session.history_ids):
         if step_id is not None and step_id in cut_from:
-            dropped = len(session.history) - index
-            for _ in range(dropped):
+            dropped = list(session.history_ids)[index:]
+            for _ in dropped:
                 session.history.pop()
                 session.history_ids.pop()
             return dropped
-    return 0
+    return []
 
 
 def last_turn(session: ChatSession) -> LastTurn | None:

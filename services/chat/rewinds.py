@@ -44,7 +44,10 @@ async def edit(turns: ChatTurns, page: Page, message_id: str, text: str) -> None
         if cut_ids is None:
             await page.error(UNSAVED)
             return False
-        branch.rewind(session, {message_id, *cut_ids})
+        went = branch.rewind(session, {message_id, *cut_ids})
+        # The page cut its chat when the edit was pressed; an answer the edit stopped may have
+        # started streaming after that, and would stay on the page.
+        await page.remove_messages(sorted({step_id for step_id in went if step_id} - {message_id}))
         await page.show_edited(message_id, text)
         return True
 

@@ -71,10 +71,11 @@ def session_with(*messages: tuple[str, str, str | None], maxlen: int = 10) -> Ch
 def test_rewind_cuts_the_history_at_the_first_message_of_the_cut() -> None:
     session = session_with(("user", "a", "u1"), ("assistant", "A", "a1"), ("user", "b", "u2"),
                            ("assistant", "B", "a2"))  # fmt: skip
-    assert branch.rewind(session, {"u2"}) == 2
+    assert branch.rewind(session, {"u2"}) == ["u2", "a2"]
     assert [m["content"] for m in session.history] == ["a", "A"] and list(session.history_ids) == ["u1", "a1"]
-    assert branch.rewind(session, {"nobody's", "other"}) == 0 and len(session.history) == 2
-    assert branch.rewind(session, {"a1", "u1"}) == 2 and not session.history and not session.history_ids
+    assert branch.rewind(session, {"nobody's", "other"}) == [] and len(session.history) == 2
+    assert branch.rewind(session, {"a1", "u1"}) == ["u1", "a1"]
+    assert not session.history and not session.history_ids
 
 
 def test_ids_stay_aligned_when_the_bound_drops_the_oldest_and_for_messages_without_ids() -> None:
@@ -83,11 +84,11 @@ def test_ids_stay_aligned_when_the_bound_drops_the_oldest_and_for_messages_witho
     assert list(session.history_ids) == ["id3", "id4", "id5", "id6"]
     assert [m["content"] for m in session.history] == ["3", "4", "5", "6"]
     session.history.clear()  # cleared or added to without branch.py: the ids follow
-    assert branch.rewind(session, {"id6"}) == 0 and not session.history_ids
+    assert branch.rewind(session, {"id6"}) == [] and not session.history_ids
     session.history.append({"role": "user", "content": "added without an id"})
     branch.record(session, {"role": "assistant", "content": "answer"}, "id8")
     assert list(session.history_ids) == [None, "id8"]
-    assert branch.rewind(session, {"id8"}) == 1 and [m["content"] for m in session.history] == [
+    assert branch.rewind(session, {"id8"}) == ["id8"] and [m["content"] for m in session.history] == [
         "added without an id"
     ]
 
@@ -169,6 +170,8 @@ async def test_an_edit_while_an_answer_streams_aborts_it_first() -> None:
     with pytest.raises(asyncio.CancelledError):
         await running
     assert len(engine.aborted) == 1, "the running answer's engine request was aborted"
+    stopped = page.replies[0].id
+    assert ("removed", [stopped]) in page.shown, "the stopped answer leaves the page, late or not"
     session = turns.sessions.get(page.session_id)
     assert session is not None and session.history[0]["content"] == "short question"
     assert len(session.history) == 2 and "long question" not in str(engine.prompts[-1])
