@@ -27,11 +27,12 @@ document completion time, total tokens/s (vLLM's own counters), the longest wait
 update, the cores each part of the machine used during the load (engine processes, apps, router,
 balancer, database, Locust: what two cores give each tier), and what the app holds after the load
 (engine requests, sessions, memory of its process tree; for replicas their sum and each one's, and
-the engine servers' requests and memory). Writes
+the engine servers' requests and memory), and what admission did during it (bench/load/timeline.py:
+requests run, the limit and which bound set it, every 10 s). Writes
 to --out (default bench/out/overload-<time>): summary.json (one object per arm, the targets; with
 managed and replicas both, replicas_vs_managed), overload.png (TTFT over time, one panel per arm),
-turns-<arm>.csv, server-<arm>.log (replicas: <arm>-logs/), locust-<arm>.log. --save-results copies
-the summary and plot to bench/results/load/overload-summary-<date-time>.json and
+turns-<arm>.csv, admission-<arm>.jsonl, server-<arm>.log (replicas: <arm>-logs/), locust-<arm>.log.
+--save-results copies the summary and plot to bench/results/load/overload-summary-<date-time>.json and
 overload-ttft-<date-time>.png.
 """
 
@@ -70,6 +71,7 @@ from bench.load.deployments import (
     start_replicas,
     start_single,
 )
+from bench.load.timeline import AdmissionTimeline
 
 FCFS_SETTINGS = {
     "PRIORITY_SCHEDULING": "false", "READING_PACE_TOKENS_PER_SECOND": "0", "MAX_NUM_QUEUED_REQS": "0",
@@ -193,7 +195,8 @@ def run_arm(name: str, options: argparse.Namespace, out: Path) -> dict[str, Any]
         cpu_before = deployment.app_cpu_seconds()
         before, began, logged = deployment.counters(), time.monotonic(), len(deployment.balancer_log())
         machine_cpu, load_cpu = cpu_seconds_by_part(), children_cpu_seconds()
-        load(name, arm, options, out, deployment, cookies)
+        with AdmissionTimeline(deployment.statuses, out / f"admission-{name}.jsonl") as timeline:
+            load(name, arm, options, out, deployment, cookies)
         after, elapsed = deployment.counters(), time.monotonic() - began
         cores = cores_by_part(machine_cpu, cpu_seconds_by_part(), elapsed)
         cores["load"] = round(cores.get("load", 0.0) + (children_cpu_seconds() - load_cpu) / elapsed, 2)
@@ -225,6 +228,7 @@ def run_arm(name: str, options: argparse.Namespace, out: Path) -> dict[str, Any]
             - before["chat_admission_refusals_total"],
             "admission_at_end": status["admission"],
             "event_loop_lag_max_seconds": status["event_loop_lag_max_seconds"],
+            "admission_timeline": timeline.summary(),  # means over the load; admission-<arm>.jsonl has each
             "cores_used_by_part": cores,  # of the machine's, on average over the load (Locust: "load")
             "sessions_dropped_total": status["sessions_dropped_total"],
             "after_load": {**held, "tree_rss_mb_before": round(sum(rss_before.values()), 1)},

@@ -108,6 +108,7 @@ class Admission:
             "running": dict(line.running),
             "others_running": line.foreign,
             "running_limit": line.limit if line.enabled else None,
+            "capacity_limit": self.capacity.limit,  # the decode model's; the stream pace may cap it lower
             "waiting": len(line.waiting),
             "admitted_total": line.admitted_total,
             "refusals_total": dict(line.refusals),

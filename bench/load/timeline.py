@@ -1,0 +1,100 @@
+"""What admission did during a load: every app's /status every few seconds, in one JSONL file.
+
+A verdict's numbers say how people fared; the timeline says why: how many requests the apps ran at
+the engine, the running limit, which bound set it (the decode model's `capacity_limit` or the
+stream pace's `engine_cap`), the slowdown the model read, and the document parts among them. Each
+sample is one line: seconds since the load began, then one entry per app.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+SAMPLE_SECONDS = 10.0
+MAX_SAMPLES = 2000  # a bound: over five hours at SAMPLE_SECONDS
+
+
+def sample_of(status: dict[str, Any]) -> dict[str, Any]:
+    """The admission numbers of one app's /status."""
+    admission = status.get("admission") or {}
+    running = admission.get("running") or {}
+    pace = admission.get("stream_pace") or {}
+    return {
+        "running": sum(running.values()),
+        "documents": running.get("document", 0),
+        "others_running": admission.get("others_running"),
+        "waiting": admission.get("waiting"),
+        "limit": admission.get("running_limit"),
+        "capacity_limit": admission.get("capacity_limit"),
+        "engine_cap": pace.get("engine_cap"),
+        "slowest_stream": pace.get("slowest_stream_tokens_per_second"),
+        "slowdown": admission.get("slowdown_vs_warm_up"),
+    }
+
+
+class AdmissionTimeline:
+    """Samples `statuses()` (one /status per app) in a thread while in its `with` block."""
+
+    def __init__(self, statuses: Callable[[], list[dict[str, Any]]], path: Path,
+                 every: float = SAMPLE_SECONDS) -> None:  # fmt: skip
+        self.statuses = statuses
+        self.path = path
+        self.every = every
+        self.samples: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="admission-timeline", daemon=True)
+        self._began = 0.0
+
+    def __enter__(self) -> AdmissionTimeline:
+        self._began = time.monotonic()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.every + 30)
+        self.path.write_text("".join(json.dumps(sample) + "\n" for sample in self.samples))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every) and len(self.samples) < MAX_SAMPLES:
+            try:
+                apps = [sample_of(status) for status in self.statuses()]
+            except Exception:  # an app busy past its timeout: that sample is missing, the next is tried
+                continue
+            self.samples.append({"seconds": round(time.monotonic() - self._began, 1), "apps": apps})
+
+    def summary(self) -> dict[str, Any]:
+        """Means over the samples: requests the apps ran, document parts among them, the limit and what
+        set it (share of samples where the stream pace's cap held it under the model's limit)."""
+        rows = [s["apps"] for s in self.samples if s["apps"]]
+        if not rows:
+            return {"samples": 0}
+
+        def mean(values: list[float]) -> float | None:
+            return round(statistics.fmean(values), 2) if values else None
+
+        def lowest(apps: list[dict[str, Any]], key: str) -> float | None:
+            known = [app[key] for app in apps if app[key] is not None]
+            return min(known) if known else None
+
+        limits = [lowest(apps, "limit") for apps in rows]
+        models = [lowest(apps, "capacity_limit") for apps in rows]
+        caps = [lowest(apps, "engine_cap") for apps in rows]
+        slowdowns = [app["slowdown"] for apps in rows for app in apps if app["slowdown"] is not None]
+        paced = [c is not None and m is not None and c < m for c, m in zip(caps, models, strict=True)]
+        return {
+            "samples": len(rows),
+            "every_seconds": self.every,
+            "app_running_mean": mean([sum(app["running"] for app in apps) for apps in rows]),
+            "documents_running_mean": mean([sum(app["documents"] for app in apps) for apps in rows]),
+            "limit_mean": mean([x for x in limits if x is not None]),
+            "capacity_limit_mean": mean([x for x in models if x is not None]),
+            "pace_cap_binding_share": round(sum(paced) / len(rows), 2),
+            "slowdown_mean": mean(slowdowns),
+        }
