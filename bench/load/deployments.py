@@ -43,7 +43,10 @@ import psutil
 from harness.chat_client import local_cookie
 from harness.server import AppServer, VllmServer
 
-TOKEN_COUNTERS = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total")
+INTER_TOKEN = "vllm:inter_token_latency_seconds"  # a histogram: its _sum and _count
+TOKEN_COUNTERS = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total",
+                  "vllm:prompt_tokens_cached_total",  # of the prompt tokens, those the prefix cache held
+                  f"{INTER_TOKEN}_sum", f"{INTER_TOKEN}_count")  # fmt: skip
 REFUSALS = "chat_admission_refusals_total"
 COUNTERS = (*TOKEN_COUNTERS, REFUSALS)
 TABLES = ("threads", "steps")
@@ -178,7 +181,8 @@ class Deployment:
     password: str = ""
 
     def counters(self) -> dict[str, float]:
-        """vLLM's token counters (engine servers', else the app's) and the refusals over the apps."""
+        """vLLM's token and inter-token latency counters (engine servers', else the app's) and the
+        refusals over the apps."""
         app_texts = [read_metrics(app.base_url, app.env.get("OPS_TOKEN", "")) for app in self.apps]
         engine_texts = [read_metrics(engine.url) for engine in self.engines] or app_texts
         return {**sum_counters(engine_texts, TOKEN_COUNTERS), **sum_counters(app_texts, (REFUSALS,))}

@@ -63,6 +63,7 @@ from bench.common import (
     result_path,
 )
 from bench.load.deployments import (
+    INTER_TOKEN,
     PASSWORD_ENV,
     Deployment,
     combined_status,
@@ -213,8 +214,9 @@ def run_arm(name: str, options: argparse.Namespace, out: Path) -> dict[str, Any]
         "cpu_ms": round(1000 * cpu / asked, 1),
         **{f"{table}_stored": round((rows[table] - rows_before[table]) / asked, 2) for table in rows},
     }
-    generated = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
-    prompted = after["vllm:prompt_tokens_total"] - before["vllm:prompt_tokens_total"]
+    grown = {name: after[name] - before[name] for name in after}
+    generated, prompted = grown["vllm:generation_tokens_total"], grown["vllm:prompt_tokens_total"]
+    gaps, gap_seconds = grown[f"{INTER_TOKEN}_count"], grown[f"{INTER_TOKEN}_sum"]
     summary.update(
         {
             "arm": name,
@@ -224,8 +226,13 @@ def run_arm(name: str, options: argparse.Namespace, out: Path) -> dict[str, Any]
             "warm_up": warm_up,
             "total_generation_tokens_per_second": round(generated / elapsed, 2),
             "total_prompt_tokens_per_second": round(prompted / elapsed, 2),
-            "refusals_counted_in_metrics": after["chat_admission_refusals_total"]
-            - before["chat_admission_refusals_total"],
+            # what the engine itself did: prompt tokens it computed (not from its prefix cache), and the
+            # mean time between two tokens of a request, measured inside the engine (no HTTP, no app)
+            "prompt_tokens_computed_per_second": round(
+                (prompted - grown["vllm:prompt_tokens_cached_total"]) / elapsed, 2
+            ),
+            "engine_inter_token_seconds_mean": round(gap_seconds / gaps, 4) if gaps else None,
+            "refusals_counted_in_metrics": grown["chat_admission_refusals_total"],
             "admission_at_end": status["admission"],
             "event_loop_lag_max_seconds": status["event_loop_lag_max_seconds"],
             "admission_timeline": timeline.summary(),  # means over the load; admission-<arm>.jsonl has each
