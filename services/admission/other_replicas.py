@@ -20,3 +20,8 @@ class OtherReplicas:
     running: int = 0  # requests they run at the engine
     documents: int = 0  # document parts among them
     documents_prefilling: int = 0  # document parts of theirs still reading their prompt
+
+    @property
+    def chats(self) -> int:
+        """Chat turns and API requests they run (what is not a document part)."""
+        return max(0, self.running - self.documents)

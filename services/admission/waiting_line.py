@@ -104,13 +104,13 @@ class WaitingLine:
 
     def has_room(self, ticket: Ticket) -> bool:
         """Under the running limit (others' turns waiting ahead hold their slots), or a chat turn while
-        our document parts run and no chat does: with DOCUMENT_SLOT_SHARE below 1, document parts never
-        hold every slot against conversation (at a limit of 1, one part once kept chat waiting for
-        minutes)."""
+        document parts run at the engine (any replica's) and no chat does: with DOCUMENT_SLOT_SHARE below
+        1, parts never hold every slot against conversation (at a limit of 1, one held chat minutes)."""
         if self.engine_running + self.others_ahead(ticket.key) < self.limit:
             return True
-        chat_reserved = self.settings.document_slot_share < 1 and self.running[DOCUMENT] > 0
-        return chat_reserved and ticket.kind == CHAT and self.running[CHAT] == 0
+        others = self.others
+        documents, chats = self.running[DOCUMENT] + others.documents, self.running[CHAT] + others.chats
+        return self.settings.document_slot_share < 1 and documents > 0 and ticket.kind == CHAT and not chats
 
     def _may_start(self, ticket: Ticket) -> bool:
         return self.has_room(ticket) and self.may_run(ticket) and self.may_prefill(ticket)

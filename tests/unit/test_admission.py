@@ -207,6 +207,28 @@ async def test_at_a_limit_of_one_a_document_part_does_not_keep_chat_out() -> Non
 
 
 @aio
+async def test_at_a_limit_of_one_another_replicas_document_part_does_not_keep_chat_out() -> None:
+    clock = Clock()
+    queue = Queue(line_with(1, clock, document_slot_share=0.25, document_aging_seconds=0), clock)
+    line = queue.line
+    line.others, line.foreign = OtherReplicas(running=1, documents=1), 1  # its part holds the one slot
+    await queue.submit("doc", DOCUMENT)
+    await queue.submit("chat-1", CHAT)
+    assert queue.admitted == ["chat-1"], "one chat turn runs beside the other replica's part"
+    await queue.submit("chat-2", CHAT)
+    assert queue.admitted == ["chat-1"], "with a chat turn running beside the part, the rest wait"
+    line.others, line.foreign = OtherReplicas(running=2, documents=1), 2  # a chat turn runs there too
+    await queue.finish("chat-1")
+    assert queue.admitted == ["chat-1"], "its chat turn runs beside the part: ours waits"
+    line.others, line.foreign = OtherReplicas(), 0  # the other replica's requests ended
+    line.admit_waiting()
+    await settle()
+    assert queue.admitted == ["chat-1", "doc", "chat-2"], "ours in order: the part, and a chat beside it"
+    await queue.finish("chat-2", "doc")
+    assert line.engine_running == 0 and not line.waiting
+
+
+@aio
 async def test_aging_keeps_later_chat_from_starving_a_document_part() -> None:
     clock = Clock()
     queue = Queue(line_with(1, clock, document_aging_seconds=30), clock)
