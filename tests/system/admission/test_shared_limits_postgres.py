@@ -265,13 +265,12 @@ async def test_replicas_share_their_stream_pace_and_the_lowest_cap_holds_for_all
 ) -> None:
     wall = Clock()
     a, b = (line_replica(engine, wall) for engine in engines)
-    a1 = Held(a.line, kind=DOCUMENT)  # a document part: the documents' share is the engine's too
+    a1 = Held(a.line)
     await asyncio.sleep(0.05)
     a.line.pace.cap = 1  # a's streams were too slow at two
     await a.exchange()
     await b.exchange()
     assert b.status()["others_running"] == 1 and b.status()["others_cap"] == 1
-    assert b.line.others.documents == 1 and b.line.others.documents_prefilling == 1
     b.line.foreign = 1  # the engine holds a's request
     b1 = Held(b.line)
     await asyncio.sleep(0.05)
@@ -285,6 +284,37 @@ async def test_replicas_share_their_stream_pace_and_the_lowest_cap_holds_for_all
     assert a.status()["others_running"] == 1 and a.line.others.running == 1
     for held in (a1, b1):
         await held.end()
+    await a.stop()
+    await b.stop()
+
+
+@in_loop
+async def test_a_document_part_on_one_replica_holds_the_documents_share_and_lets_one_chat_beside_it(
+    engines: list[AsyncEngine],
+) -> None:
+    wall = Clock()
+    a, b = (line_replica(engine, wall) for engine in engines)
+    part = Held(a.line, kind=DOCUMENT)
+    await asyncio.sleep(0.05)
+    a.line.pace.cap = 1  # the engine's limit is 1, and the part holds it
+    await a.exchange()
+    await b.exchange()
+    assert b.line.others.documents == 1 and b.line.others.documents_prefilling == 1
+    b.line.foreign = 1
+    b_part = Held(b.line, kind=DOCUMENT)
+    chat, second = Held(b.line), Held(b.line)
+    await asyncio.sleep(0.05)
+    assert not b_part.started.is_set(), "the documents' share is the engine's: a's part holds it"
+    assert chat.started.is_set(), "one chat turn runs beside the other replica's part"
+    assert not second.started.is_set(), "the rest wait for the limit"
+    await b.exchange()
+    await a.exchange()
+    assert a.line.others.chats == 1 and a.line.others.documents == 0
+    for held in (part, chat):
+        await held.end()
+    for waiting in (b_part, second):
+        waiting.task.cancel()
+    await asyncio.gather(b_part.task, second.task, return_exceptions=True)
     await a.stop()
     await b.stop()
 
