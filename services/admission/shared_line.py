@@ -30,7 +30,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import text
@@ -172,14 +172,18 @@ class SharedLine:
         admit."""
         offset, line, most = self._offset(), self.line, self.settings.admission_queue_max
         shared = [parsed_row(row, most, line.capacity.max_running) for row in rows]
+        line.pace.others_slowest = lowest(*(each.slowest for each in shared))
+        line.pace.others_cap = lowest(*(each.cap for each in shared))
         line.others = OtherReplicas(
             sorted(place - offset for each in shared for place in each.places),
             sum(each.running for each in shared),
             sum(each.documents for each in shared),
             sum(each.documents_prefilling for each in shared),
         )
-        line.pace.others_slowest = lowest(*(each.slowest for each in shared))
-        line.pace.others_cap = lowest(*(each.cap for each in shared))
+        if shared:  # the free slots, split between the replicas until the next exchange
+            free = max(0, line.limit - line.engine_running)
+            share = math.ceil(free / (1 + len(shared)))
+            line.others = replace(line.others, share=share, own_running=line.own_running)
         line.admit_waiting()
 
     def start(self) -> None:

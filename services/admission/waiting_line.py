@@ -107,7 +107,7 @@ class WaitingLine:
         document parts run at the engine (any replica's) and no chat does: with DOCUMENT_SLOT_SHARE below
         1, parts never hold every slot against conversation (at a limit of 1, one held chat minutes)."""
         if self.engine_running + self.others_ahead(ticket.key) < self.limit:
-            return True
+            return self.others.allow(self.own_running)
         others = self.others
         documents, chats = self.running[DOCUMENT] + others.documents, self.running[CHAT] + others.chats
         return self.settings.document_slot_share < 1 and documents > 0 and ticket.kind == CHAT and not chats

@@ -126,3 +126,31 @@ def test_replicas_pace_the_engine_together() -> None:
     b.take([])
     assert pace.others_cap is None and pace.others_slowest is None and line.others.running == 0
     assert b.status()["others_running"] == 0
+
+
+@pytest.mark.asyncio
+async def test_free_slots_are_split_between_replicas_until_the_next_exchange() -> None:
+    """A burst reaches two idle replicas at a limit of six: between two exchanges each starts its share
+    of the free slots (three), not all six; a slot its own request frees is its own again, and what
+    the other replica did not take comes at the next exchange."""
+    a = replica(monotonic=50.0, wall=1_000.0, slots=SixSlots, max_prefilling_requests=0)
+    a.take([("[]", 0, None, None)])  # one other replica, idle
+    burst = [asyncio.create_task(_wait(a.line)) for _ in range(6)]
+    await asyncio.sleep(0)
+    assert a.line.own_running == 3 and len(a.line.waiting) == 3, "half of six until the next exchange"
+    burst[0].cancel()  # one of its own ends: its slot is reused at once
+    await asyncio.sleep(0)
+    assert a.line.own_running == 3 and len(a.line.waiting) == 2
+    a.line.foreign = 2  # the other replica started two meanwhile
+    a.take([("[]", 2, None, None)])  # 6 - 3 - 2 = 1 free: a's share rounds up
+    await asyncio.sleep(0)
+    assert a.line.own_running == 4 and len(a.line.waiting) == 1
+    a.take([])  # alone again (sharing stopped): the limit alone bounds it
+    await asyncio.sleep(0)
+    assert a.line.own_running == 4 and len(a.line.waiting) == 1, "the engine is full: 4 + 2"
+    a.line.foreign = 0
+    a.line.admit_waiting()
+    assert a.line.own_running == 5 and not a.line.waiting
+    for task in burst:
+        task.cancel()
+    await asyncio.gather(*burst, return_exceptions=True)

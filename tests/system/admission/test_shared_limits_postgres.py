@@ -247,7 +247,7 @@ async def test_a_turn_waiting_on_one_replica_goes_before_a_later_one_on_another(
     assert not b2.started.is_set(), "the slot is kept for the turn that waited on the other replica"
     assert b.line.place_of(later)[0] == 1, "its person is told of the turn ahead on the other replica"
     a.line.foreign = 0  # a reads the engine: b's turn ended
-    a.line.admit_waiting()
+    await a.exchange()  # the free slot is split between the replicas at an exchange: b's turn waits
     await asyncio.wait_for(a2.started.wait(), 1)
     await a.exchange()  # nobody waits on a any more
     await b.exchange()
