@@ -124,8 +124,9 @@ class AdmissionSettings:
         "SHARED_LINE_SECONDS",
         "With shared limits, how often each replica shares when its waiting chat turns arrived and reads "
         "the other replicas', with its stream pace (running requests, slowest stream, cap) and its "
-        "document parts: turns then start first come, first served across replicas, the lowest pace cap "
-        "holds for all, DOCUMENT_SLOT_SHARE and the one document prefill hold at the engine, and a "
+        "document parts: turns then start first come, first served across replicas, each replica takes "
+        "its share of the engine's free slots until the next exchange, the lowest pace cap holds for "
+        "all, DOCUMENT_SLOT_SHARE and the one document prefill hold at the engine, and a "
         "waiting person's place and estimate and ADMISSION_QUEUE_MAX count everyone waiting. 0 = each "
         "replica's waiting line, pace and documents' share are its own.",
         0,
