@@ -21,11 +21,11 @@ class OtherReplicas:
     running: int = 0  # requests they run at the engine
     documents: int = 0  # document parts among them
     documents_prefilling: int = 0  # document parts of theirs still reading their prompt
-    # Until the next exchange this replica's running requests grow by at most `share` from `running`
-    # (its own, at the exchange): the engine's free slots split between the replicas; a slot one of
-    # its requests frees is its own again. Without it, every replica saw the same free slots between
-    # two exchanges and took them all (a first burst ran 15 streams at a limit of 5, the slowest at
-    # 1.5 tokens/s).
+    # Until the next exchange this replica's running requests grow by at most `share` from
+    # `own_running` (its count at the exchange): the engine's free slots split between the replicas;
+    # a slot one of its requests frees is its own again. Without it, every replica saw the same free
+    # slots between two exchanges and took them all (a first burst ran 15 streams at a limit of 5, the
+    # slowest at 1.5 tokens/s).
     share: int = sys.maxsize
     own_running: int = 0
 
