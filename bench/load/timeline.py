@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from services.admission.pace import lowest
+
 SAMPLE_SECONDS = 10.0
 MAX_SAMPLES = 2000  # a bound: over five hours at SAMPLE_SECONDS
 
@@ -79,13 +81,12 @@ class AdmissionTimeline:
         def mean(values: list[float]) -> float | None:
             return round(statistics.fmean(values), 2) if values else None
 
-        def lowest(apps: list[dict[str, Any]], key: str) -> float | None:
-            known = [app[key] for app in apps if app[key] is not None]
-            return min(known) if known else None
+        def lowest_of(apps: list[dict[str, Any]], key: str) -> float | None:
+            return lowest(*(app[key] for app in apps))
 
-        limits = [lowest(apps, "limit") for apps in rows]
-        models = [lowest(apps, "capacity_limit") for apps in rows]
-        caps = [lowest(apps, "engine_cap") for apps in rows]
+        limits = [lowest_of(apps, "limit") for apps in rows]
+        models = [lowest_of(apps, "capacity_limit") for apps in rows]
+        caps = [lowest_of(apps, "engine_cap") for apps in rows]
         slowdowns = [app["slowdown"] for apps in rows for app in apps if app["slowdown"] is not None]
         paced = [c is not None and m is not None and c < m for c, m in zip(caps, models, strict=True)]
         return {
