@@ -14,6 +14,13 @@ below what runs: a burst of admissions is undone in one move, not one stream per
 ADJUST_SECONDS. When every stream keeps HEADROOM times the pace while the cap is
 reached, the cap rises by one, and it goes away once it reaches the model's limit.
 
+A cap that held PROBE_SECONDS while every stream kept the pace (not HEADROOM times it) rises by
+one too, as a probe: the next adjustment takes it back if the streams fall under the pace. Without
+it, a burst slowed by something passing (fifty pages connecting at once on the engine's cores)
+lowered the cap for good: where a step's fixed cost dominates (prefill chunks, a small model on a
+CPU), fewer streams do not get faster, so none reached HEADROOM times the pace again, and two
+replicas ran 3 requests for the rest of the run against 13 in one process.
+
 App replicas at one engine (shared_line.py) pace it together: each shares its slowest stream, its
 running count and its cap, and each one's cap then bounds the app's requests on every replica
 (`others_slowest`, `others_cap`, the running count `adjust` is given): the lowest cap is the
@@ -35,7 +42,8 @@ Number = TypeVar("Number", int, float)
 PACE_WINDOW_SECONDS = 10.0  # a stream's pace is the tokens it received in this window
 MIN_STREAM_SECONDS = 4.0  # younger streams have no pace yet (the first token may take a prefill)
 ADJUST_SECONDS = 5.0  # the cap moves at most this often: each change gets time to show
-HEADROOM = 1.5  # grow only while every stream keeps this multiple of the pace
+HEADROOM = 1.5  # grow at once while every stream keeps this multiple of the pace
+PROBE_SECONDS = 20.0  # a cap held this long while every stream keeps the pace tries one more
 # Lower while the slowest stream gets less than this multiple of the pace: answers shorter than
 # MIN_STREAM_SECONDS are never seen here, and one prefill step costs them more of their rate.
 MARGIN = 1.1
@@ -95,7 +103,8 @@ class StreamPace:
 
     def adjust(self, running: int, model_limit: int) -> None:
         """Lower the cap below `running` (the app's requests: ours and other replicas') when a stream
-        is too slow (under MARGIN times the pace); raise it when all keep HEADROOM times the pace."""
+        is too slow (under MARGIN times the pace); raise it when all keep HEADROOM times the pace, or
+        the pace since PROBE_SECONDS."""
         if self.pace <= 0:
             return
         now = self.clock()
@@ -111,9 +120,14 @@ class StreamPace:
             self.cap = max(1, min(running - 1, self.cap or running, keeps_pace))
             self.lowered_total += 1
             self._changed_at = now
-        elif self.cap is not None and slowest >= HEADROOM * self.pace and running >= self.cap:
+        elif self.cap is not None and running >= self.cap and self._may_grow(slowest, now):
             self.cap = None if self.cap + 1 >= model_limit else self.cap + 1
             self._changed_at = now
+
+    def _may_grow(self, slowest: float, now: float) -> bool:
+        """Every stream keeps HEADROOM times the pace, or the pace itself since PROBE_SECONDS."""
+        held = now - self._changed_at >= PROBE_SECONDS
+        return slowest >= HEADROOM * self.pace or (held and slowest >= MARGIN * self.pace)
 
     def limit(self, model_limit: int, outside: int = 0) -> int:
         """The running limit at the engine: the model's, or the cap on the app's requests plus

@@ -15,6 +15,7 @@ from services.admission.context import TurnContext
 from services.admission.feedback import QUIET_SECONDS, WaitingFeedback, status_text
 from services.admission.limits import UserLimits, user_key
 from services.admission.other_replicas import OtherReplicas
+from services.admission.pace import ADJUST_SECONDS, PROBE_SECONDS
 from services.admission.promises import MAX_KEPT, MIN_TURNS, PROMISE_WINDOW_SECONDS, WaitPromises
 from services.admission.refusals import Refused, rounded_seconds
 from services.admission.service import Admission
@@ -428,11 +429,8 @@ def test_with_a_warm_up_live_windows_scale_its_line_by_their_median() -> None:
     assert capacity.slowdown == 4.0 and capacity.limit == 1
 
 
-def test_streams_slower_than_the_pace_lower_the_limit_and_fast_ones_raise_it_back() -> None:
-    clock = Clock()
-    line = line_with(6, clock)
-    pace = line.pace
-    streams = [object() for _ in range(6)]
+def streaming(line: WaitingLine, clock: Clock, streams: list[object]):
+    """A function that streams tokens to `streams` at a rate for some seconds of `clock`."""
 
     def stream_for(seconds: float, tokens_per_second: float, among=streams) -> None:
         due = 0.0
@@ -442,7 +440,17 @@ def test_streams_slower_than_the_pace_lower_the_limit_and_fast_ones_raise_it_bac
             while due >= 1 - 1e-9:
                 due -= 1
                 for stream in among:
-                    pace.token(stream)
+                    line.pace.token(stream)
+
+    return stream_for
+
+
+def test_streams_slower_than_the_pace_lower_the_limit_and_fast_ones_raise_it_back() -> None:
+    clock = Clock()
+    line = line_with(6, clock)
+    pace = line.pace
+    streams = [object() for _ in range(6)]
+    stream_for = streaming(line, clock, streams)
 
     stream_for(2, 3.0)
     assert pace.slowest() is None, "streams younger than a few seconds have no pace yet"
@@ -478,6 +486,38 @@ def test_streams_slower_than_the_pace_lower_the_limit_and_fast_ones_raise_it_bac
     clock.now += 30
     off.adjust(running=6, model_limit=6)
     assert off.cap is None, "pace 0: admission is off"
+
+
+def test_a_cap_held_while_streams_keep_the_pace_probes_one_more_and_falls_back_if_they_slow() -> None:
+    clock = Clock()
+    line = line_with(12, clock)
+    pace = line.pace
+    streams = [object() for _ in range(12)]
+    stream_for = streaming(line, clock, streams)
+    stream_for(10, 1.0)  # a burst slowed by something passing: 12 streams at 1 token/s
+    pace.adjust(running=12, model_limit=12)
+    assert pace.cap == 2, "12 streams at 1/5.5 of the pace: 2 keep it"
+    for stream in streams[2:]:
+        pace.ended(stream)
+    stream_for(10, 6.0, streams[:2])  # then the engine is quick again: the pace, not 1.5 times it
+    pace.adjust(running=2, model_limit=12)
+    assert pace.cap == 2, "no probe before PROBE_SECONDS"
+    stream_for(PROBE_SECONDS - 9.9, 6.0, streams[:2])
+    pace.adjust(running=1, model_limit=12)
+    assert pace.cap == 2, "only while the cap is reached"
+    pace.adjust(running=2, model_limit=12)
+    assert pace.cap == 3 and line.limit == 3, "held PROBE_SECONDS at the pace: one more"
+    stream_for(ADJUST_SECONDS, 6.0, streams[:2])
+    pace.adjust(running=3, model_limit=12)
+    assert pace.cap == 3, "the next probe waits PROBE_SECONDS again"
+    stream_for(ADJUST_SECONDS, 4.0, streams[:3])  # the third stream slows them under the pace
+    pace.adjust(running=3, model_limit=12)
+    assert pace.cap == 2 and pace.lowered_total == 2, "a probe that slows the streams is taken back"
+    pace.ended(streams[2])
+    for _ in range(4):  # held at the pace again: the cap climbs one per PROBE_SECONDS
+        stream_for(PROBE_SECONDS + 0.1, 6.0, streams[:2])
+        pace.adjust(running=pace.cap, model_limit=12)
+    assert pace.cap == 6
 
 
 def test_with_one_size_seen_the_limit_steps_up_past_it_while_the_pace_holds() -> None:
