@@ -2,8 +2,10 @@
 
 A verdict's numbers say how people fared; the timeline says why: how many requests the apps ran at
 the engine, the running limit, which bound set it (the decode model's `capacity_limit` or the
-stream pace's `engine_cap`), the slowdown the model read, and the document parts among them. Each
-sample is one line: seconds since the load began, then one entry per app.
+stream pace's `engine_cap`), the slowdown the model read, and the document parts among them, and
+the cores each part of the machine used since the sample before (the engine's against the apps',
+the database's, the balancer's, Locust's: what the engine got when a burst ran slowly). Each sample
+is one line: seconds since the load began, one entry per app, then the cores by part.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.common import cores_by_part, cpu_seconds_by_part
 from services.admission.pace import lowest
 
 SAMPLE_SECONDS = 10.0
 MAX_SAMPLES = 2000  # a bound: over five hours at SAMPLE_SECONDS
+FIRST_MINUTE = 60.0  # the summary's cores by part over the load's first minute (its first burst)
 
 
 def sample_of(status: dict[str, Any]) -> dict[str, Any]:
@@ -43,9 +47,15 @@ def sample_of(status: dict[str, Any]) -> dict[str, Any]:
 class AdmissionTimeline:
     """Samples `statuses()` (one /status per app) in a thread while in its `with` block."""
 
-    def __init__(self, statuses: Callable[[], list[dict[str, Any]]], path: Path,
-                 every: float = SAMPLE_SECONDS) -> None:  # fmt: skip
+    def __init__(
+        self,
+        statuses: Callable[[], list[dict[str, Any]]],
+        path: Path,
+        every: float = SAMPLE_SECONDS,
+        machine: Callable[[], dict[Any, tuple[str, float]]] = cpu_seconds_by_part,
+    ) -> None:
         self.statuses = statuses
+        self.machine = machine  # CPU seconds so far of every process, with its part
         self.path = path
         self.every = every
         self.samples: list[dict[str, Any]] = []
@@ -64,12 +74,16 @@ class AdmissionTimeline:
         self.path.write_text("".join(json.dumps(sample) + "\n" for sample in self.samples))
 
     def _run(self) -> None:
+        used, read_at = self.machine(), time.monotonic()
         while not self._stop.wait(self.every) and len(self.samples) < MAX_SAMPLES:
+            now, cpu = time.monotonic(), self.machine()
+            cores = cores_by_part(used, cpu, now - read_at)
+            used, read_at = cpu, now
             try:
                 apps = [sample_of(status) for status in self.statuses()]
             except Exception:  # an app busy past its timeout: that sample is missing, the next is tried
                 continue
-            self.samples.append({"seconds": round(time.monotonic() - self._began, 1), "apps": apps})
+            self.samples.append({"seconds": round(now - self._began, 1), "apps": apps, "cores": cores})
 
     def summary(self) -> dict[str, Any]:
         """Means over the samples: requests the apps ran, document parts among them, the limit and what
@@ -98,4 +112,11 @@ class AdmissionTimeline:
             "capacity_limit_mean": mean([x for x in models if x is not None]),
             "pace_cap_binding_share": round(sum(paced) / len(rows), 2),
             "slowdown_mean": mean(slowdowns),
+            "first_minute_cores_by_part": self.first_minute_cores(),
         }
+
+    def first_minute_cores(self) -> dict[str, float]:
+        """Cores each part used over the samples of the load's first minute (what its burst got)."""
+        first = [s["cores"] for s in self.samples if s["seconds"] <= FIRST_MINUTE + self.every / 2]
+        parts = sorted({part for cores in first for part in cores})
+        return {part: round(statistics.fmean(c.get(part, 0.0) for c in first), 2) for part in parts}

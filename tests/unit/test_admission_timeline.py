@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bench.load.timeline import AdmissionTimeline, sample_of
 
 
@@ -49,24 +51,37 @@ def test_samples_are_taken_while_the_load_runs_and_say_when_the_pace_cap_bound(t
             raise TimeoutError("an app busy past its timeout")
         return next(shown)
 
+    engine_cpu = 0.0
+
+    def machine() -> dict[tuple[int, float], tuple[str, float]]:
+        """The engine uses 1.5 cores between two readings, the app none (times follow the clock)."""
+        nonlocal engine_cpu
+        engine_cpu += 1.5 * 0.02
+        return {(1, 0.0): ("engine", engine_cpu), (2, 0.0): ("apps", 3.0)}
+
     path = tmp_path / "admission.jsonl"
-    with AdmissionTimeline(statuses, path, every=0.02) as timeline:
+    with AdmissionTimeline(statuses, path, every=0.02, machine=machine) as timeline:
         while len(timeline.samples) < 4:
             time.sleep(0.01)
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert len(lines) == len(timeline.samples) >= 4 and calls > len(lines), "the failed sample is skipped"
     assert [app["running"] for app in lines[0]["apps"]] == [3, 1]
+    assert lines[0]["cores"]["apps"] == 0.0 and 0 < lines[0]["cores"]["engine"] <= 1.5
     summary = timeline.summary()
     count = summary["samples"]
     assert summary["pace_cap_binding_share"] == round(1 / count, 2)
     assert summary["app_running_mean"] == round((4 + 6 * (count - 1)) / count, 2)
     assert summary["documents_running_mean"] == round(1 / count, 2)
     assert summary["capacity_limit_mean"] == round((5 + 6 * (count - 1)) / count, 2)
+    first_minute = summary["first_minute_cores_by_part"]
+    assert set(first_minute) == {"apps", "engine"} and first_minute["apps"] == 0.0
+    engine = sum(x["cores"]["engine"] for x in lines) / len(lines)
+    assert first_minute["engine"] == pytest.approx(engine, abs=0.01), "every sample is in its first minute"
 
 
 def test_a_load_too_short_for_a_sample_summarizes_to_none(tmp_path: Path) -> None:
     with AdmissionTimeline(
-        lambda: [status(1, 0, 1, 1, None, 1.0)], tmp_path / "a.jsonl", every=60
+        lambda: [status(1, 0, 1, 1, None, 1.0)], tmp_path / "a.jsonl", every=60, machine=dict
     ) as timeline:
         pass
     assert timeline.summary() == {"samples": 0} and (tmp_path / "a.jsonl").read_text() == ""
