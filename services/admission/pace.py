@@ -24,9 +24,12 @@ replicas ran 3 requests for the rest of the run against 13 in one process.
 App replicas at one engine (shared_line.py) pace it together: each shares its slowest stream, its
 running count and its cap, and each one's cap then bounds the app's requests on every replica
 (`others_slowest`, `others_cap`, the running count `adjust` is given): the lowest cap is the
-engine's. A cap per replica, each from its own streams, fell to 2-3 streams each through two
-replicas at 50 people (5 running against 13 in one process), and a capped replica's turns kept
-their place first in line, so the other replica left the slot idle.
+engine's. A cut by any replica restarts every replica's clock: each cut gets ADJUST_SECONDS to
+show before the next, as in one process (each replica cutting on its own clock cut the cap twice
+as often, each time on windows still slow from before the last cut). A cap per
+replica, each from its own streams, fell to 2-3 streams each through two replicas at 50 people (5
+running against 13 in one process), and a capped replica's turns kept their place first in line,
+so the other replica left the slot idle.
 """
 
 from __future__ import annotations
@@ -64,6 +67,15 @@ class StreamPace:
         # lowest of their caps; None when none is known.
         self.others_slowest: float | None = None
         self.others_cap: int | None = None
+
+    def share(self, others_slowest: float | None, others_cap: int | None) -> None:
+        """Other replicas' slowest stream and lowest cap. When one of them just cut the engine's cap,
+        this one's clock starts again as if it had cut it: the replicas then cut once per
+        ADJUST_SECONDS between them, not once each on the same slow windows."""
+        held = self.engine_cap
+        self.others_slowest, self.others_cap = others_slowest, others_cap
+        if others_cap is not None and (held is None or others_cap < held):
+            self._changed_at = self.clock()
 
     def token(self, stream: Hashable) -> None:
         """`stream` received a token; its pace is timed from its first one (a prefill comes before)."""

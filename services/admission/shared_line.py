@@ -172,8 +172,7 @@ class SharedLine:
         admit."""
         offset, line, most = self._offset(), self.line, self.settings.admission_queue_max
         shared = [parsed_row(row, most, line.capacity.max_running) for row in rows]
-        line.pace.others_slowest = lowest(*(each.slowest for each in shared))
-        line.pace.others_cap = lowest(*(each.cap for each in shared))
+        line.pace.share(lowest(*(each.slowest for each in shared)), lowest(*(each.cap for each in shared)))
         line.others = OtherReplicas(
             sorted(place - offset for each in shared for place in each.places),
             sum(each.running for each in shared),

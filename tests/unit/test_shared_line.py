@@ -10,6 +10,7 @@ import json
 import pytest
 
 from services.admission.capacity import DecodeCapacity
+from services.admission.pace import ADJUST_SECONDS
 from services.admission.shared_line import SharedLine, parsed_places, parsed_row
 from services.admission.waiting_line import CHAT, WaitingLine
 from services.config import Settings
@@ -126,6 +127,36 @@ def test_replicas_pace_the_engine_together() -> None:
     b.take([])
     assert pace.others_cap is None and pace.others_slowest is None and line.others.running == 0
     assert b.status()["others_running"] == 0
+
+
+def test_a_cap_another_replica_just_cut_restarts_this_ones_clock() -> None:
+    """A cuts the engine's cap on slow streams: B does not cut it again on the same slow windows
+    before ADJUST_SECONDS from A's cut; a cap A raised restarts nothing (the lowest still holds)."""
+    b = replica(monotonic=50.0, wall=1_000.0, slots=SixSlots)
+    line, pace = b.line, b.line.pace
+    clock = line.clock
+
+    def adjust() -> None:
+        pace.adjust(running=line.own_running + line.others.running, model_limit=line.capacity.limit)
+
+    b.take([("[]", 6, 2.0, 4)])  # A runs six streams at 2 tokens/s and just cut its cap to four
+    assert pace.engine_cap == 4 and pace.cap is None
+    clock.now += 1  # type: ignore[attr-defined]
+    adjust()
+    assert pace.cap is None and pace.lowered_total == 0, "the windows A cut on do not cut again here"
+    clock.now += ADJUST_SECONDS - 1  # type: ignore[attr-defined]
+    b.take([("[]", 6, 2.0, 5)])  # A raised its own: nothing restarts
+    adjust()
+    assert pace.cap == 2 and pace.engine_cap == 2, "ADJUST_SECONDS after A's cut: six at 2 for 5.5"
+    clock.now += 3  # type: ignore[attr-defined]
+    b.take([("[]", 2, 9.0, 1)])  # A cut to one; its stream is fast at once
+    assert pace.engine_cap == 1
+    clock.now += ADJUST_SECONDS - 0.5  # type: ignore[attr-defined]
+    adjust()
+    assert pace.cap == 2, "B's own cut was longer ago than ADJUST_SECONDS, A's was not: no move"
+    clock.now += 0.5  # type: ignore[attr-defined]
+    adjust()
+    assert pace.cap == 3 and pace.lowered_total == 1, "then a fast stream raises B's own"
 
 
 @pytest.mark.asyncio
