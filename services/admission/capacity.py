@@ -7,7 +7,11 @@ learns the seconds per token at each batch size from the engine's own windows
 (`EngineLoad`, services/engine), fits the line, and derives the limit. Windows where
 the engine mostly read prompts (more prompt tokens than generated ones) are left
 out: a document part's prefill makes steps seconds long on a CPU, and learning
-from them would bring the limit down to 1 for everyone.
+from them would bring the limit down to 1 for everyone. vLLM counts a prompt's tokens in the step
+that ends its prefill, so the steps before, stretched by a long prompt's chunks, count none: the
+windows that end while a document part reads its prompt are skipped (Admission.refresh). Learned,
+they read as decode four times the warm-up's at one or two streams and held the limit at 1-2 for
+minutes while the streams got 6-11 tokens/s.
 
 With the warm-up's batches (a quiet engine, every size measured the same way) the
 line is theirs, and live windows only scale it: by the median, over recent decode

@@ -19,7 +19,7 @@ one too, as a probe: the next adjustment takes it back if the streams fall under
 it, a burst slowed by something passing (fifty pages connecting at once on the engine's cores)
 lowered the cap for good: where a step's fixed cost dominates (prefill chunks, a small model on a
 CPU), fewer streams do not get faster, so none reached HEADROOM times the pace again, and two
-replicas ran 3 requests for the rest of the run against 13 in one process.
+replicas ran 3.6 requests on average against 6.7 in one process.
 
 App replicas at one engine (shared_line.py) pace it together: each shares its slowest stream, its
 running count and its cap, and each one's cap then bounds the app's requests on every replica

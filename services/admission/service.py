@@ -87,11 +87,14 @@ class Admission:
             except Exception:  # a bad measurement must not stop admissions
                 logger.exception("admission refresh failed")
 
-    def refresh(self) -> None:
-        """Learn from the engine's latest windows and who else it serves, then admit whoever the new
-        limit lets in."""
+    def refresh(self, now: float | None = None) -> None:
+        """Learn from the engine's latest windows (none that ended by `now`, monotonic, while a document
+        part reads its prompt) and who else it serves, then admit whoever the new limit lets in."""
+        now = time.monotonic() if now is None else now
+        if self.line.reading_document:  # its prefill chunks stretch steps that count no prompt token yet
+            self.capacity.skip_until(now)
         self.capacity.update(self.load)
-        self.line.foreign = self.load.foreign_requests(time.monotonic(), FOREIGN_MAX_AGE_SECONDS)
+        self.line.foreign = self.load.foreign_requests(now, FOREIGN_MAX_AGE_SECONDS)
         self.line.pace.adjust(self.line.own_running + self.line.others.running, self.capacity.limit)
         self.line.admit_waiting()
 

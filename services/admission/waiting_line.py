@@ -97,10 +97,14 @@ class WaitingLine:
         bound = self.settings.max_prefilling_requests
         if not self.enabled or bound <= 0:
             return True
-        documents = self.others.documents_prefilling or any(t.kind == DOCUMENT for t in self.prefilling)
-        if ticket.kind == DOCUMENT and documents:
+        if ticket.kind == DOCUMENT and self.reading_document:
             return False
         return len(self.prefilling) < bound
+
+    @property
+    def reading_document(self) -> bool:
+        """A document part (ours or another replica's) still reads its prompt at the engine."""
+        return bool(self.others.documents_prefilling) or any(t.kind == DOCUMENT for t in self.prefilling)
 
     def has_room(self, ticket: Ticket) -> bool:
         """Under the running limit (others' turns waiting ahead hold their slots), or a chat turn while
@@ -200,9 +204,7 @@ class WaitingLine:
     def _nobody_ahead_runs(self, ticket: Ticket, ahead: int) -> bool:
         """Nothing waits ahead, or only document parts that cannot run (over their share) ahead of a
         chat turn: they keep their place, and the turn goes."""
-        if ahead == 0:
-            return True
-        return ticket.kind == CHAT and all(t.kind == DOCUMENT for t in self.waiting[:ahead])
+        return ahead == 0 or (ticket.kind == CHAT and all(t.kind == DOCUMENT for t in self.waiting[:ahead]))
 
     def refuse(self, reason: str, ahead: int, wait_seconds: float) -> Refused:
         """A refusal for capacity (the line's, or the engine's queue): counted; the line is overloaded."""
@@ -274,13 +276,10 @@ class WaitingLine:
         return index + self.others_ahead(key), self.estimate_seconds(index, key)
 
     def estimate_seconds(self, ahead: int, key: float | None = None) -> float:
-        """Expected wait of the request with `ahead` of our requests waiting before it, and the chat turns
-        of other replicas' lines waiting before `key` (None: all of them, as for a newcomer). Replays the
-        slots: each running request frees its slot after what its kind usually takes, minus what it has run
-        already; each request ahead takes the earliest free slot and holds it for its kind's service time
-        (measured per kind). The estimate counts down as requests age; it adds how late recent chat turns
-        ran (promises.py). Others' requests hold slots for half a chat turn each (their age is not known
-        here)."""
+        """Expected wait behind `ahead` of our waiting requests and the chat turns other replicas' lines hold
+        before `key` (None: all, as for a newcomer): a replay of the slots, each running request freeing its
+        slot after its kind's measured service time less what it ran (others' after half a chat turn), each
+        request ahead taking the earliest one; plus how late recent turns ran (promises.py)."""
         now, service = self.clock(), self.service_seconds
         ours = [
             max(0.1 * service[t.kind], service[t.kind] - (now - (t.admitted_at or now)))

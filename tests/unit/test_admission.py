@@ -726,6 +726,34 @@ async def test_admitted_engine_queues_streams_and_accounts_tokens_to_the_user() 
     assert admission.status()["admitted_total"] == 2
 
 
+@aio
+async def test_steps_while_a_document_part_reads_its_prompt_are_not_learned_as_decode() -> None:
+    """vLLM counts a prompt's tokens in the step that ends its prefill: the chunk steps before it look
+    like slow decode with no prompt read. Learned, they held the limit at 1-2 for minutes while the
+    streams got 6-11 tokens/s; the line's own record of who reads a prompt keeps them out."""
+    admission = Admission(settings(), EngineLoad(), max_running=64)
+    admission.learn_from_warm_up({1: 0.05, 2: 0.055, 4: 0.065, 8: 0.085})
+    limit = admission.capacity.limit
+
+    def steps(start: float) -> None:
+        """Ten seconds from `start`: two requests run, a token each every 0.2 s (about four times the
+        warm-up's step), no prompt token counted."""
+        for tenth in range(100):
+            admission.load.record(start + tenth / 10, 2, 0, 2 * (tenth % 2), 0)
+
+    start = time.monotonic()  # after the warm-up's windows
+    async with admission.line.place(DOCUMENT) as part:
+        assert admission.line.reading_document
+        steps(start)
+        admission.refresh(now=start + 10)
+        assert admission.capacity.slowdown == 1.0 and admission.capacity.limit == limit
+        admission.line.note_token(part)  # its first token: the prompt is read
+        assert not admission.line.reading_document
+        steps(start + 10)
+        admission.refresh(now=start + 20)
+        assert admission.capacity.slowdown > 3 and admission.capacity.limit < limit, "decode steps count"
+
+
 class QueueOverflowError(Exception):
     """Named as vllm.exceptions' (matched by name, as the app does: importing vLLM takes seconds)."""
 
