@@ -429,7 +429,15 @@ def test_with_a_warm_up_live_windows_scale_its_line_by_their_median() -> None:
     assert capacity.slowdown == 4.0 and capacity.limit == 1
 
 
-def streaming(line: WaitingLine, clock: Clock, streams: list[object]):
+def paced_line(limit: int, count: int) -> tuple[Clock, WaitingLine, list[object], Callable[..., None]]:
+    """A line at `limit`, `count` streams, and a function that streams tokens to them for a while."""
+    clock = Clock()
+    line = line_with(limit, clock)
+    streams = [object() for _ in range(count)]
+    return clock, line, streams, streaming(line, clock, streams)
+
+
+def streaming(line: WaitingLine, clock: Clock, streams: list[object]) -> Callable[..., None]:
     """A function that streams tokens to `streams` at a rate for some seconds of `clock`."""
 
     def stream_for(seconds: float, tokens_per_second: float, among=streams) -> None:
@@ -446,11 +454,8 @@ def streaming(line: WaitingLine, clock: Clock, streams: list[object]):
 
 
 def test_streams_slower_than_the_pace_lower_the_limit_and_fast_ones_raise_it_back() -> None:
-    clock = Clock()
-    line = line_with(6, clock)
+    clock, line, streams, stream_for = paced_line(6, 6)
     pace = line.pace
-    streams = [object() for _ in range(6)]
-    stream_for = streaming(line, clock, streams)
 
     stream_for(2, 3.0)
     assert pace.slowest() is None, "streams younger than a few seconds have no pace yet"
@@ -489,11 +494,8 @@ def test_streams_slower_than_the_pace_lower_the_limit_and_fast_ones_raise_it_bac
 
 
 def test_a_cap_held_while_streams_keep_the_pace_probes_one_more_and_falls_back_if_they_slow() -> None:
-    clock = Clock()
-    line = line_with(12, clock)
+    _, line, streams, stream_for = paced_line(12, 12)
     pace = line.pace
-    streams = [object() for _ in range(12)]
-    stream_for = streaming(line, clock, streams)
     stream_for(10, 1.0)  # a burst slowed by something passing: 12 streams at 1 token/s
     pace.adjust(running=12, model_limit=12)
     assert pace.cap == 2, "12 streams at 1/5.5 of the pace: 2 keep it"
