@@ -26,10 +26,10 @@ running count and its cap, and each one's cap then bounds the app's requests on 
 (`others_slowest`, `others_cap`, the running count `adjust` is given): the lowest cap is the
 engine's. A cut by any replica restarts every replica's clock: each cut gets ADJUST_SECONDS to
 show before the next, as in one process (each replica cutting on its own clock cut the cap twice
-as often, each time on windows still slow from before the last cut). A cap per
-replica, each from its own streams, fell to 2-3 streams each through two replicas at 50 people (5
-running against 13 in one process), and a capped replica's turns kept their place first in line,
-so the other replica left the slot idle.
+as often, each time on windows still slow from before the last cut). A cap per replica, each from
+its own streams, fell to 2-3 streams each through two replicas at 50 people (5 running against 13
+in one process), and a capped replica's turns kept their place first in line, so the other replica
+left the slot idle.
 """
 
 from __future__ import annotations
