@@ -3,8 +3,9 @@
 - imports flow one way: each room of services/ imports only the rooms below it, and there are no cycles;
 - tools never import tests: services/, harness/, bench/ and locustfile.py stand on their own;
 - nothing but the tests imports app.py;
-- rooms stay small: modules under MAX_MODULE_LINES, functions under MAX_FUNCTION_LINES
-  (or listed in LONG_FUNCTIONS with the reason).
+- rooms stay small: functions under MAX_FUNCTION_LINES (or listed in LONG_FUNCTIONS with the reason),
+  modules under MAX_MODULE_LINES. Past about 300 lines a module is worth a look for a second concern,
+  but it is split by concern, never packed to fit: code is laid out as the formatter lays it.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ LAYERS = (
     "services.memory",
     "services.config",
 )
-MAX_MODULE_LINES = 300
+MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 40
 # Functions allowed to be longer, and why.
 LONG_FUNCTIONS: dict[str, str] = {
