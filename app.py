@@ -66,8 +66,9 @@ if sign_in.mode in ("local", "header"):  # local: the one local user, without a 
 if oauth_providers and sign_in.mode in ("password", "oauth"):
 
     @cl.oauth_callback
-    async def oauth_sign_in(provider_id: str, token: str, raw_user_data: dict, default_user: cl.User,
-                            id_token: str | None = None) -> cl.User | None:  # fmt: skip
+    async def oauth_sign_in(
+        provider_id: str, token: str, raw_user_data: dict, default_user: cl.User, id_token: str | None = None
+    ) -> cl.User | None:
         return await sign_in.oauth(provider_id, token, raw_user_data, default_user, id_token)
 
 

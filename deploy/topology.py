@@ -60,12 +60,18 @@ class Topology:
 
     def replica_env(self, database_url: str, router_url: str) -> dict[str, str]:
         return {
-            "AUTH_MODE": "password", "ADMIN_USERNAME": "admin", "ADMIN_PASSWORD": self.admin_password,
-            "CHAINLIT_AUTH_SECRET": self.cookie_secret, "OPS_TOKEN": self.ops_token,
-            "DATABASE_URL": database_url, "ENGINE_URLS": router_url, "ENGINE_ROUTER": "true",
-            "MODEL": str(self.model_dir), "TRUSTED_PROXY_ADDRESSES": "127.0.0.1",
+            "AUTH_MODE": "password",
+            "ADMIN_USERNAME": "admin",
+            "ADMIN_PASSWORD": self.admin_password,
+            "CHAINLIT_AUTH_SECRET": self.cookie_secret,
+            "OPS_TOKEN": self.ops_token,
+            "DATABASE_URL": database_url,
+            "ENGINE_URLS": router_url,
+            "ENGINE_ROUTER": "true",
+            "MODEL": str(self.model_dir),
+            "TRUSTED_PROXY_ADDRESSES": "127.0.0.1",
             **self.app_env,
-        }  # fmt: skip
+        }
 
     def start(self) -> Topology:
         """Start every part, each once the one it needs answers; on a failure, stop what started."""

@@ -128,8 +128,11 @@ async def _record_start(audit: AuditLog, settings: Settings, mode: str) -> None:
 
 def _set_up_oauth(settings: Settings, sign_in: SignIn, oauth_providers: list[str]) -> None:
     if sign_in.oauth_gate.allowlist.empty:
-        logger.warning("OAuth (%s) without OAUTH_ALLOWED_USERS, _DOMAINS or _ORGS: only identities an "
-                       "administrator linked may sign in", ", ".join(oauth_providers))  # fmt: skip
+        logger.warning(
+            "OAuth (%s) without OAUTH_ALLOWED_USERS, _DOMAINS or _ORGS: only identities an "
+            "administrator linked may sign in",
+            ", ".join(oauth_providers),
+        )
     if "github" in oauth_providers and settings.oauth_allowed_orgs:
         ask_github_for_org_memberships()
 
@@ -180,17 +183,8 @@ class Runtime:
         requests = RequestMetrics(s.latency_samples_kept)
         self.registry.register(requests)
         stack.callback(self.registry.unregister, requests)
-        usage, shared = self._usage(), shared_limits(s, self.history, stack)  # SHARED_LIMITS
-        # One admission door for every model: its running limit follows the default model's speed.
-        admission = Admission(s, engine.load, _max_running(s), usage, shared)
-        for _, each in models:
-            stack.callback(each.on_finish(requests.record))
-            stack.callback(each.on_finish(admission.engine_finished))  # chat's tokens, for usage
-        if engine.warm_up_report is not None:
-            admission.learn_from_warm_up(engine.warm_up_report.decode_seconds_per_token)
-        admission.start()
-        stack.push_async_callback(admission.stop)
-        admission.shared_line = shared_line(s, self.history, admission.line, stack)  # SHARED_LINE_SECONDS
+        usage = self._usage()
+        admission = self._admission(models, requests, usage)
         sessions = SessionStore(s)
         chats = chats_per_model(models, admission, s, stack)
         models.on_added(lambda _, each: stack.callback(each.on_finish(requests.record)))
@@ -201,16 +195,54 @@ class Runtime:
         models.on_added(lambda _, each: maintenance.add_steps(*_word_cache_rounds(each)))
         stack.push_async_callback(maintenance.stop)
         turns = ChatTurns(sessions, admission, chat, self.history or NothingKept(), chats)
-        if s.app_memory_probe_dir:
-            start_app_probe(s.app_memory_probe_dir, s.app_memory_probe_seconds, s.app_memory_probe_frames,
-                            s.app_memory_probe_deep)  # fmt: skip
-        api_admission = None
-        if self.api is not None:  # the same queue, priority and per-user limits as chat
-            api_admission = SharedAdmission(admission, engine.count_tokens)
-            await self.api.server.start(models if len(models) > 1 or s.engine_url_list else engine.backend)
-            stack.push_async_callback(self.api.server.stop)
-        return Serving(engine, processes, requests, admission, sessions, chat, maintenance, turns,
-                       api_admission, usage, models)  # fmt: skip
+        _app_probe(s)
+        api_admission = await self._api_server(models, admission)
+        return Serving(
+            engine,
+            processes,
+            requests,
+            admission,
+            sessions,
+            chat,
+            maintenance,
+            turns,
+            api_admission,
+            usage,
+            models,
+        )
+
+    def _admission(
+        self, models: ServedModels, requests: RequestMetrics, usage: UsageLedger | None
+    ) -> Admission:
+        """The one admission door for every model, started, its running limit following the default
+        model's speed; every model's finished requests feed the request metrics and admission."""
+        s = self.settings
+        stack = self._stack
+        engine = models.default
+        shared = shared_limits(s, self.history, stack)  # SHARED_LIMITS
+        admission = Admission(s, engine.load, _max_running(s), usage, shared)
+        for _, each in models:
+            stack.callback(each.on_finish(requests.record))
+            stack.callback(each.on_finish(admission.engine_finished))  # chat's tokens, for usage
+        if engine.warm_up_report is not None:
+            admission.learn_from_warm_up(engine.warm_up_report.decode_seconds_per_token)
+        admission.start()
+        stack.push_async_callback(admission.stop)
+        admission.shared_line = shared_line(s, self.history, admission.line, stack)  # SHARED_LINE_SECONDS
+        return admission
+
+    async def _api_server(self, models: ServedModels, admission: Admission) -> SharedAdmission | None:
+        """Start the /v1 API's server, if the API is on; its admission: the same queue, priority and
+        per-user limits as chat."""
+        if self.api is None:
+            return None
+        engine = models.default
+        api_admission = SharedAdmission(admission, engine.count_tokens)
+        await self.api.server.start(
+            models if len(models) > 1 or self.settings.engine_url_list else engine.backend
+        )
+        self._stack.push_async_callback(self.api.server.stop)
+        return api_admission
 
     def _usage(self) -> UsageLedger | None:
         """Usage and budgets (services/usage), started, with their stop pushed; None without a database
@@ -218,8 +250,9 @@ class Runtime:
         history = self.history
         if not self.settings.usage_accounting or history is None or history.engine is None:
             return None
-        usage = UsageLedger(self.settings, UsageStore(history.engine),
-                            lambda: history.migrated and history.health.available)  # fmt: skip
+        usage = UsageLedger(
+            self.settings, UsageStore(history.engine), lambda: history.migrated and history.health.available
+        )
         usage.start()
         self._stack.push_async_callback(usage.stop)  # writes what is still counted
         collector = UsageCollector(usage)
@@ -252,6 +285,17 @@ def _transfers(settings: Settings, history: History | None) -> Transfers | None:
     if history is None or not history.enabled or history.engine is None:
         return None
     return Transfers(history.engine, settings, history.audit)
+
+
+def _app_probe(settings: Settings) -> None:
+    """The memory probe in the app's own process, when DIAGNOSTICS asks for it."""
+    if settings.app_memory_probe_dir:
+        start_app_probe(
+            settings.app_memory_probe_dir,
+            settings.app_memory_probe_seconds,
+            settings.app_memory_probe_frames,
+            settings.app_memory_probe_deep,
+        )
 
 
 def _word_cache_rounds(engine: ChatEngine) -> list[Callable]:

@@ -164,8 +164,10 @@ async def _key_command(arguments: argparse.Namespace, keys: ApiKeyStore, changes
     rows = await keys.list(arguments.username, include_revoked=arguments.all)
     lines = [f"{'prefix':<14} {'user':<24} {'created':<21} {'last used':<21} revoked"]
     for key in rows:
-        lines.append(f"{key.prefix:<14} {key.user:<24} {key.created_at[:19]:<21} "
-                     f"{(key.last_used_at or '-')[:19]:<21} {(key.revoked_at or '-')[:19]}")  # fmt: skip
+        lines.append(
+            f"{key.prefix:<14} {key.user:<24} {key.created_at[:19]:<21} "
+            f"{(key.last_used_at or '-')[:19]:<21} {(key.revoked_at or '-')[:19]}"
+        )
     return "\n".join(lines)
 
 

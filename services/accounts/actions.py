@@ -39,8 +39,9 @@ class AccountActions:
     async def add(self, username: str, password: str | None, role: str, generated: bool = False) -> Account:
         account = await self.store.add(username, password, role)
         sign_in = "password" if password is not None else "header or OAuth"
-        await self._record(actions.ACCOUNT_ADDED, account.identifier, role=role, sign_in=sign_in,
-                           generated=generated)  # fmt: skip
+        await self._record(
+            actions.ACCOUNT_ADDED, account.identifier, role=role, sign_in=sign_in, generated=generated
+        )
         self.ended(account.identifier)
         return account
 

@@ -121,8 +121,14 @@ class LdapDirectory:
         # A Server per connection: ldap3's Server marks an address it failed to reach as unusable
         # and keeps refusing it after the directory is back.
         server = Server(self.settings.ldap_url, get_info=NONE, connect_timeout=self.timeout, tls=self.tls)
-        connection = Connection(server, user=dn, password=password, authentication=SIMPLE,
-                                receive_timeout=math.ceil(self.timeout), raise_exceptions=False)  # fmt: skip
+        connection = Connection(
+            server,
+            user=dn,
+            password=password,
+            authentication=SIMPLE,
+            receive_timeout=math.ceil(self.timeout),
+            raise_exceptions=False,
+        )
         try:
             connection.open()
             if self.settings.ldap_start_tls and not connection.start_tls():

@@ -58,9 +58,12 @@ class LdapSignIn:
     """Signs people in against the directory and says when a signed-in person's sign-in must end."""
 
     def __init__(
-        self, directory: LdapDirectory, accounts: AccountStore | None, limiter: SignInAttempts,
+        self,
+        directory: LdapDirectory,
+        accounts: AccountStore | None,
+        limiter: SignInAttempts,
         check_seconds: float,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.directory = directory
         self.accounts = accounts
         self.limiter = limiter
@@ -73,8 +76,9 @@ class LdapSignIn:
         name = directory_name(username)
         counted = f"{PROVIDER}:{name or str(username)[:64]}"
         if wait := await self.limiter.attempt(counted, address):
-            logger.warning("sign-in refused for %s from %s: too many failures (%d s left)",
-                           counted, address, wait)  # fmt: skip
+            logger.warning(
+                "sign-in refused for %s from %s: too many failures (%d s left)", counted, address, wait
+            )
             refuse(429, f"Too many failed sign-ins. Try again in {wait} seconds.", wait)
             return None
         if name is None or not password:
@@ -152,28 +156,34 @@ async def record_role(engine: AsyncEngine, identifier: str, role: str) -> int | 
             async with engine.begin() as connection:
                 row = (
                     await connection.execute(
-                        text("SELECT role, disabled, COALESCE(session_generation, 0) FROM users "
-                             "WHERE identifier = :who"),
+                        text(
+                            "SELECT role, disabled, COALESCE(session_generation, 0) FROM users "
+                            "WHERE identifier = :who"
+                        ),
                         {"who": identifier},
                     )
-                ).first()  # fmt: skip
+                ).first()
                 values = {"who": identifier, "role": role, "meta": json.dumps({"role": role}), "now": _now()}
                 if row is None:
                     await connection.execute(
-                        text('INSERT INTO users ("id", identifier, metadata, "createdAt", role, disabled, '
-                             "updated_at) VALUES (:id, :who, :meta, :now, :role, FALSE, :now)"),
+                        text(
+                            'INSERT INTO users ("id", identifier, metadata, "createdAt", role, disabled, '
+                            "updated_at) VALUES (:id, :who, :meta, :now, :role, FALSE, :now)"
+                        ),
                         {**values, "id": str(uuid.uuid4())},
-                    )  # fmt: skip
+                    )
                     return 0
                 if row[1]:
                     return None
                 if row[0] == role:
                     return int(row[2])
                 await connection.execute(
-                    text(f"UPDATE users SET role = :role, metadata = :meta, {NEXT_GENERATION}, "
-                         "updated_at = :now WHERE identifier = :who"),
+                    text(
+                        f"UPDATE users SET role = :role, metadata = :meta, {NEXT_GENERATION}, "
+                        "updated_at = :now WHERE identifier = :who"
+                    ),
                     values,
-                )  # fmt: skip
+                )
                 return int(row[2]) + 1
         except IntegrityError:
             continue

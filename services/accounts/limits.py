@@ -59,8 +59,11 @@ class SignInLimiter:
         lockout_seconds: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.limits = {"pair": max_per_pair, "address": max_per_address,
-                       "account": max(max_per_account, max_per_address + 1)}  # fmt: skip
+        self.limits = {
+            "pair": max_per_pair,
+            "address": max_per_address,
+            "account": max(max_per_account, max_per_address + 1),
+        }
         self.window_seconds = window_seconds
         self.lockout_seconds = lockout_seconds
         self._clock = clock
@@ -71,10 +74,13 @@ class SignInLimiter:
         now = self._clock()
         windows = [(kind, key, self._recent(kind, key, now)) for kind, key in self.keys(account, address)]
         wait = max(
-            (times[-1] + self.lockout_seconds - now for kind, _, times in windows
-             if len(times) >= self.limits[kind]),
+            (
+                times[-1] + self.lockout_seconds - now
+                for kind, _, times in windows
+                if len(times) >= self.limits[kind]
+            ),
             default=0.0,
-        )  # fmt: skip
+        )
         if wait > 0:
             return math.ceil(wait)
         for kind, key, times in windows:  # no await since the check: nothing can slip in between

@@ -35,8 +35,17 @@ TOKEN_FILE_NAME = "local-token"
 TOKEN_PATH = "/auth/local"
 LOOPBACK_HOST = re.compile(r"(localhost|127\.0\.0\.1|\[::1\])(:[0-9]{1,5})?")
 # Headers a proxy, tunnel or CDN adds on the way; a browser at this machine sends none of them.
-FORWARDING_HEADERS = ("forwarded", "via", "x-real-ip", "true-client-ip", "x-client-ip", "x-cluster-client-ip",
-                      "fastly-client-ip", "x-envoy-external-address", "x-proxyuser-ip")  # fmt: skip
+FORWARDING_HEADERS = (
+    "forwarded",
+    "via",
+    "x-real-ip",
+    "true-client-ip",
+    "x-client-ip",
+    "x-cluster-client-ip",
+    "fastly-client-ip",
+    "x-envoy-external-address",
+    "x-proxyuser-ip",
+)
 FORWARDING_PREFIXES = ("x-forwarded-", "x-original-", "cf-")
 
 

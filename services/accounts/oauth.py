@@ -118,8 +118,12 @@ class OAuthGate:
         rule = await self.allowlist.allows(provider_id, identity, raw_user_data, token, self.org_member)
         if rule is None:
             unset = " (none is set: only linked identities get in)" if self.allowlist.empty else ""
-            logger.warning("OAuth sign-in of %s refused: not linked to an account, not allowed by "
-                           "OAUTH_ALLOWED_USERS, _DOMAINS or _ORGS%s", identity, unset)  # fmt: skip
+            logger.warning(
+                "OAuth sign-in of %s refused: not linked to an account, not allowed by "
+                "OAUTH_ALLOWED_USERS, _DOMAINS or _ORGS%s",
+                identity,
+                unset,
+            )
             return None
         logger.info("OAuth sign-in of %s: %s", identity, rule)
         return identity

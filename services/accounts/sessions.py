@@ -162,8 +162,11 @@ class Sessions:
             except Exception as error:
                 logger.warning("session check of %s skipped: %s", identifier, error)
                 return None
-            state = AccountState(account is not None, bool(account and account.disabled),
-                                 account.generation if account is not None else 0)  # fmt: skip
+            state = AccountState(
+                account is not None,
+                bool(account and account.disabled),
+                account.generation if account is not None else 0,
+            )
             self._seen[identifier] = state
         floor = self._floor.get(identifier, 0)
         return state if state.generation >= floor else AccountState(state.exists, state.disabled, floor)

@@ -85,10 +85,15 @@ class SignIn:
     """Chainlit's auth callbacks for the resolved mode, over the account store."""
 
     def __init__(
-        self, settings: Settings, mode: str, accounts: AccountStore | None, local_token: str | None = None,
-        org_member: OrgMember | None = None, audit: AuditLog | None = None,
+        self,
+        settings: Settings,
+        mode: str,
+        accounts: AccountStore | None,
+        local_token: str | None = None,
+        org_member: OrgMember | None = None,
+        audit: AuditLog | None = None,
         shared: SharedDatabase | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """`local_token`: the install's token (local mode); `org_member`: who answers "is this person
         in that GitHub organisation?" (GitHub itself unless given); `audit`: where sign-ins are recorded;
         `shared`: where every replica's attempts are counted too (SHARED_LIMITS), None: here only."""
@@ -102,16 +107,21 @@ class SignIn:
         org_member = org_member or GitHubOrgs(github_api_url(), settings.oauth_provider_timeout_seconds)
         self.oauth_gate = OAuthGate(OAuthAllowlist.from_settings(settings), accounts, org_member)
         local = SignInLimiter(
-            settings.sign_in_max_failures, settings.sign_in_max_failures_per_address,
-            settings.sign_in_max_failures_per_account, settings.sign_in_window_seconds,
+            settings.sign_in_max_failures,
+            settings.sign_in_max_failures_per_address,
+            settings.sign_in_max_failures_per_account,
+            settings.sign_in_window_seconds,
             settings.sign_in_lockout_seconds,
-        )  # fmt: skip
+        )
         self.limiter = SignInAttempts(local, SharedAttempts(local, shared) if shared is not None else None)
         self.ldap = ldap_sign_in_for(settings, mode, accounts, self.limiter)
         self.sessions = Sessions(
-            mode, accounts, settings.sign_in_lifetime_seconds, settings.sign_in_check_seconds,
+            mode,
+            accounts,
+            settings.sign_in_lifetime_seconds,
+            settings.sign_in_check_seconds,
             recheck=self.ldap.session_problem if self.ldap else None,
-        )  # fmt: skip
+        )
 
     @property
     def required(self) -> bool:
@@ -175,8 +185,11 @@ class SignIn:
         if self.mode == "local":
             problem = "LOCAL_TOKEN_REQUIRED=true" if self.settings.local_token_required else None
             if problem := problem or local.sign_in_problem(peer, headers):
-                logger.warning("local sign-in refused: %s. Use the install's token (printed at start), "
-                               "or configure AUTH_MODE", problem)  # fmt: skip
+                logger.warning(
+                    "local sign-in refused: %s. Use the install's token (printed at start), "
+                    "or configure AUTH_MODE",
+                    problem,
+                )
                 return None
             return self.local_user()
         if not in_networks(peer, self.proxies):
@@ -199,8 +212,14 @@ class SignIn:
             return None
         return self.local_user()
 
-    async def oauth(self, provider_id: str, token: str, raw_user_data: dict, default_user: User,
-                    id_token: str | None = None) -> User | None:  # fmt: skip
+    async def oauth(
+        self,
+        provider_id: str,
+        token: str,
+        raw_user_data: dict,
+        default_user: User,
+        id_token: str | None = None,
+    ) -> User | None:
         """Chainlit's oauth_callback: `<provider>:<name>`, or the account an administrator linked it to;
         anyone else only when the allowlist lets them in (services/accounts/oauth.py)."""
         identifier = await self.oauth_gate.identifier_for(

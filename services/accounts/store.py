@@ -46,6 +46,17 @@ def _check_role(role: str) -> str:
     return role
 
 
+def _check_new_password(identifier: str, password: str | None) -> None:
+    """A provider identity signs in through its provider; any other password must be acceptable."""
+    if password is not None and ":" in identifier:
+        raise AccountError(
+            f"{identifier} is a provider identity (provider:name): it signs in through its provider. "
+            "Add it with --no-password, or link it to an account"
+        )
+    if password is not None and (problem := password_problem(password)):
+        raise AccountError(problem)
+
+
 def _now() -> str:
     return conversations.timestamp(datetime.now(UTC))
 
@@ -78,19 +89,19 @@ class AccountStore:
         """Create an account (or give a removed one back); no password = header or OAuth sign-in only."""
         identifier = normalize_username(username)
         _check_role(role)
-        if password is not None and ":" in identifier:
-            raise AccountError(
-                f"{identifier} is a provider identity (provider:name): it signs in through its provider. "
-                "Add it with --no-password, or link it to an account"
-            )
-        if password is not None and (problem := password_problem(password)):
-            raise AccountError(problem)
+        _check_new_password(identifier, password)
         existing = await self.get(identifier)
         if existing is not None and not existing.disabled:
             raise AccountError(f"{identifier} already exists (use reset-password or set-role)")
         password_hash = await hash_password_async(password) if password is not None else None
-        values = {"who": identifier, "hash": password_hash, "role": role, "meta": json.dumps({"role": role}),
-                  "now": _now(), "id": str(uuid.uuid4())}  # fmt: skip
+        values = {
+            "who": identifier,
+            "hash": password_hash,
+            "role": role,
+            "meta": json.dumps({"role": role}),
+            "now": _now(),
+            "id": str(uuid.uuid4()),
+        }
         async with self.engine.begin() as connection:
             if existing is None:
                 statement = (

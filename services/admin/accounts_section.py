@@ -29,31 +29,55 @@ def _account_forms(name: str, role: str, token: str) -> Html:
     """The forms of one account's row: change role, reset password, remove."""
     user = hidden("username", name)
     new_password = field("", "password", "password", placeholder="new password", autocomplete="new-password")
-    return join([
-        post_form("/admin/accounts/set-role", token, [user, choice("", "role", ROLES, role)], "Change role"),
-        post_form("/admin/accounts/reset-password", token,
-                  [user, new_password, field("generate", "generate", "checkbox", "yes")], "Reset password"),
-        post_form("/admin/accounts/remove", token, [user, field("sure", "confirm", "checkbox", "yes")],
-                  "Remove", danger=True),
-    ])  # fmt: skip
+    return join(
+        [
+            post_form(
+                "/admin/accounts/set-role", token, [user, choice("", "role", ROLES, role)], "Change role"
+            ),
+            post_form(
+                "/admin/accounts/reset-password",
+                token,
+                [user, new_password, field("generate", "generate", "checkbox", "yes")],
+                "Reset password",
+            ),
+            post_form(
+                "/admin/accounts/remove",
+                token,
+                [user, field("sure", "confirm", "checkbox", "yes")],
+                "Remove",
+                danger=True,
+            ),
+        ]
+    )
 
 
 def _add_form(token: str) -> Html:
-    return post_form("/admin/accounts/add", token, [
-        field("Username", "username", autocomplete="off", required="required", maxlength="64"),
-        choice("Role", "role", ROLES, "user"), choice("Sign-in", "sign_in", SIGN_IN_KINDS, "password"),
-        field("Password", "password", "password", autocomplete="new-password"),
-    ], "Add account")  # fmt: skip
+    return post_form(
+        "/admin/accounts/add",
+        token,
+        [
+            field("Username", "username", autocomplete="off", required="required", maxlength="64"),
+            choice("Role", "role", ROLES, "user"),
+            choice("Sign-in", "sign_in", SIGN_IN_KINDS, "password"),
+            field("Password", "password", "password", autocomplete="new-password"),
+        ],
+        "Add account",
+    )
 
 
 async def accounts_page(visit: Visit) -> Html:
     limit = visit.runtime.settings.admin_list_max_rows
     listed = await _changes(visit).store.list()
     rows = [
-        [account.identifier, account.role, "password" if account.has_password else "header or OAuth", count,
-         _account_forms(account.identifier, account.role, visit.admin.csrf_token)]
+        [
+            account.identifier,
+            account.role,
+            "password" if account.has_password else "header or OAuth",
+            count,
+            _account_forms(account.identifier, account.role, visit.admin.csrf_token),
+        ]
         for account, count in listed[:limit]
-    ]  # fmt: skip
+    ]
     more = f"The first {limit} of {len(listed)}: the command line lists all." if len(listed) > limit else None
     listing = table(["Username", "Role", "Sign-in", "Conversations", "Change"], rows, "No accounts.")
     adding = _add_form(visit.admin.csrf_token)
@@ -132,12 +156,21 @@ async def keys_page(visit: Visit) -> Html:
     except AccountError as error:
         raise ActionError(str(error)) from None
     rows = [
-        [key.prefix + "…", key.user, key.created_at[:19].replace("T", " "),
-         (key.last_used_at or "never")[:19].replace("T", " "),
-         post_form("/admin/keys/revoke", visit.admin.csrf_token,
-                   [hidden("username", key.user), hidden("prefix", key.prefix)], "Revoke", danger=True)]
+        [
+            key.prefix + "…",
+            key.user,
+            key.created_at[:19].replace("T", " "),
+            (key.last_used_at or "never")[:19].replace("T", " "),
+            post_form(
+                "/admin/keys/revoke",
+                visit.admin.csrf_token,
+                [hidden("username", key.user), hidden("prefix", key.prefix)],
+                "Revoke",
+                danger=True,
+            ),
+        ]
         for key in keys[:limit]
-    ]  # fmt: skip
+    ]
     choose = get_form("/admin/keys", [field("Person", "user", value=person, maxlength="64")], "Show")
     listing = table(["Key", "Person", "Created", "Last used", ""], rows, "No active API keys.")
     more = tag("p", f"The first {limit} of {len(keys)}.") if len(keys) > limit else ""
@@ -156,7 +189,9 @@ async def revoke_key(visit: Visit, form: dict[str, str]) -> str:
 
 
 ACCOUNTS = Section(
-    "accounts", "Accounts", accounts_page,
+    "accounts",
+    "Accounts",
+    accounts_page,
     {"add": add_account, "remove": remove_account, "reset-password": reset_password, "set-role": set_role},
-)  # fmt: skip
+)
 KEYS = Section("keys", "API keys", keys_page, {"revoke": revoke_key})

@@ -22,12 +22,22 @@ def chosen_filter(visit: Visit) -> AuditFilter:
 
 def _form(chosen: AuditFilter) -> Html:
     values = chosen.fields()
-    return get_form("/admin/audit", [
-        field("Actor", "actor", value=values["actor"], maxlength="128", placeholder="alice, cli, system"),
-        field("Action", "action", value=values["action"], maxlength="81", list="audit-actions",
-              placeholder="account. or sign_in.failed"),
-        field("Since", "since", value=values["since"], maxlength="40", placeholder="7d, 12h, 2026-12-01"),
-    ], "Filter")  # fmt: skip
+    return get_form(
+        "/admin/audit",
+        [
+            field("Actor", "actor", value=values["actor"], maxlength="128", placeholder="alice, cli, system"),
+            field(
+                "Action",
+                "action",
+                value=values["action"],
+                maxlength="81",
+                list="audit-actions",
+                placeholder="account. or sign_in.failed",
+            ),
+            field("Since", "since", value=values["since"], maxlength="40", placeholder="7d, 12h, 2026-12-01"),
+        ],
+        "Filter",
+    )
 
 
 def _action_names() -> Html:
@@ -43,10 +53,16 @@ async def audit_page(visit: Visit) -> Html:
     limit = visit.runtime.settings.admin_list_max_rows
     entries = await visit.audit.entries(chosen, limit)
     rows = [
-        [e.at[:19].replace("T", " "), e.actor, e.action, e.target, e.address,
-         tag("code", e.details if len(e.details) <= DETAILS_SHOWN else e.details[:DETAILS_SHOWN] + "…")]
+        [
+            e.at[:19].replace("T", " "),
+            e.actor,
+            e.action,
+            e.target,
+            e.address,
+            tag("code", e.details if len(e.details) <= DETAILS_SHOWN else e.details[:DETAILS_SHOWN] + "…"),
+        ]
         for e in entries
-    ]  # fmt: skip
+    ]
     export = link("/admin/audit.csv", "Download as CSV", chosen.fields())
     note = f"The newest {limit} that match: narrow the filter, or download." if len(entries) == limit else ""
     headers = ["At (UTC)", "Actor", "Action", "Target", "Address", "Details"]

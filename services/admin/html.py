@@ -34,9 +34,10 @@ def join(parts: Iterable[Cell]) -> Html:
 def tag(name: str, content: Cell = None, **attributes: str | None) -> Html:
     """`<name attributes>content</name>`; attributes escaped, `class_` for class, None left out."""
     pairs = "".join(
-        f' {key.rstrip("_").replace("_", "-")}="{escape(value)}"' for key, value in attributes.items()
+        f' {key.rstrip("_").replace("_", "-")}="{escape(value)}"'
+        for key, value in attributes.items()
         if value is not None
-    )  # fmt: skip
+    )
     return Html(f"<{name}{pairs}>{text(content)}</{name}>")
 
 
@@ -83,13 +84,26 @@ def link(href: str, label: str, query: Mapping[str, str] | None = None) -> Html:
     return tag("a", label, href=target)
 
 
-def layout(title: str, nav: Sequence[tuple[str, str]], current: str, admin: str, body: Html,
-           notice: str | None = None, error: str | None = None) -> str:  # fmt: skip
+def layout(
+    title: str,
+    nav: Sequence[tuple[str, str]],
+    current: str,
+    admin: str,
+    body: Html,
+    notice: str | None = None,
+    error: str | None = None,
+) -> str:
     """The whole page: navigation between sections, who is signed in, a notice or an error, the body."""
-    links = join(tag("a", label, href=href, class_="current" if slug == current else None)
-                 for slug, label, href in ((s, label, f"/admin/{s}") for s, label in nav))  # fmt: skip
-    messages = join([tag("p", notice, class_="notice") if notice else "",
-                     tag("p", error, class_="error", role="alert") if error else ""])  # fmt: skip
+    links = join(
+        tag("a", label, href=href, class_="current" if slug == current else None)
+        for slug, label, href in ((s, label, f"/admin/{s}") for s, label in nav)
+    )
+    messages = join(
+        [
+            tag("p", notice, class_="notice") if notice else "",
+            tag("p", error, class_="error", role="alert") if error else "",
+        ]
+    )
     who = tag("span", f"signed in as {admin}", class_="who")
     header = tag("header", join([tag("strong", "Admin"), tag("nav", links), who, tag("a", "Chat", href="/")]))
     main = tag("main", join([tag("h1", title), messages, body]))

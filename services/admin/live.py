@@ -104,18 +104,22 @@ async def live_page(visit: Visit) -> Html:
     times = memory.ring.times()
     now = float(times[-1]) if len(times) else 0.0
     per_process = {role: values / MB for role, values in memory.process_series("rss").items()}
-    counts = {name.replace("_", " "): memory.ring.column(name)
-              for name in ("sessions", "turns_in_flight", "engine_unfinished_requests")}  # fmt: skip
+    counts = {
+        name.replace("_", " "): memory.ring.column(name)
+        for name in ("sessions", "turns_in_flight", "engine_unfinished_requests")
+    }
     latest = memory.latest
     rows = [[p.role, p.pid, f"{p.rss / MB:.0f}"] for p in (latest.processes if latest else ())]
-    return join([
-        table(["Figure", "Now"], _figures(status)),
-        tag("h2", "Memory per process"),
-        table(["Process", "pid", "RSS (MB)"], rows, "No sample yet."),
-        svg_plot("Memory per process (RSS)", times - now, per_process, "MB"),
-        svg_plot("Sessions and requests", times - now, counts, ""),
-        tag("p", "The same numbers as JSON: GET /status and /stats (OPS_TOKEN).", class_="hint"),
-    ])  # fmt: skip
+    return join(
+        [
+            table(["Figure", "Now"], _figures(status)),
+            tag("h2", "Memory per process"),
+            table(["Process", "pid", "RSS (MB)"], rows, "No sample yet."),
+            svg_plot("Memory per process (RSS)", times - now, per_process, "MB"),
+            svg_plot("Sessions and requests", times - now, counts, ""),
+            tag("p", "The same numbers as JSON: GET /status and /stats (OPS_TOKEN).", class_="hint"),
+        ]
+    )
 
 
 LIVE = Section("live", "Live figures", live_page)

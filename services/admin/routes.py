@@ -101,8 +101,14 @@ class AdminPages:
             return await self._page(section, visit, error=str(error), status=400)
         return await self._page(section, visit, notice=notice)
 
-    async def _page(self, section: Section, visit: Visit, notice: str | None = None, error: str | None = None,
-                    status: int = 200) -> Response:  # fmt: skip
+    async def _page(
+        self,
+        section: Section,
+        visit: Visit,
+        notice: str | None = None,
+        error: str | None = None,
+        status: int = 200,
+    ) -> Response:
         try:
             body = await section.page(visit)
         except ActionError as problem:

@@ -64,21 +64,49 @@ async def _budgets(visit: Visit, people: list[str]) -> list[list[object]]:
 def _forms(visit: Visit) -> Html:
     token, query = visit.admin.csrf_token, visit.query
     person = field("Person", "person", required="required", maxlength="128")
-    return join([
-        get_form("/admin/usage", [
-            field("Person", "person", value=query.get("person", ""), maxlength="128", placeholder="everyone"),
-            field("Days", "days", "number", query.get("days", "30"), min="1", max=str(MAX_DAYS)),
-        ], "Show"),
-        post_form("/admin/usage/set-quota", token, [
-            person, field("Tokens per day", "day", "number", min="0", placeholder="unchanged; 0 = unlimited"),
-            field("Tokens per month", "month", "number", min="0", placeholder="unchanged; 0 = unlimited"),
-        ], "Set budget"),
-        post_form("/admin/usage/clear-quota", token, [person], "Back to the role's budget"),
-    ])  # fmt: skip
+    return join(
+        [
+            get_form(
+                "/admin/usage",
+                [
+                    field(
+                        "Person",
+                        "person",
+                        value=query.get("person", ""),
+                        maxlength="128",
+                        placeholder="everyone",
+                    ),
+                    field("Days", "days", "number", query.get("days", "30"), min="1", max=str(MAX_DAYS)),
+                ],
+                "Show",
+            ),
+            post_form(
+                "/admin/usage/set-quota",
+                token,
+                [
+                    person,
+                    field("Tokens per day", "day", "number", min="0", placeholder="unchanged; 0 = unlimited"),
+                    field(
+                        "Tokens per month", "month", "number", min="0", placeholder="unchanged; 0 = unlimited"
+                    ),
+                ],
+                "Set budget",
+            ),
+            post_form("/admin/usage/clear-quota", token, [person], "Back to the role's budget"),
+        ]
+    )
 
 
-HEADERS = ["Day (UTC)", "Person", "Prompt tokens", "Answer tokens", "Turns", "Documents", "API calls",
-           "Refusals"]  # fmt: skip
+HEADERS = [
+    "Day (UTC)",
+    "Person",
+    "Prompt tokens",
+    "Answer tokens",
+    "Turns",
+    "Documents",
+    "API calls",
+    "Refusals",
+]
 
 
 async def usage_page(visit: Visit) -> Html:
@@ -86,9 +114,18 @@ async def usage_page(visit: Visit) -> Html:
     rows = await _rows(visit, limit)
     people = sorted({row.person for row in rows})[:limit]
     cells = [
-        [r.day, r.person, f"{r.prompt_tokens:,}", f"{r.answer_tokens:,}", r.turns, r.documents, r.api_calls,
-         r.refusals] for r in rows
-    ]  # fmt: skip
+        [
+            r.day,
+            r.person,
+            f"{r.prompt_tokens:,}",
+            f"{r.answer_tokens:,}",
+            r.turns,
+            r.documents,
+            r.api_calls,
+            r.refusals,
+        ]
+        for r in rows
+    ]
     budgets = await _budgets(visit, people)
     shown = {key: value for key, value in visit.query.items() if key in ("person", "days")}
     note = tag("p", f"The newest {limit} rows: narrow the filter, or download.") if len(rows) == limit else ""

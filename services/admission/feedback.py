@@ -68,9 +68,10 @@ class WaitingFeedback:
             # left 2.05 s without a word in the fourth overload run).
             quiet_left = self._context.started_at + QUIET_SECONDS - now
             await asyncio.sleep(
-                min(FEEDBACK_INTERVAL_SECONDS, quiet_left) if text is None and quiet_left > 0
+                min(FEEDBACK_INTERVAL_SECONDS, quiet_left)
+                if text is None and quiet_left > 0
                 else FEEDBACK_INTERVAL_SECONDS
-            )  # fmt: skip
+            )
 
     async def stop(self) -> None:
         """End the updates and remove the status (the answer takes its place). Safe to call twice."""

@@ -17,10 +17,18 @@ RESENT_EARLY = "resent_early"  # a chat message sent before the time a capacity 
 QUOTA_DAY = "quota_day"  # the person's token budget for the UTC day is used up (services/usage)
 QUOTA_MONTH = "quota_month"  # and for the UTC month
 REASONS = (
-    QUEUE_FULL, WAIT_TOO_LONG, ENGINE_QUEUE_FULL, USER_CONCURRENT_TURNS,
-    USER_TOKENS_PER_MINUTE, USER_DOCUMENTS_PER_HOUR, USER_MESSAGES_PER_MINUTE, SESSIONS_FULL, RESENT_EARLY,
-    QUOTA_DAY, QUOTA_MONTH,
-)  # fmt: skip
+    QUEUE_FULL,
+    WAIT_TOO_LONG,
+    ENGINE_QUEUE_FULL,
+    USER_CONCURRENT_TURNS,
+    USER_TOKENS_PER_MINUTE,
+    USER_DOCUMENTS_PER_HOUR,
+    USER_MESSAGES_PER_MINUTE,
+    SESSIONS_FULL,
+    RESENT_EARLY,
+    QUOTA_DAY,
+    QUOTA_MONTH,
+)
 CAPACITY = (QUEUE_FULL, WAIT_TOO_LONG, ENGINE_QUEUE_FULL)  # the service is full, not the person's share
 
 

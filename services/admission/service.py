@@ -42,9 +42,13 @@ class Admission:
     limit; `admit` is the one way to the engine."""
 
     def __init__(
-        self, settings: Settings, load: EngineLoad, max_running: int, accounting: Accounting | None = None,
+        self,
+        settings: Settings,
+        load: EngineLoad,
+        max_running: int,
+        accounting: Accounting | None = None,
         shared: SharedLimits | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """`accounting`: who keeps usage and checks budgets (services/usage); None: nobody. `shared`: the
         per-person limits replicas share (shared_limits.py); None: this process's alone."""
         self.settings = settings

@@ -46,9 +46,13 @@ class SharedDatabase:
     """Runs the shared limits' transactions, or says it could not."""
 
     def __init__(
-        self, engine: AsyncEngine, timeout_seconds: float, available: Callable[[], bool] = lambda: True,
-        failed: Callable[[BaseException], None] = lambda error: None, name: str = "shared limits",
-    ) -> None:  # fmt: skip
+        self,
+        engine: AsyncEngine,
+        timeout_seconds: float,
+        available: Callable[[], bool] = lambda: True,
+        failed: Callable[[BaseException], None] = lambda error: None,
+        name: str = "shared limits",
+    ) -> None:
         """`available`: may the database be used now (the history's breaker); `failed`: told of an error."""
         self.engine, self.timeout_seconds = engine, timeout_seconds
         self.available, self.failed, self.name = available, failed, name

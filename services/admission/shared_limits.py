@@ -132,8 +132,10 @@ class SharedLimits:
 
         async def work(connection: AsyncConnection) -> None:
             await lock(connection, LOCK_CLASS, person)
-            since = {"tokens_since": math.floor(now - TOKEN_WINDOW_SECONDS),
-                     "documents_since": math.floor(now - DOCUMENT_WINDOW_SECONDS)}  # fmt: skip
+            since = {
+                "tokens_since": math.floor(now - TOKEN_WINDOW_SECONDS),
+                "documents_since": math.floor(now - DOCUMENT_WINDOW_SECONDS),
+            }
             rows = (await connection.execute(STATE, {"person": person, "now": now, **since})).all()
             if (refusal := turn_refusal(settings, [tuple(row) for row in rows], documents, now)) is not None:
                 raise refusal

@@ -117,9 +117,12 @@ class SharedLine:
     """Shares this replica's waiting places and hands the other replicas' to its line."""
 
     def __init__(
-        self, settings: Settings, line: WaitingLine, database: SharedDatabase,
+        self,
+        settings: Settings,
+        line: WaitingLine,
+        database: SharedDatabase,
         wall: Callable[[], float] = time.time,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.settings, self.line, self.database, self.wall = settings, line, database, wall
         self.holder = uuid.uuid4().hex  # this replica, in its row
         self.exchanges_total = 0

@@ -79,8 +79,9 @@ def parse_body(body: bytes, max_depth: int) -> dict[str, Any]:
     try:
         request = parse_json(body, max_depth)
     except JsonTooDeep as error:
-        raise ApiError(400, f"The request body is {error}, more than this service accepts.",
-                       "invalid_json") from None  # fmt: skip
+        raise ApiError(
+            400, f"The request body is {error}, more than this service accepts.", "invalid_json"
+        ) from None
     except ValueError as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise ApiError(400, f"The request body is not valid JSON ({error}).", "invalid_json") from None
     if not isinstance(request, dict):

@@ -143,13 +143,15 @@ class ApiGate:
 
     async def _serve(self, scope: Scope, receive: Callable, send: Callable) -> None:
         if not self.server.ready:
-            raise ApiError(503, "The API is starting; try again in a few seconds.", "unavailable",
-                           retry_after_seconds=10)  # fmt: skip
+            raise ApiError(
+                503, "The API is starting; try again in a few seconds.", "unavailable", retry_after_seconds=10
+            )
         holder = await self._holder(scope)
         path = scope["path"]
         if path not in SERVED_PATHS:
-            raise ApiError(404, f"{path} is not served here; the API serves {', '.join(SERVED_PATHS)}.",
-                           "unknown_url")  # fmt: skip
+            raise ApiError(
+                404, f"{path} is not served here; the API serves {', '.join(SERVED_PATHS)}.", "unknown_url"
+            )
         method = "POST" if path in GENERATING_PATHS else "GET"
         if scope["method"] != method:
             raise ApiError(405, f"{path} takes {method} requests.", "method_not_allowed")
@@ -172,14 +174,21 @@ class ApiGate:
         if not key:
             raise ApiError(401, MISSING_KEY, "missing_api_key")
         if self.keys is None:
-            raise ApiError(401, "API keys need the accounts database, which this service runs without.",
-                           "invalid_api_key")  # fmt: skip
+            raise ApiError(
+                401,
+                "API keys need the accounts database, which this service runs without.",
+                "invalid_api_key",
+            )
         try:
             holder = await self.keys.holder(key)
         except Exception as error:
             logger.warning("API key check failed: %s", type(error).__name__)
-            raise ApiError(503, "API keys cannot be checked right now (database unavailable).",
-                           "unavailable", retry_after_seconds=5) from None  # fmt: skip
+            raise ApiError(
+                503,
+                "API keys cannot be checked right now (database unavailable).",
+                "unavailable",
+                retry_after_seconds=5,
+            ) from None
         if holder is None:
             raise ApiError(401, "Incorrect API key provided (unknown or revoked).", "invalid_api_key")
         return holder
@@ -195,8 +204,11 @@ def bearer_token(scope: Scope) -> str:
 
 async def read_body(scope: Scope, receive: Callable, limit_bytes: int) -> bytes:
     """The whole request body, refused (413) as soon as it passes `limit_bytes`."""
-    too_large = ApiError(413, f"The request body is larger than {limit_bytes:,} bytes, this service's limit.",
-                         "request_too_large")  # fmt: skip
+    too_large = ApiError(
+        413,
+        f"The request body is larger than {limit_bytes:,} bytes, this service's limit.",
+        "request_too_large",
+    )
     for name, value in scope.get("headers", ()):
         if name == b"content-length" and value.isdigit() and int(value) > limit_bytes:
             raise too_large

@@ -23,18 +23,25 @@ class ApiMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.requests = Counter(
-            "api_requests", "API requests answered, by route and HTTP status.", ["route", "status"],
+            "api_requests",
+            "API requests answered, by route and HTTP status.",
+            ["route", "status"],
             registry=registry,
-        )  # fmt: skip
+        )
         self.in_flight = Gauge(
             "api_requests_in_flight", "API requests being served.", ["route"], registry=registry
         )
         self.first_chunk = Histogram(
             "api_first_chunk_seconds",
             "Seconds from an API request's arrival to its first response bytes (a stream's first token).",
-            ["route"], buckets=LATENCY_BUCKETS, registry=registry,
-        )  # fmt: skip
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
         self.duration = Histogram(
-            "api_request_seconds", "Seconds from an API request's arrival to its last byte.", ["route"],
-            buckets=LATENCY_BUCKETS, registry=registry,
-        )  # fmt: skip
+            "api_request_seconds",
+            "Seconds from an API request's arrival to its last byte.",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )

@@ -63,10 +63,16 @@ class ModelsServer:
         assert self.models is not None
         created = int(time.time())
         cards = [
-            {"id": name, "object": "model", "created": created, "owned_by": "vllm",
-             "root": self.servers[name].settings.model_path, "max_model_len": engine.max_model_len}
+            {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "vllm",
+                "root": self.servers[name].settings.model_path,
+                "max_model_len": engine.max_model_len,
+            }
             for name, engine in self.models
-        ]  # fmt: skip
+        ]
         return {"object": "list", "data": cards}
 
 

@@ -90,10 +90,16 @@ class RemoteApiServer:
         for server in reversed(self.remote.servers):
             ids.update({name: card.id for name, card in server.models.items()})
         cards = [
-            {"id": name, "object": "model", "created": created, "owned_by": "vllm",
-             "root": ids.get(name, name), "max_model_len": self.models.engine(name).max_model_len}
+            {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "vllm",
+                "root": ids.get(name, name),
+                "max_model_len": self.models.engine(name).max_model_len,
+            }
             for name in self.models.names
-        ]  # fmt: skip
+        ]
         return {"object": "list", "data": cards}
 
     async def _open(
@@ -110,8 +116,12 @@ class RemoteApiServer:
         try:
             return await self.remote.open_stream(path, body_for, request_id, model=name)
         except ServerUnreachableError:
-            raise ApiError(503, "No vLLM server behind this service is reachable; try again shortly.",
-                           "unavailable", retry_after_seconds=10) from None  # fmt: skip
+            raise ApiError(
+                503,
+                "No vLLM server behind this service is reachable; try again shortly.",
+                "unavailable",
+                retry_after_seconds=10,
+            ) from None
 
 
 async def relay(response: httpx.Response, receive: Callable, send: Callable) -> None:

@@ -37,9 +37,16 @@ def vllm_args(settings: Settings) -> argparse.Namespace:
 
     parser = make_arg_parser(FlexibleArgumentParser(prog="vllm-chat-api"))
     args = parser.parse_args(
-        ["--model", settings.model_path, "--served-model-name", model_name(settings),
-         "--max-model-len", str(settings.max_model_len), "--disable-fastapi-docs"]
-    )  # fmt: skip
+        [
+            "--model",
+            settings.model_path,
+            "--served-model-name",
+            model_name(settings),
+            "--max-model-len",
+            str(settings.max_model_len),
+            "--disable-fastapi-docs",
+        ]
+    )
     validate_parsed_serve_args(args)
     return args
 

@@ -62,16 +62,23 @@ class AuditLog:
         self._retention_at: float | None = None
 
     async def record(
-        self, actor: str | None, action: str, target: str | None = None,
-        details: Mapping[str, Any] | None = None, address: str | None = None,
-    ) -> bool:  # fmt: skip
+        self,
+        actor: str | None,
+        action: str,
+        target: str | None = None,
+        details: Mapping[str, Any] | None = None,
+        address: str | None = None,
+    ) -> bool:
         """Append one entry; False (logged) when it could not be written."""
         values = {
-            "id": uuid.uuid4().hex, "at": timestamp(datetime.now(UTC)),
-            "actor": short(actor, ACTOR_CHARS) or "-", "action": short(action, ACTION_CHARS),
-            "target": short(target, TARGET_CHARS), "address": short(address, ADDRESS_CHARS),
+            "id": uuid.uuid4().hex,
+            "at": timestamp(datetime.now(UTC)),
+            "actor": short(actor, ACTOR_CHARS) or "-",
+            "action": short(action, ACTION_CHARS),
+            "target": short(target, TARGET_CHARS),
+            "address": short(address, ADDRESS_CHARS),
             "details": details_json(details, self.settings.audit_details_max_bytes),
-        }  # fmt: skip
+        }
         try:
             async with self.engine.begin() as connection:
                 await connection.execute(
@@ -83,16 +90,24 @@ class AuditLog:
                 )
         except Exception as error:
             self.failed_total += 1
-            logger.warning("audit: could not record %s by %s: %s", values["action"], values["actor"],
-                           type(error).__name__)  # fmt: skip
+            logger.warning(
+                "audit: could not record %s by %s: %s",
+                values["action"],
+                values["actor"],
+                type(error).__name__,
+            )
             return False
         self.written_total += 1
         return True
 
     def record_soon(
-        self, actor: str | None, action: str, target: str | None = None,
-        details: Mapping[str, Any] | None = None, address: str | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        actor: str | None,
+        action: str,
+        target: str | None = None,
+        details: Mapping[str, Any] | None = None,
+        address: str | None = None,
+    ) -> None:
         """`record` in a background task: the caller does not wait for the database."""
         if len(self._pending) >= MAX_PENDING:
             self.dropped_total += 1

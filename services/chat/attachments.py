@@ -105,9 +105,12 @@ class Attachments:
         if len(data) > s.max_upload_bytes:
             raise DocumentError(f"'{name}' is larger than the {s.max_upload_bytes // 2**20} MB upload limit.")
         return extract_document(
-            data, name, max_pages=s.max_document_pages,
-            max_docx_uncompressed_bytes=s.max_docx_uncompressed_bytes, max_chars=s.max_document_chars,
-        )  # fmt: skip
+            data,
+            name,
+            max_pages=s.max_document_pages,
+            max_docx_uncompressed_bytes=s.max_docx_uncompressed_bytes,
+            max_chars=s.max_document_chars,
+        )
 
     def _bounded_by_tokens(self, text: str) -> tuple[str, int, str | None]:
         """Cut a document to MAX_DOCUMENT_TOKENS; return text, its tokens and a note if cut."""

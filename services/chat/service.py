@@ -73,12 +73,16 @@ class ChatService:
         """Stream the answer to `prompt`; the exchange joins the history, with the ids of its stored
         message and answer (`ids`). `sampling` replaces the session's for this answer."""
         stream = self.engine.generate(prompt.messages, sampling or session.sampling, request_id)
-        return _recorded(session, prompt.messages[-1]["content"], stream, ids)  # fmt: skip
+        return _recorded(session, prompt.messages[-1]["content"], stream, ids)
 
     def summarize(
-        self, session: ChatSession, request: str, request_id: str, progress: Progress | None = None,
+        self,
+        session: ChatSession,
+        request: str,
+        request_id: str,
+        progress: Progress | None = None,
         ids: Ids = (None, None),
-    ) -> AsyncIterator[str]:  # fmt: skip
+    ) -> AsyncIterator[str]:
         """Stream a summary of the session's document; the exchange joins the history.
 
         A document read whole records the instruction the model saw, so the next

@@ -41,8 +41,13 @@ def session_sampling(settings: Settings) -> SamplingSettings:
 
 # The chat settings the page offers (web/chat_page.py send_settings), by kind: the socket keeps no others.
 # save_as_default is the presets' switch (web/presets_chat.py).
-CHAT_SETTING_KINDS: dict[str, type] = {"temperature": float, "top_p": float, "max_new_tokens": float,
-                                       "system_prompt": str, "save_as_default": bool}  # fmt: skip
+CHAT_SETTING_KINDS: dict[str, type] = {
+    "temperature": float,
+    "top_p": float,
+    "max_new_tokens": float,
+    "system_prompt": str,
+    "save_as_default": bool,
+}
 
 
 class SessionStore:

@@ -51,9 +51,13 @@ class ChatTurns:
     """Every chat page event of the service, over its sessions, admission, chat and kept history."""
 
     def __init__(
-        self, sessions: SessionStore, admission: Admission, chat: ChatService, history: KeptConversations,
+        self,
+        sessions: SessionStore,
+        admission: Admission,
+        chat: ChatService,
+        history: KeptConversations,
         chats: Mapping[str, ChatService] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """`chats`: a chat service per served model, the default first (None: `chat` alone)."""
         self.sessions = sessions
         self.admission = admission

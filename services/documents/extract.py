@@ -117,12 +117,43 @@ def _decrypt_with_empty_password(reader: PdfReader) -> None:
 _SKIPPED_TAGS = frozenset({"script", "style", "noscript", "template", "svg", "iframe", "object"})
 _BLOCK_TAGS = frozenset(
     {
-        "address", "article", "aside", "blockquote", "br", "dd", "div", "dl", "dt", "fieldset",
-        "figcaption", "figure", "footer", "form", "h1", "h2", "h3", "h4", "h5", "h6", "header",
-        "hr", "li", "main", "nav", "ol", "p", "pre", "section", "table", "tbody",
-        "thead", "title", "tr", "ul",
+        "address",
+        "article",
+        "aside",
+        "blockquote",
+        "br",
+        "dd",
+        "div",
+        "dl",
+        "dt",
+        "fieldset",
+        "figcaption",
+        "figure",
+        "footer",
+        "form",
+        "h1",
+        "h2",
+        "h3",
+        "h4",
+        "h5",
+        "h6",
+        "header",
+        "hr",
+        "li",
+        "main",
+        "nav",
+        "ol",
+        "p",
+        "pre",
+        "section",
+        "table",
+        "tbody",
+        "thead",
+        "title",
+        "tr",
+        "ul",
     }
-)  # fmt: skip
+)
 
 
 class _HTMLText(HTMLParser):

@@ -16,13 +16,38 @@ CONFIDENT = 0.5  # a request this sure of its language is answered in it
 PLAUSIBLE = 0.15  # below this, a request says nothing about its language
 # Languages a request may be recognised as (short texts otherwise drift to rare labels).
 LANGUAGE_NAMES = {
-    "en": "English", "pt": "Portuguese", "es": "Spanish", "fr": "French", "de": "German",
-    "it": "Italian", "nl": "Dutch", "ru": "Russian", "pl": "Polish", "cs": "Czech", "sv": "Swedish",
-    "da": "Danish", "no": "Norwegian", "fi": "Finnish", "ro": "Romanian", "hu": "Hungarian",
-    "tr": "Turkish", "el": "Greek", "uk": "Ukrainian", "ca": "Catalan", "gl": "Galician",
-    "id": "Indonesian", "vi": "Vietnamese", "zh": "Chinese", "ja": "Japanese", "ko": "Korean",
-    "ar": "Arabic", "he": "Hebrew", "hi": "Hindi", "bg": "Bulgarian", "hr": "Croatian",
-}  # fmt: skip
+    "en": "English",
+    "pt": "Portuguese",
+    "es": "Spanish",
+    "fr": "French",
+    "de": "German",
+    "it": "Italian",
+    "nl": "Dutch",
+    "ru": "Russian",
+    "pl": "Polish",
+    "cs": "Czech",
+    "sv": "Swedish",
+    "da": "Danish",
+    "no": "Norwegian",
+    "fi": "Finnish",
+    "ro": "Romanian",
+    "hu": "Hungarian",
+    "tr": "Turkish",
+    "el": "Greek",
+    "uk": "Ukrainian",
+    "ca": "Catalan",
+    "gl": "Galician",
+    "id": "Indonesian",
+    "vi": "Vietnamese",
+    "zh": "Chinese",
+    "ja": "Japanese",
+    "ko": "Korean",
+    "ar": "Arabic",
+    "he": "Hebrew",
+    "hi": "Hindi",
+    "bg": "Bulgarian",
+    "hr": "Croatian",
+}
 
 _lock = threading.Lock()
 

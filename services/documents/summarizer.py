@@ -99,9 +99,12 @@ class Summarizer:
     def budget(self) -> Budget:
         s = self.settings
         return Budget(
-            self.engine.max_model_len, self.answer_tokens(), s.follow_up_turns, s.follow_up_turn_tokens,
+            self.engine.max_model_len,
+            self.answer_tokens(),
+            s.follow_up_turns,
+            s.follow_up_turn_tokens,
             s.single_pass_max_tokens,
-        )  # fmt: skip
+        )
 
     def plan(self, job: SummaryJob, document_tokens: int | None = None) -> DocumentPlan:
         """Whole or in parts, from the single-pass prompt's size and the room it must leave."""
@@ -124,10 +127,17 @@ class Summarizer:
         """What besides the text changes a summary."""
         s = self.settings
         parts = (
-            s.model_path, job.system_prompt, job.request.strip(), self.prompts(job).language, plan.path,
-            repr(dataclasses.astuple(sampling)), str(self.answer_tokens()), str(s.summary_chunk_tokens),
-            str(s.summary_map_tokens), str(self.min_tokens(job, plan.document_tokens)),
-        )  # fmt: skip
+            s.model_path,
+            job.system_prompt,
+            job.request.strip(),
+            self.prompts(job).language,
+            plan.path,
+            repr(dataclasses.astuple(sampling)),
+            str(self.answer_tokens()),
+            str(s.summary_chunk_tokens),
+            str(s.summary_map_tokens),
+            str(self.min_tokens(job, plan.document_tokens)),
+        )
         return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
 
     # --- running -------------------------------------------------------------
@@ -157,10 +167,7 @@ class Summarizer:
             sampling, min_new_tokens=self.min_tokens(job, plan.document_tokens), forbidden_phrases=forbidden
         )
         summary = ""
-        stream = going_on_past_loops(
-            self.engine, messages, sampling, f"{request_id}-final", prose=self.prose,
-            recoveries=self.settings.summary_loop_recoveries, on_recovery=self._loop_recovered,
-        )  # fmt: skip
+        stream = self._final_step(messages, sampling, request_id)
         async with contextlib.aclosing(tick_until_first(stream, tracker.tick, self._interval())) as deltas:
             async for delta in deltas:
                 if not summary:
@@ -169,6 +176,20 @@ class Summarizer:
                 summary = followed_by(summary, delta)
                 yield delta
         self.cache.put(key, summary)
+
+    def _final_step(
+        self, messages: list[Message], sampling: SamplingSettings, request_id: str
+    ) -> AsyncIterator[str]:
+        """The step that writes the summary, going on past a loop the guard stops."""
+        return going_on_past_loops(
+            self.engine,
+            messages,
+            sampling,
+            f"{request_id}-final",
+            prose=self.prose,
+            recoveries=self.settings.summary_loop_recoveries,
+            on_recovery=self._loop_recovered,
+        )
 
     def _loop_recovered(self) -> None:
         self.loops_stopped += 1

@@ -54,9 +54,13 @@ class LoopGuardConfig:
         """The LOOP_GUARD_* settings."""
         s = settings
         return cls(
-            s.loop_guard_min_tokens, s.loop_guard_min_repeats, s.loop_guard_max_period_tokens,
-            s.loop_guard_echo_window, s.loop_guard_echo_share, s.loop_guard_echo_sentence_share,
-        )  # fmt: skip
+            s.loop_guard_min_tokens,
+            s.loop_guard_min_repeats,
+            s.loop_guard_max_period_tokens,
+            s.loop_guard_echo_window,
+            s.loop_guard_echo_share,
+            s.loop_guard_echo_sentence_share,
+        )
 
     @property
     def enabled(self) -> bool:

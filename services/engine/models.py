@@ -40,10 +40,17 @@ def model_settings(settings: Settings) -> list[tuple[str, Settings]]:
         return [(model_names(settings)[0], settings)]
     longest = settings.max_model_len
     return [
-        (name, settings.replace(model=path, models="", api_model_name=name,
-                                max_model_len=min(longest, _context_of(path) or longest)))
+        (
+            name,
+            settings.replace(
+                model=path,
+                models="",
+                api_model_name=name,
+                max_model_len=min(longest, _context_of(path) or longest),
+            ),
+        )
         for name, path in zip(model_names(settings), paths, strict=True)
-    ]  # fmt: skip
+    ]
 
 
 def _context_of(path: str) -> int | None:

@@ -83,8 +83,10 @@ class RemoteCatalogue:
             logger.warning(
                 "model %s of the vLLM servers is not offered: no tokenizer for it here (%s: %s); "
                 "name its folder or id in MODELS",
-                offer.name, type(error).__name__, error,
-            )  # fmt: skip
+                offer.name,
+                type(error).__name__,
+                error,
+            )
             return None
         backend = RemoteModel(self.remote, offer.name, tokenizer)
         logger.info(

@@ -35,10 +35,34 @@ BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 BATCH_ANSWER_TOKENS = 32  # the first few overlap the others' prefill; the rest measure decoding
 KERNEL_FILL_ANSWER_TOKENS = 3  # with known speeds: the first token from the prefill, two decode steps
 WORDS = (
-    "apple", "river", "mountain", "cloud", "stone", "garden", "window", "paper", "music", "silver",
-    "forest", "candle", "bridge", "ocean", "letter", "market", "winter", "summer", "yellow", "purple",
-    "engine", "planet", "rocket", "castle", "dragon", "pencil", "school",
-)  # fmt: skip
+    "apple",
+    "river",
+    "mountain",
+    "cloud",
+    "stone",
+    "garden",
+    "window",
+    "paper",
+    "music",
+    "silver",
+    "forest",
+    "candle",
+    "bridge",
+    "ocean",
+    "letter",
+    "market",
+    "winter",
+    "summer",
+    "yellow",
+    "purple",
+    "engine",
+    "planet",
+    "rocket",
+    "castle",
+    "dragon",
+    "pencil",
+    "school",
+)
 
 
 @dataclass

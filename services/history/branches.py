@@ -35,12 +35,20 @@ async def _point(connection: AsyncConnection, thread_id: str, step_id: str, keep
     """The step to cut from ("id", "createdAt", "output"): `step_id`, or the run it belongs to when
     it goes itself (an answer and its run); None when it is not stored in this conversation."""
     where = 'FROM steps WHERE "id" = :id AND "threadId" = :thread'
-    found = (await connection.execute(text(f'SELECT "id", "createdAt", "output", "parentId" {where}'),
-                                      {"id": step_id, "thread": thread_id})).first()  # fmt: skip
+    found = (
+        await connection.execute(
+            text(f'SELECT "id", "createdAt", "output", "parentId" {where}'),
+            {"id": step_id, "thread": thread_id},
+        )
+    ).first()
     if found is None or keep_step or not found[3]:
         return found
-    run = (await connection.execute(text(f'SELECT "id", "createdAt", "output" {where} AND "type" = \'run\''),
-                                    {"id": found[3], "thread": thread_id})).first()  # fmt: skip
+    run = (
+        await connection.execute(
+            text(f'SELECT "id", "createdAt", "output" {where} AND "type" = \'run\''),
+            {"id": found[3], "thread": thread_id},
+        )
+    ).first()
     return run or found
 
 

@@ -41,9 +41,14 @@ async def save_document(engine: AsyncEngine, thread_id: str, document: StoredDoc
                 "name = excluded.name, text = excluded.text, tokens = excluded.tokens, "
                 "created_at = excluded.created_at"
             ),
-            {"id": thread_id, "name": document.name, "text": document.text, "tokens": document.tokens,
-             "at": timestamp(datetime.now(UTC))},
-        )  # fmt: skip
+            {
+                "id": thread_id,
+                "name": document.name,
+                "text": document.text,
+                "tokens": document.tokens,
+                "at": timestamp(datetime.now(UTC)),
+            },
+        )
 
 
 async def load_document(engine: AsyncEngine, thread_id: str) -> StoredDocument | None:
@@ -67,15 +72,19 @@ async def _execute_for_ids(
 
 
 async def _delete_batch(connection: AsyncConnection, thread_ids: list[str]) -> None:
-    await _execute_for_ids(connection, thread_ids, (
-        'DELETE FROM feedbacks WHERE "forId" IN (SELECT "id" FROM steps WHERE "threadId" IN :ids)',
-        'DELETE FROM feedbacks WHERE "threadId" IN :ids',
-        'DELETE FROM elements WHERE "threadId" IN :ids',
-        'DELETE FROM steps WHERE "threadId" IN :ids',
-        "DELETE FROM thread_documents WHERE thread_id IN :ids",
-        "DELETE FROM shares WHERE thread_id IN :ids",  # its share links end with it
-        'DELETE FROM threads WHERE "id" IN :ids',
-    ))  # fmt: skip
+    await _execute_for_ids(
+        connection,
+        thread_ids,
+        (
+            'DELETE FROM feedbacks WHERE "forId" IN (SELECT "id" FROM steps WHERE "threadId" IN :ids)',
+            'DELETE FROM feedbacks WHERE "threadId" IN :ids',
+            'DELETE FROM elements WHERE "threadId" IN :ids',
+            'DELETE FROM steps WHERE "threadId" IN :ids',
+            "DELETE FROM thread_documents WHERE thread_id IN :ids",
+            "DELETE FROM shares WHERE thread_id IN :ids",  # its share links end with it
+            'DELETE FROM threads WHERE "id" IN :ids',
+        ),
+    )
 
 
 async def delete_threads(engine: AsyncEngine, thread_ids: list[str]) -> int:
@@ -146,10 +155,12 @@ async def delete_idle_threads(
             {"cutoff": cutoff},
         )
         await connection.execute(
-            text("DELETE FROM thread_documents WHERE thread_id NOT IN (SELECT \"id\" FROM threads) "
-                 "AND created_at < :cutoff"),
+            text(
+                'DELETE FROM thread_documents WHERE thread_id NOT IN (SELECT "id" FROM threads) '
+                "AND created_at < :cutoff"
+            ),
             {"cutoff": cutoff},
-        )  # fmt: skip
+        )
     return deleted
 
 
@@ -200,11 +211,16 @@ async def _trim_threads(engine: AsyncEngine, thread_ids: list[str], keep: int) -
 
 
 async def _delete_steps(connection: AsyncConnection, thread_id: str, step_ids: list[str]) -> None:
-    await _execute_for_ids(connection, step_ids, (
-        'DELETE FROM feedbacks WHERE "forId" IN :ids',
-        'DELETE FROM elements WHERE "threadId" = :thread AND "forId" IN :ids',
-        'DELETE FROM steps WHERE "id" IN :ids',
-    ), thread=thread_id)  # fmt: skip
+    await _execute_for_ids(
+        connection,
+        step_ids,
+        (
+            'DELETE FROM feedbacks WHERE "forId" IN :ids',
+            'DELETE FROM elements WHERE "threadId" = :thread AND "forId" IN :ids',
+            'DELETE FROM steps WHERE "id" IN :ids',
+        ),
+        thread=thread_id,
+    )
 
 
 async def owner_of_step(engine: AsyncEngine, step_id: str) -> str | None:

@@ -107,9 +107,13 @@ class ChatDataLayer(SQLAlchemyDataLayer):
     """The data layer registered with `@cl.data_layer` (one per process, over the history's engine)."""
 
     def __init__(
-        self, engine: AsyncEngine, health: HistoryHealth, feedback: Counter, settings: Settings,
+        self,
+        engine: AsyncEngine,
+        health: HistoryHealth,
+        feedback: Counter,
+        settings: Settings,
         audit: AuditLog | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         # Not super().__init__: it would build a second engine without our timeouts and pool.
         self._conninfo = engine.url.render_as_string(hide_password=True)
         self.user_thread_limit = USER_THREAD_LIMIT

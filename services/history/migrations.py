@@ -37,33 +37,88 @@ MIGRATION_LOCK_KEY = 7_311_042  # pg_advisory_xact_lock key of this app's migrat
 CHAINLIT_COLUMNS: dict[str, dict[str, str]] = {
     "users": {"id": "id", "identifier": "text", "metadata": "json", "createdAt": "text"},
     "threads": {
-        "id": "id", "createdAt": "text", "name": "text", "userId": "id", "userIdentifier": "text",
-        "tags": "json", "metadata": "json",
+        "id": "id",
+        "createdAt": "text",
+        "name": "text",
+        "userId": "id",
+        "userIdentifier": "text",
+        "tags": "json",
+        "metadata": "json",
     },
     "steps": {
-        "id": "id", "name": "text", "type": "text", "threadId": "id", "parentId": "id",
-        "streaming": "bool", "waitForAnswer": "bool", "isError": "bool", "metadata": "json",
-        "tags": "json", "input": "text", "output": "text", "createdAt": "text", "command": "text",
-        "start": "text", "end": "text", "generation": "json", "showInput": "text", "language": "text",
-        "indent": "int", "defaultOpen": "bool", "autoCollapse": "bool", "modes": "json", "icon": "text",
+        "id": "id",
+        "name": "text",
+        "type": "text",
+        "threadId": "id",
+        "parentId": "id",
+        "streaming": "bool",
+        "waitForAnswer": "bool",
+        "isError": "bool",
+        "metadata": "json",
+        "tags": "json",
+        "input": "text",
+        "output": "text",
+        "createdAt": "text",
+        "command": "text",
+        "start": "text",
+        "end": "text",
+        "generation": "json",
+        "showInput": "text",
+        "language": "text",
+        "indent": "int",
+        "defaultOpen": "bool",
+        "autoCollapse": "bool",
+        "modes": "json",
+        "icon": "text",
     },
     "elements": {
-        "id": "id", "threadId": "id", "type": "text", "url": "text", "chainlitKey": "text", "name": "text",
-        "display": "text", "objectKey": "text", "size": "text", "page": "int", "language": "text",
-        "forId": "id", "mime": "text", "props": "json", "autoPlay": "bool", "playerConfig": "json",
+        "id": "id",
+        "threadId": "id",
+        "type": "text",
+        "url": "text",
+        "chainlitKey": "text",
+        "name": "text",
+        "display": "text",
+        "objectKey": "text",
+        "size": "text",
+        "page": "int",
+        "language": "text",
+        "forId": "id",
+        "mime": "text",
+        "props": "json",
+        "autoPlay": "bool",
+        "playerConfig": "json",
     },
     "feedbacks": {"id": "id", "forId": "id", "threadId": "id", "value": "int", "comment": "text"},
-}  # fmt: skip
+}
 ACCOUNT_COLUMNS = {"password_hash": "text", "role": "text", "disabled": "bool", "updated_at": "text"}
 # Moved by every change that ends an account's sign-ins (services/accounts/sessions.py); NULL = 0.
 SESSION_COLUMNS = {"session_generation": "int"}
 # What each app replica shares beside its waiting places (limits_schema.py): its stream pace, its documents.
-LINE_SHARE_COLUMNS = {"running": "int", "slowest": "float", "pace_cap": "int", "documents": "int",
-                      "documents_prefilling": "int"}  # fmt: skip
-_TYPES = {"id": "TEXT", "text": "TEXT", "json": "TEXT", "int": "INTEGER", "bool": "BOOLEAN",
-          "float": "DOUBLE PRECISION"}  # fmt: skip
-_NOT_NULL = {("users", "identifier"), ("steps", "name"), ("steps", "type"), ("steps", "threadId"),
-             ("elements", "name"), ("feedbacks", "forId"), ("feedbacks", "value")}  # fmt: skip
+LINE_SHARE_COLUMNS = {
+    "running": "int",
+    "slowest": "float",
+    "pace_cap": "int",
+    "documents": "int",
+    "documents_prefilling": "int",
+}
+_TYPES = {
+    "id": "TEXT",
+    "text": "TEXT",
+    "json": "TEXT",
+    "int": "INTEGER",
+    "bool": "BOOLEAN",
+    "float": "DOUBLE PRECISION",
+}
+_NOT_NULL = {
+    ("users", "identifier"),
+    ("steps", "name"),
+    ("steps", "type"),
+    ("steps", "threadId"),
+    ("elements", "name"),
+    ("feedbacks", "forId"),
+    ("feedbacks", "value"),
+}
 
 
 def _create_table(table: str, columns: dict[str, str]) -> str:

@@ -88,8 +88,11 @@ class History:
             applied = await migrate(self.engine)
         except Exception as error:
             self.health.failed(error, outage=True)
-            logger.warning("history: schema not ready (%s); retrying every %.0f s", error,
-                           self.settings.history_retry_seconds)  # fmt: skip
+            logger.warning(
+                "history: schema not ready (%s); retrying every %.0f s",
+                error,
+                self.settings.history_retry_seconds,
+            )
             return False
         self.migrated = True
         self.health.recovered()
@@ -197,16 +200,8 @@ class History:
         spread over rounds: chat saves wait for the write lock one batch at a time, not for the
         whole sweep.
         """
-        settings = self.settings
-        rules = (  # (limit, sweep, log message, whether it deletes whole conversations)
-            (settings.history_retention_days, conversations.delete_idle_threads,
-             "deleted %d conversation(s) idle for more than %g days", True),
-            (settings.history_max_conversations, conversations.delete_excess_threads,
-             "deleted %d conversation(s) beyond %g per user", True),
-            (settings.history_max_turns, conversations.trim_long_threads,
-             "trimmed %d conversation(s) to their last %g turns", False),
-        )  # fmt: skip
-        now, interval = time.monotonic(), settings.history_retention_interval_seconds
+        rules = self._retention_rules()
+        now, interval = time.monotonic(), self.settings.history_retention_interval_seconds
         due = self._retention_at is None or now - self._retention_at >= interval
         enabled = any(rule[0] for rule in rules) and self.available
         if not enabled or not (due or self._sweep_unfinished):
@@ -224,6 +219,30 @@ class History:
         self._sweep_unfinished = unfinished
         self.retention_deleted_total += total
         return total
+
+    def _retention_rules(self) -> tuple[tuple[float, Callable[..., Awaitable[int]], str, bool], ...]:
+        """(limit, sweep, log message, whether it deletes whole conversations) of each retention rule."""
+        settings = self.settings
+        return (
+            (
+                settings.history_retention_days,
+                conversations.delete_idle_threads,
+                "deleted %d conversation(s) idle for more than %g days",
+                True,
+            ),
+            (
+                settings.history_max_conversations,
+                conversations.delete_excess_threads,
+                "deleted %d conversation(s) beyond %g per user",
+                True,
+            ),
+            (
+                settings.history_max_turns,
+                conversations.trim_long_threads,
+                "trimmed %d conversation(s) to their last %g turns",
+                False,
+            ),
+        )
 
     async def _guarded(self, operation: Awaitable[Any]) -> Any:
         """Run a database operation; a failure feeds the breaker and gives FAILED."""
@@ -266,14 +285,23 @@ class HistoryCollector(Collector):
             "chat_history_available", "1 while conversations are being saved.", value=float(history.available)
         )
         for name, doc, value in (
-            ("chat_history_failed_statements", "Database statements that failed.",
-             history.health.failures_total),
-            ("chat_history_skipped_statements", "Statements skipped while the database was down.",
-             history.health.skipped_total),
+            (
+                "chat_history_failed_statements",
+                "Database statements that failed.",
+                history.health.failures_total,
+            ),
+            (
+                "chat_history_skipped_statements",
+                "Statements skipped while the database was down.",
+                history.health.skipped_total,
+            ),
             ("chat_history_outages", "Times the database became unavailable.", history.health.outage),
-            ("chat_history_retention_deleted", "Conversations deleted by retention and the per-user cap.",
-             history.retention_deleted_total),
-        ):  # fmt: skip
+            (
+                "chat_history_retention_deleted",
+                "Conversations deleted by retention and the per-user cap.",
+                history.retention_deleted_total,
+            ),
+        ):
             yield CounterMetricFamily(name, doc, value=value)
         status = history.status()
         for name, doc in (

@@ -143,10 +143,11 @@ def search_parameters(
     """The statement's values; `words` not empty (search_words), the page bounded by THREAD_LIST_PAGE_MAX."""
     assert filters.userId and words
     parameters: dict[str, Any] = {
-        "user_id": filters.userId, "name_chars": settings.max_thread_name_chars,
+        "user_id": filters.userId,
+        "name_chars": settings.max_thread_name_chars,
         "limit": page_size(pagination, settings.thread_list_page_max) + 1,
         "matches": settings.thread_search_max_matches,
-    }  # fmt: skip
+    }
     if dialect != "postgresql":  # PostgreSQL's words are in the statement (search_statement)
         parameters["match"] = fts5_query(words, filters.userId)
     if filters.feedback is not None:

@@ -33,9 +33,15 @@ LAUNCHER_SAVED_ENV = "APP_MALLOC_ENV_BEFORE"
 PROBE_DIR = Path(__file__).resolve().parent / "probe"
 # Variables this module may set; the rest of the environment is left alone.
 MEMORY_ENV_NAMES = (
-    "LD_PRELOAD", "MALLOC_CONF", "MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_",
-    "PYTHONPATH", "ENGINE_MEMORY_PROBE_DIR", "ENGINE_MEMORY_PROBE_SECONDS", "ENGINE_MEMORY_PROBE_FRAMES",
-)  # fmt: skip
+    "LD_PRELOAD",
+    "MALLOC_CONF",
+    "MALLOC_ARENA_MAX",
+    "MALLOC_MMAP_THRESHOLD_",
+    "PYTHONPATH",
+    "ENGINE_MEMORY_PROBE_DIR",
+    "ENGINE_MEMORY_PROBE_SECONDS",
+    "ENGINE_MEMORY_PROBE_FRAMES",
+)
 
 
 def find_library(file_name: str) -> Path | None:

@@ -35,11 +35,31 @@ JEPROF_TIMEOUT_SECONDS = 600.0
 HEAP_STACK_TOTAL = re.compile(r"^\s*t\*: (\d+): (\d+)")  # a stack's sampled objects and bytes, all threads
 # Frames of the Python interpreter and libc that every native stack goes through: not a site.
 INTERPRETER_FRAMES = (
-    "Py", "_Py", "py", "cfunction", "method_vectorcall", "_start", "__libc", "main", "slot_tp", "vectorcall",
-    "object_vacall", "builtin_", "func_", "partial_", "wrapper_", "call_", "start_thread", "clone",
+    "Py",
+    "_Py",
+    "py",
+    "cfunction",
+    "method_vectorcall",
+    "_start",
+    "__libc",
+    "main",
+    "slot_tp",
+    "vectorcall",
+    "object_vacall",
+    "builtin_",
+    "func_",
+    "partial_",
+    "wrapper_",
+    "call_",
+    "start_thread",
+    "clone",
     "t_bootstrap",
-    "thread_run", "torch::autograd", "c10::BoxedKernel", "c10::impl", "torch::jit",
-)  # fmt: skip
+    "thread_run",
+    "torch::autograd",
+    "c10::BoxedKernel",
+    "c10::impl",
+    "torch::jit",
+)
 
 
 @dataclass(frozen=True)
@@ -88,12 +108,15 @@ def tracemalloc_growth(before: Path, after: Path, top: int = 10) -> dict[str, An
         if difference.size_diff <= 0:
             break
         frames = [f"{frame.filename}:{frame.lineno}" for frame in difference.traceback]
-        sites.append({
-            "bytes": difference.size_diff, "blocks": difference.count_diff,
-            "share_of_growth": round(difference.size_diff / net, 3) if net > 0 else None,
-            "site": _short(frames[-1]) if frames else "?",
-            "traceback": [_short(f) for f in reversed(frames)],
-        })  # fmt: skip
+        sites.append(
+            {
+                "bytes": difference.size_diff,
+                "blocks": difference.count_diff,
+                "share_of_growth": round(difference.size_diff / net, 3) if net > 0 else None,
+                "site": _short(frames[-1]) if frames else "?",
+                "traceback": [_short(f) for f in reversed(frames)],
+            }
+        )
     return {"net_bytes": net, "sites": sites}
 
 
@@ -147,13 +170,15 @@ def owner_growth(old: dict[str, Any], new: dict[str, Any], top: int) -> dict[str
             {"type": kind, "objects": n - before["types"].get(kind, (0, 0))[0]}
             for kind, (n, _size) in owner["types"].items()
         ]
-        grown.append({
-            "owner": name,
-            "objects": owner["objects"] - before["objects"],
-            "bytes": owner["bytes"] - before["bytes"],
-            "now": owner["objects"],
-            "types": [t for t in sorted(types, key=lambda t: -t["objects"])[:3] if t["objects"] > 0],
-        })  # fmt: skip
+        grown.append(
+            {
+                "owner": name,
+                "objects": owner["objects"] - before["objects"],
+                "bytes": owner["bytes"] - before["bytes"],
+                "now": owner["objects"],
+                "types": [t for t in sorted(types, key=lambda t: -t["objects"])[:3] if t["objects"] > 0],
+            }
+        )
     return {
         "objects": total(new, "objects") - total(old, "objects"),
         "bytes": total(new, "bytes") - total(old, "bytes"),

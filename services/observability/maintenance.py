@@ -195,13 +195,20 @@ class Maintenance:
         gc.collect()
         gc.freeze()
         self._tasks = [
-            asyncio.create_task(self._every(self.settings.maintenance_interval_seconds, self.run_round,
-                                            first_after=self.settings.maintenance_interval_seconds),
-                                name="maintenance-rounds"),
-            asyncio.create_task(self._every(self.settings.memory_sample_seconds, self.sample_memory),
-                                name="maintenance-memory"),
+            asyncio.create_task(
+                self._every(
+                    self.settings.maintenance_interval_seconds,
+                    self.run_round,
+                    first_after=self.settings.maintenance_interval_seconds,
+                ),
+                name="maintenance-rounds",
+            ),
+            asyncio.create_task(
+                self._every(self.settings.memory_sample_seconds, self.sample_memory),
+                name="maintenance-memory",
+            ),
             asyncio.create_task(self.loop_lag.run(), name="maintenance-loop-lag"),
-        ]  # fmt: skip
+        ]
 
     async def stop(self) -> None:
         """Cancel the loops and wait for them to end (idempotent)."""

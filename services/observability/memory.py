@@ -30,10 +30,19 @@ LEAK_SLOPE_MIN_WINDOW_SHARE = 0.5
 LEAK_ALARM_REPEAT_SECONDS = 600.0  # while the alarm stays on, warn again this often
 KV_CACHE_GAUGE = "vllm:kv_cache_usage_perc"
 SAMPLE_FIELDS = (
-    "tree_rss", "tree_uss", "tree_anon_swap", "gpu_allocated", "gpu_reserved", "kv_cache_usage",
-    "sessions", "engine_unfinished_requests", "turns_in_flight", "asyncio_tasks", "event_loop_lag_seconds",
+    "tree_rss",
+    "tree_uss",
+    "tree_anon_swap",
+    "gpu_allocated",
+    "gpu_reserved",
+    "kv_cache_usage",
+    "sessions",
+    "engine_unfinished_requests",
+    "turns_in_flight",
+    "asyncio_tasks",
+    "event_loop_lag_seconds",
     "requests_total",
-)  # fmt: skip
+)
 # Bytes per request needs this many requests served within the window, or idle noise looks like retention.
 RETENTION_MIN_REQUESTS = 200
 

@@ -33,9 +33,29 @@ from services.observability.series import SampleRing
 
 # Buckets as vLLM's own histograms, so chat_* and vllm:* compare bucket by bucket.
 LATENCY_BUCKETS = (
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-    40.0, 80.0, 160.0, 640.0, 2560.0,
-)  # fmt: skip
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 FINISH_REASONS = ("stop", "length", "abort", "error")  # anything else is counted as "other"
 LATENCY_COLUMNS = ("queue_seconds", "ttft_seconds", "inter_token_seconds", "e2e_seconds", "output_tokens")

@@ -17,8 +17,13 @@ MB = 1024 * 1024
 WHOLE_TREE = "whole tree (anon+swap)"
 
 
-def encode(now: float, memory_times: np.ndarray, memory: dict[str, np.ndarray],
-           latency_times: np.ndarray, latency: dict[str, np.ndarray]) -> bytes:  # fmt: skip
+def encode(
+    now: float,
+    memory_times: np.ndarray,
+    memory: dict[str, np.ndarray],
+    latency_times: np.ndarray,
+    latency: dict[str, np.ndarray],
+) -> bytes:
     """Pack the plot's data as .npz bytes (the child's stdin)."""
     arrays = {"now": np.array(now), "memory_times": memory_times, "latency_times": latency_times}
     arrays.update({f"memory/{label}": values for label, values in memory.items()})

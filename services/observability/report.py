@@ -144,21 +144,29 @@ def _maintenance_summary(maintenance: Maintenance) -> dict[str, Any]:
             "rounds": maintenance.rounds,
             "expired_sessions_total": maintenance.expired_sessions_total,
             "aborted_requests_total": maintenance.aborted_requests_total,
-            "last_round": None if last is None else {
-                "expired_sessions": last.expired_sessions, "aborted_requests": last.aborted_requests,
-                "gc_collected": last.gc_collected, "seconds": round(last.seconds, 4),
+            "last_round": None
+            if last is None
+            else {
+                "expired_sessions": last.expired_sessions,
+                "aborted_requests": last.aborted_requests,
+                "gc_collected": last.gc_collected,
+                "seconds": round(last.seconds, 4),
             },
         },
-    }  # fmt: skip
+    }
 
 
 async def _run_plot_process(data: bytes) -> bytes:
     """Run plots.py on `data`; kill it on timeout or cancellation."""
     child = await asyncio.create_subprocess_exec(
-        sys.executable, "-I", plots.__file__,  # -I: the services folder must not shadow modules
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-I",
+        plots.__file__,  # -I: the services folder must not shadow modules
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
         env={**os.environ, "MPLBACKEND": "Agg"},
-    )  # fmt: skip
+    )
     try:
         async with asyncio.timeout(PLOT_TIMEOUT_SECONDS):
             png, errors = await child.communicate(data)

@@ -79,10 +79,12 @@ class PresetStore:
         """The person's templates by name (at most PRESETS_MAX_TEMPLATES)."""
         async with self.engine.connect() as connection:
             rows = await connection.execute(
-                text("SELECT name, text FROM prompt_templates WHERE user_identifier = :who ORDER BY name "
-                     "LIMIT :n"),
+                text(
+                    "SELECT name, text FROM prompt_templates WHERE user_identifier = :who ORDER BY name "
+                    "LIMIT :n"
+                ),
                 {"who": who, "n": self.settings.presets_max_templates},
-            )  # fmt: skip
+            )
             return [Template(name, body) for name, body in rows]
 
     async def save_template(self, who: str, name: object, body: object) -> Template:

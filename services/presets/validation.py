@@ -60,8 +60,9 @@ def clean_defaults(values: object, settings: Settings) -> dict[str, Any]:
     """The chat settings to keep as a person's default: only the panel's keys, each checked."""
     if not isinstance(values, Mapping):
         raise PresetError("The default settings must be an object.")
-    unknown = sorted(str(key)[:40] for key in values if key not in (*NUMBER_RANGES, "max_new_tokens",
-                                                                   "system_prompt"))  # fmt: skip
+    unknown = sorted(
+        str(key)[:40] for key in values if key not in (*NUMBER_RANGES, "max_new_tokens", "system_prompt")
+    )
     if unknown:
         raise PresetError(f"Unknown settings: {', '.join(unknown)}.")
     cleaned: dict[str, Any] = {}

@@ -12,9 +12,14 @@ logger = logging.getLogger("services.transfer")
 # archive of all), conversations.imported (how many, the file's format), conversations.import_refused
 # (why), share.created, share.revoked (how many links), share.opened (an anonymous reader; no token).
 EVENTS = (
-    "conversation.exported", "conversations.exported", "conversations.imported",
-    "conversations.import_refused", "share.created", "share.revoked", "share.opened",
-)  # fmt: skip
+    "conversation.exported",
+    "conversations.exported",
+    "conversations.imported",
+    "conversations.import_refused",
+    "share.created",
+    "share.revoked",
+    "share.opened",
+)
 
 
 def transfer_event(audit: AuditLog | None, event: str, who: str | None, **details: object) -> None:

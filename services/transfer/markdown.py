@@ -47,8 +47,13 @@ def to_markdown(conversation: Conversation) -> str:
     parts = [HEADER, f"# {_escaped(conversation.title.replace(chr(10), ' '))}", ""]
     for message in conversation.messages:
         stamp = f" created_at={message.created_at}" if message.created_at else ""
-        parts += [f"<!-- message role={message.role}{stamp} -->", SPEAKERS[message.role], "",
-                  _escaped(message.content), ""]  # fmt: skip
+        parts += [
+            f"<!-- message role={message.role}{stamp} -->",
+            SPEAKERS[message.role],
+            "",
+            _escaped(message.content),
+            "",
+        ]
     return "\n".join(parts)
 
 

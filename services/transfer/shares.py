@@ -57,10 +57,17 @@ async def create_share(engine: AsyncEngine, thread_id: str, owner: str, ttl_days
                 "INSERT INTO shares (id, token_hash, thread_id, owner, title, snapshot, created_at, "
                 "expires_at) VALUES (:id, :hash, :thread, :owner, :title, :snapshot, :now, :expires)"
             ),
-            {"id": str(uuid.uuid4()), "hash": token_hash(token), "thread": thread_id, "owner": owner,
-             "title": conversation.title, "snapshot": snapshot_json(conversation), "now": timestamp(now),
-             "expires": expires_at},
-        )  # fmt: skip
+            {
+                "id": str(uuid.uuid4()),
+                "hash": token_hash(token),
+                "thread": thread_id,
+                "owner": owner,
+                "title": conversation.title,
+                "snapshot": snapshot_json(conversation),
+                "now": timestamp(now),
+                "expires": expires_at,
+            },
+        )
     return NewShare(token, expires_at)
 
 

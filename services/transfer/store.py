@@ -102,29 +102,30 @@ async def import_conversations(
 
 
 async def _insert(
-    connection: AsyncConnection, conversation: Conversation, owner: str, user_id: str, now: datetime,
+    connection: AsyncConnection,
+    conversation: Conversation,
+    owner: str,
+    user_id: str,
+    now: datetime,
     assistant_name: str,
-) -> str:  # fmt: skip
+) -> str:
     thread_id = str(uuid.uuid4())
     await connection.execute(
         text(
             'INSERT INTO threads ("id", "createdAt", "name", "userId", "userIdentifier", "tags", "metadata") '
             "VALUES (:id, :at, :name, :user_id, :who, :tags, :metadata)"
         ),
-        {"id": thread_id, "at": timestamp(now), "name": conversation.title, "user_id": user_id, "who": owner,
-         "tags": "[]", "metadata": json.dumps({"imported": True})},
-    )  # fmt: skip
-    rows = []
-    for index, message in enumerate(conversation.messages):
-        at = timestamp(now + timedelta(milliseconds=index))
-        metadata = dict(ANSWER_METADATA) if message.role == "assistant" else {}
-        if message.created_at:
-            metadata[IMPORTED_AT_KEY] = message.created_at
-        rows.append({
-            "id": str(uuid.uuid4()), "thread": thread_id, "output": message.content, "at": at,
-            "type": f"{message.role}_message", "metadata": json.dumps(metadata),
-            "name": USER_NAME if message.role == "user" else assistant_name,
-        })  # fmt: skip
+        {
+            "id": thread_id,
+            "at": timestamp(now),
+            "name": conversation.title,
+            "user_id": user_id,
+            "who": owner,
+            "tags": "[]",
+            "metadata": json.dumps({"imported": True}),
+        },
+    )
+    rows = _step_rows(conversation, thread_id, now, assistant_name)
     if rows:
         await connection.execute(
             text(
@@ -136,3 +137,27 @@ async def _insert(
             rows,
         )
     return thread_id
+
+
+def _step_rows(
+    conversation: Conversation, thread_id: str, now: datetime, assistant_name: str
+) -> list[dict[str, str]]:
+    """The steps of an imported conversation, a millisecond apart from `now`, in order."""
+    rows = []
+    for index, message in enumerate(conversation.messages):
+        at = timestamp(now + timedelta(milliseconds=index))
+        metadata = dict(ANSWER_METADATA) if message.role == "assistant" else {}
+        if message.created_at:
+            metadata[IMPORTED_AT_KEY] = message.created_at
+        rows.append(
+            {
+                "id": str(uuid.uuid4()),
+                "thread": thread_id,
+                "output": message.content,
+                "at": at,
+                "type": f"{message.role}_message",
+                "metadata": json.dumps(metadata),
+                "name": USER_NAME if message.role == "user" else assistant_name,
+            }
+        )
+    return rows

@@ -26,10 +26,16 @@ class UsageCollector(Collector):
         )
         for name, doc, value in (
             ("usage_rows_written", "Rows of usage added to the database.", ledger.rows_written_total),
-            ("usage_write_failures", "Failed writes of usage (kept for the next try).",
-             ledger.write_failures_total),
+            (
+                "usage_write_failures",
+                "Failed writes of usage (kept for the next try).",
+                ledger.write_failures_total,
+            ),
             ("usage_dropped", "Counts dropped: USAGE_PENDING_ROWS was full.", ledger.batch.dropped),
-            ("usage_retention_deleted", "Usage rows deleted by USAGE_RETENTION_DAYS.",
-             ledger.retention_deleted_total),
-        ):  # fmt: skip
+            (
+                "usage_retention_deleted",
+                "Usage rows deleted by USAGE_RETENTION_DAYS.",
+                ledger.retention_deleted_total,
+            ),
+        ):
             yield CounterMetricFamily(name, doc, value=value)

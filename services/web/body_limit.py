@@ -62,8 +62,13 @@ class BodyLimit:
             return
         declared = declared_length(scope)
         if declared is not None and declared > limit:
-            logger.info("%s %s refused: Content-Length %d > %d", scope.get("method"), scope.get("path"),
-                        declared, limit)  # fmt: skip
+            logger.info(
+                "%s %s refused: Content-Length %d > %d",
+                scope.get("method"),
+                scope.get("path"),
+                declared,
+                limit,
+            )
             await self._refuse(receive, send, limit)
             return
         await self._counted(scope, receive, send, limit)
@@ -78,8 +83,9 @@ class BodyLimit:
             if not body.started:
                 await self._refuse(receive, send, limit)
         if body.too_large:
-            logger.info("%s %s refused: streamed body passed %d bytes", scope.get("method"),
-                        scope.get("path"), limit)  # fmt: skip
+            logger.info(
+                "%s %s refused: streamed body passed %d bytes", scope.get("method"), scope.get("path"), limit
+            )
 
     async def _refuse(self, receive: Receive, send: Send, limit: int) -> None:
         if self.linger_seconds > 0:
@@ -90,8 +96,11 @@ class BodyLimit:
                         if message["type"] != "http.request" or not message.get("more_body", False):
                             break
         body = json.dumps({"detail": too_large_detail(limit)}).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                   (b"connection", b"close")]  # fmt: skip
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+        ]
         await send({"type": "http.response.start", "status": 413, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
 

@@ -87,16 +87,32 @@ class ChainlitPage:
         sampling = session.sampling
         await cl.ChatSettings(
             [
-                Slider(id="temperature", label="Temperature", initial=sampling.temperature,
-                       min=0, max=2, step=0.05),
+                Slider(
+                    id="temperature",
+                    label="Temperature",
+                    initial=sampling.temperature,
+                    min=0,
+                    max=2,
+                    step=0.05,
+                ),
                 Slider(id="top_p", label="Top p", initial=sampling.top_p, min=0.05, max=1, step=0.05),
-                Slider(id="max_new_tokens", label="Max new tokens", initial=sampling.max_new_tokens,
-                       min=16, max=max_new_tokens_limit, step=16),
+                Slider(
+                    id="max_new_tokens",
+                    label="Max new tokens",
+                    initial=sampling.max_new_tokens,
+                    min=16,
+                    max=max_new_tokens_limit,
+                    step=16,
+                ),
                 TextInput(id="system_prompt", label="System prompt", initial=session.system_prompt),
-                Switch(id="save_as_default", label="Save as my default", initial=False,
-                       description="While on, these settings are saved as the default of your new chats."),
+                Switch(
+                    id="save_as_default",
+                    label="Save as my default",
+                    initial=False,
+                    description="While on, these settings are saved as the default of your new chats.",
+                ),
             ]
-        ).send()  # fmt: skip
+        ).send()
 
     def keep_settings(self, values: dict[str, Any]) -> None:
         cl.context.session.chat_settings = values
@@ -111,8 +127,13 @@ class ChainlitPage:
             await offered.remove()
         action = None
         if answer_id is not None:
-            action = cl.Action(name=REGENERATE_ACTION, payload={"answer_id": answer_id}, label="Regenerate",
-                               tooltip="Answer the last message again", icon="refresh-cw")  # fmt: skip
+            action = cl.Action(
+                name=REGENERATE_ACTION,
+                payload={"answer_id": answer_id},
+                label="Regenerate",
+                tooltip="Answer the last message again",
+                icon="refresh-cw",
+            )
             await action.send(for_id=answer_id)
         cl.user_session.set(OFFERED_KEY, action)
 

@@ -87,8 +87,15 @@ def page_message(payload: Any, rules: SocketRules, author: str) -> dict[str, Any
     metadata = message.get("metadata")
     location = metadata.get("location") if isinstance(metadata, dict) else None
     kept = {"location": location} if isinstance(location, str) and len(location) <= MAX_LOCATION_CHARS else {}
-    rebuilt = {"id": message_id, "threadId": "", "type": "user_message", "name": author, "output": text,
-               "createdAt": utc_now(), "metadata": kept}  # fmt: skip
+    rebuilt = {
+        "id": message_id,
+        "threadId": "",
+        "type": "user_message",
+        "name": author,
+        "output": text,
+        "createdAt": utc_now(),
+        "metadata": kept,
+    }
     return {"message": rebuilt, "fileReferences": _file_references(payload, rules)}
 
 

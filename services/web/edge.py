@@ -51,10 +51,28 @@ def _install_app_routes(http_app: Any, runtime: Runtime, origins: OriginPolicy) 
     install_name_cap(http_app, runtime.settings)
 
 
+def _install_body_limit(http_app: Any, runtime: Runtime) -> None:
+    """The body limit by route: socket.io polling and imports their own, uploads and /v1 left to
+    their own guards, everything else MAX_REQUEST_BODY_BYTES."""
+    settings = runtime.settings
+    limits = limits_by_route(
+        settings.max_request_body_bytes,
+        settings.socket_max_event_bytes,
+        DEFAULT_UPLOAD_PATH,
+        api_served=runtime.api is not None,
+    )
+    limits = with_import_limit(limits, settings.import_max_bytes)
+    install_body_limit(http_app, limits, linger_seconds=settings.upload_linger_seconds)
+
+
 def install_edge(
-    http_app: Any, runtime: Runtime, sign_in: SignIn, origins: OriginPolicy, chainlit_url: str,
+    http_app: Any,
+    runtime: Runtime,
+    sign_in: SignIn,
+    origins: OriginPolicy,
+    chainlit_url: str,
     chat: ChatEvents,
-) -> None:  # fmt: skip
+) -> None:
     """Install the app's routes, guards and socket checks on Chainlit's FastAPI app (at import time);
     `chat` handles the chat events the socket guard hands on (an edited message)."""
     settings = runtime.settings
@@ -66,10 +84,13 @@ def install_edge(
     guard_socket_events()  # replaces Engine.IO's message handler: the depth bound wraps it after
     bound_socket_messages(settings.max_json_depth)
     install_upload_guard(
-        http_app, settings.max_upload_bytes, linger_seconds=settings.upload_linger_seconds,
-        session_exists=page_connected, session_wait_seconds=settings.upload_session_wait_seconds,
+        http_app,
+        settings.max_upload_bytes,
+        linger_seconds=settings.upload_linger_seconds,
+        session_exists=page_connected,
+        session_wait_seconds=settings.upload_session_wait_seconds,
         on_reject=tell_uploader,
-    )  # fmt: skip
+    )
     install_client_id_guards(http_app)
     install_origin_policy(http_app, origins)
     http_app.add_middleware(
@@ -77,12 +98,7 @@ def install_edge(
     )
     install_local_access(http_app, sign_in)
     install_client_addresses(http_app, settings, sign_in.mode)
-    limits = limits_by_route(
-        settings.max_request_body_bytes, settings.socket_max_event_bytes, DEFAULT_UPLOAD_PATH,
-        api_served=runtime.api is not None,
-    )  # fmt: skip
-    limits = with_import_limit(limits, settings.import_max_bytes)
-    install_body_limit(http_app, limits, linger_seconds=settings.upload_linger_seconds)
+    _install_body_limit(http_app, runtime)
     http_app.add_middleware(
         SecurityHeaders, content_security_policy=settings.content_security_policy, chainlit_url=chainlit_url
     )

@@ -29,8 +29,9 @@ PATH_MAX_BYTES = 4096
 async def validation_error(request: Request, error: Exception) -> Response:
     """422 with each error's location, message and type (FastAPI's shape, without `input`)."""
     errors = error.errors() if isinstance(error, RequestValidationError) else []
-    detail = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
-              for e in errors]  # fmt: skip
+    detail = [
+        {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in errors
+    ]
     body = json.dumps({"detail": detail}, ensure_ascii=True, default=str)
     return Response(body, status_code=422, media_type="application/json")
 

@@ -84,9 +84,13 @@ class LocalOnly:
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})
             return
-        body = json.dumps({"detail": f"Refused: {problem}. This app serves only a browser on this machine "
-                                     "(http://127.0.0.1 or http://localhost); from elsewhere, sign in "
-                                     "with the token printed at start."}).encode()  # fmt: skip
+        body = json.dumps(
+            {
+                "detail": f"Refused: {problem}. This app serves only a browser on this machine "
+                "(http://127.0.0.1 or http://localhost); from elsewhere, sign in "
+                "with the token printed at start."
+            }
+        ).encode()
         response_headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),

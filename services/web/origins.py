@@ -101,9 +101,12 @@ def install_origin_policy(app: Any, policy: OriginPolicy) -> None:
     for index, entry in enumerate(app.user_middleware):
         if entry.cls is CORSMiddleware:
             app.user_middleware[index] = Middleware(
-                CORSMiddleware, allow_origins=sorted(policy.origins), allow_credentials=True,
-                allow_methods=["*"], allow_headers=["*"],
-            )  # fmt: skip
+                CORSMiddleware,
+                allow_origins=sorted(policy.origins),
+                allow_credentials=True,
+                allow_methods=["*"],
+                allow_headers=["*"],
+            )
             replaced += 1
     assert replaced == 1, "Chainlit's CORS middleware moved"
     sio.eio.cors_allowed_origins = _socket_check(policy)
@@ -119,8 +122,11 @@ def _socket_check(policy: OriginPolicy) -> Any:
             return bool(origin)
         if not told:  # once: a page behind a proxy that changes the Host needs CHAINLIT_URL
             told = True
-            logger.warning("chat socket refused for origin %.200r (not the app's own: set CHAINLIT_URL, "
-                           "or ALLOWED_ORIGINS); later refusals are not logged", origin)  # fmt: skip
+            logger.warning(
+                "chat socket refused for origin %.200r (not the app's own: set CHAINLIT_URL, "
+                "or ALLOWED_ORIGINS); later refusals are not logged",
+                origin,
+            )
         return False
 
     return allowed

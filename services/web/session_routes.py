@@ -26,10 +26,23 @@ from services.web.routes import move_to_front
 ACTION_FIELDS = {field.name for field in dataclasses.fields(Action)}
 TEXT = (str,)
 OPTIONAL_TEXT = (str, type(None))
-ACTION_TYPES = {"name": TEXT, "payload": (dict,), "label": TEXT, "tooltip": TEXT, "icon": OPTIONAL_TEXT,
-                "forId": OPTIONAL_TEXT, "id": TEXT}  # fmt: skip
-CUSTOM_ELEMENT_TYPES = {"id": TEXT, "name": TEXT, "display": TEXT, "props": (dict, type(None)),
-                        "forId": OPTIONAL_TEXT, "threadId": OPTIONAL_TEXT}  # fmt: skip
+ACTION_TYPES = {
+    "name": TEXT,
+    "payload": (dict,),
+    "label": TEXT,
+    "tooltip": TEXT,
+    "icon": OPTIONAL_TEXT,
+    "forId": OPTIONAL_TEXT,
+    "id": TEXT,
+}
+CUSTOM_ELEMENT_TYPES = {
+    "id": TEXT,
+    "name": TEXT,
+    "display": TEXT,
+    "props": (dict, type(None)),
+    "forId": OPTIONAL_TEXT,
+    "threadId": OPTIONAL_TEXT,
+}
 ELEMENT_DISPLAYS = ("inline", "side", "page")
 
 

@@ -50,8 +50,14 @@ def _one_value(args: tuple[Any, ...]) -> str | None:
 MAX_EVENT_DEPTH = 16  # levels of lists and objects in an event's data; the page's go 4 deep
 # What decoding a client's frame raises when the frame is not socket.io (python-socketio's Packet).
 MALFORMED = (ValueError, TypeError, IndexError, KeyError, RecursionError)
-CLIENT_PACKET_TYPES = (packet.CONNECT, packet.DISCONNECT, packet.EVENT, packet.ACK, packet.BINARY_EVENT,
-                       packet.BINARY_ACK)  # fmt: skip
+CLIENT_PACKET_TYPES = (
+    packet.CONNECT,
+    packet.DISCONNECT,
+    packet.EVENT,
+    packet.ACK,
+    packet.BINARY_EVENT,
+    packet.BINARY_ACK,
+)
 OPTIONAL_TEXT_FIELDS = ("name", "threadId", "parentId", "command", "language")
 
 

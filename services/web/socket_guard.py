@@ -165,9 +165,11 @@ def install_socket_guard(guard: SocketGuard, max_event_bytes: int) -> None:
 
 
 def socket_guard_for(
-    runtime: Runtime, people_sign_in: bool, chat_settings: Mapping[str, type],
+    runtime: Runtime,
+    people_sign_in: bool,
+    chat_settings: Mapping[str, type],
     edit: Callable[[str, str], Awaitable[None]],
-) -> SocketGuard:  # fmt: skip
+) -> SocketGuard:
     """The guard of this app: its settings, its per-person message rate (the person as admission
     keys them: `session_user_key`), its stored messages; `chat_settings` are the settings the app
     offers, `edit` answers an edited message (services/web/chat_events.py ChatEvents.edit)."""

@@ -38,9 +38,10 @@ def install_name_cap(app: FastAPI, settings: Settings) -> None:
         limit = settings.max_thread_name_chars
         if len(payload.name) > limit:
             raise HTTPException(
-                400, f"A conversation's name may have at most {limit:,} characters; this one has "
+                400,
+                f"A conversation's name may have at most {limit:,} characters; this one has "
                 f"{len(payload.name):,}.",
-            )  # fmt: skip
+            )
         return await chainlit_server.rename_thread(request, payload, user)
 
     before = len(app.router.routes)

@@ -16,7 +16,7 @@ JEMALLOC_COUNTERS = (
     "stats.retained",
     "stats.arenas.4096.pdirty",
     "stats.arenas.4096.pmuzzy",
-)  # fmt: skip  (4096 = MALLCTL_ARENAS_ALL: the sum over arenas)
+)  # 4096 = MALLCTL_ARENAS_ALL: the sum over arenas
 
 
 def jemalloc_mallctl() -> Any:
@@ -53,10 +53,21 @@ def glibc_counters() -> dict[str, int]:
     import ctypes
 
     class MallInfo2(ctypes.Structure):
-        _fields_ = [(name, ctypes.c_size_t) for name in (
-            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-            "keepcost",
-        )]  # fmt: skip
+        _fields_ = [
+            (name, ctypes.c_size_t)
+            for name in (
+                "arena",
+                "ordblks",
+                "smblks",
+                "hblks",
+                "hblkhd",
+                "usmblks",
+                "fsmblks",
+                "uordblks",
+                "fordblks",
+                "keepcost",
+            )
+        ]
 
     try:
         mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2

@@ -129,10 +129,21 @@ def malloc_in_use_bytes() -> int:
     self-contained, see the module's docstring.)"""
 
     class MallInfo2(ctypes.Structure):
-        _fields_ = [(name, ctypes.c_size_t) for name in (
-            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-            "keepcost",
-        )]  # fmt: skip
+        _fields_ = [
+            (name, ctypes.c_size_t)
+            for name in (
+                "arena",
+                "ordblks",
+                "smblks",
+                "hblks",
+                "hblkhd",
+                "usmblks",
+                "fsmblks",
+                "uordblks",
+                "fordblks",
+                "keepcost",
+            )
+        ]
 
     mallinfo2: Callable[[], MallInfo2] = ctypes.CDLL("libc.so.6").mallinfo2
     mallinfo2.restype = MallInfo2

@@ -29,12 +29,25 @@ from services.memory import apply_engine_memory_env, forget_preload, put_env, re
 logger = logging.getLogger(__name__)
 
 ENGINE_ARG_NAMES = (
-    "model", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
-    "long_prefill_token_threshold", "block_size", "max_num_queued_reqs", "max_num_queued_tokens",
-    "enable_prefix_caching", "enable_chunked_prefill", "gpu_memory_utilization",
-    "swap_space", "enforce_eager", "tensor_parallel_size", "quantization", "kv_cache_dtype",
+    "model",
+    "dtype",
+    "max_model_len",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "long_prefill_token_threshold",
+    "block_size",
+    "max_num_queued_reqs",
+    "max_num_queued_tokens",
+    "enable_prefix_caching",
+    "enable_chunked_prefill",
+    "gpu_memory_utilization",
+    "swap_space",
+    "enforce_eager",
+    "tensor_parallel_size",
+    "quantization",
+    "kv_cache_dtype",
     "num_gpu_blocks_override",
-)  # fmt: skip
+)
 NONE_WHEN_ZERO = ("block_size", "max_num_queued_reqs", "max_num_queued_tokens", "num_gpu_blocks_override")
 RPC_DIR_PREFIX = "vllm-chat-rpc-"
 ENGINE_TEMP_ENV_NAMES = ("TMPDIR", "VLLM_RPC_BASE_PATH")

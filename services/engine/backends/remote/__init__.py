@@ -20,6 +20,14 @@ from services.engine.backends.remote.protocol import (
 from services.engine.backends.remote.routing import Server, prefix_hashes, servers_to_try
 
 __all__ = [
-    "RemoteEngineError", "RemoteLLM", "Server", "ServerUnreachableError", "chunk_output", "completion_body",
-    "parse_event", "prefix_hashes", "remote_engine_lifespan", "servers_to_try",
-]  # fmt: skip
+    "RemoteEngineError",
+    "RemoteLLM",
+    "Server",
+    "ServerUnreachableError",
+    "chunk_output",
+    "completion_body",
+    "parse_event",
+    "prefix_hashes",
+    "remote_engine_lifespan",
+    "servers_to_try",
+]

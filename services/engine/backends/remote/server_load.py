@@ -53,9 +53,12 @@ async def router_workers(client: httpx.AsyncClient, router: str) -> list[str]:
 
 
 async def poll_load_forever(
-    client: httpx.AsyncClient, servers: Sequence[Server], load: EngineLoad, router: bool = False,
+    client: httpx.AsyncClient,
+    servers: Sequence[Server],
+    load: EngineLoad,
+    router: bool = False,
     ours: Callable[[], int] = lambda: 0,
-) -> None:  # fmt: skip
+) -> None:
     """Every POLL_SECONDS: read each server's /metrics, record the sum (token counts as increases).
     With `router`, `servers` is the router, and the servers read are the ones it lists. `ours`: this
     process's requests at the servers; the rest of what they hold is others' (`EngineLoad.foreign`)."""
