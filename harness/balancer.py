@@ -28,9 +28,11 @@ class Balancer:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {
-            **os.environ, "BALANCER_BIND": f"127.0.0.1:{self.port}",
-            "APP1_ADDRESS": replica_addresses[0], "APP2_ADDRESS": replica_addresses[1],
-        }  # fmt: skip
+            **os.environ,
+            "BALANCER_BIND": f"127.0.0.1:{self.port}",
+            "APP1_ADDRESS": replica_addresses[0],
+            "APP2_ADDRESS": replica_addresses[1],
+        }
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
 

@@ -12,9 +12,15 @@ from harness.server import AppServer
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 ANSWER = '.step[data-step-type="assistant_message"] .message-content'
 USER_STEP = '.step[data-step-type="user_message"]'
 # Everything the app's Content-Security-Policy blocks on the page (it must block nothing of its own).

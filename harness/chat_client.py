@@ -89,8 +89,13 @@ def sign_in_sync(base_url: str, username: str | None = None, password: str | Non
 
 def handshake(session_id: str, thread_id: str = "", chat_profile: str = "") -> dict[str, str]:
     """Chainlit's socket.io `auth`, as its web page sends it (`chat_profile`: the model menu's choice)."""
-    return {"sessionId": session_id, "clientType": "webapp", "threadId": thread_id, "userEnv": "{}",
-            "chatProfile": chat_profile}  # fmt: skip
+    return {
+        "sessionId": session_id,
+        "clientType": "webapp",
+        "threadId": thread_id,
+        "userEnv": "{}",
+        "chatProfile": chat_profile,
+    }
 
 
 def client_headers(address: str, cookie: str | None) -> dict[str, str]:
@@ -123,8 +128,14 @@ def connect_sync(
     """Open a sync socket.io client's chat session (load generators' threads) with `cookie` (a
     signed-in browser's Cookie header), else as the local user."""
     cookie = cookie if cookie is not None else local_cookie(base_url)
-    sio.connect(base_url, socketio_path=SOCKET_PATH, transports=["websocket"], auth=handshake(session_id),
-                headers=client_headers(address, cookie), wait_timeout=timeout)  # fmt: skip
+    sio.connect(
+        base_url,
+        socketio_path=SOCKET_PATH,
+        transports=["websocket"],
+        auth=handshake(session_id),
+        headers=client_headers(address, cookie),
+        wait_timeout=timeout,
+    )
     sio.emit("connection_successful")
 
 
@@ -347,8 +358,9 @@ class ChatClient:
         action = action or self.regenerate_action()
         assert action is not None, "no Regenerate button is shown"
         reply = self._expect_reply()
-        response = await self.http("POST", "/project/action", json={"sessionId": self.session_id,
-                                                                    "action": action})  # fmt: skip
+        response = await self.http(
+            "POST", "/project/action", json={"sessionId": self.session_id, "action": action}
+        )
         return response, reply
 
     async def upload(self, name: str, data: bytes, mime: str = "application/octet-stream") -> str:

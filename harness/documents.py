@@ -175,32 +175,70 @@ def invalid_utf8_text() -> bytes:
 
 # --- a long, realistic-ish report -------------------------------------------------
 _TOPICS = (
-    "Supply chain", "Energy use", "Customer support", "Hiring", "Security", "Product roadmap",
-    "Regional sales", "Infrastructure", "Quality assurance", "Finance",
-)  # fmt: skip
+    "Supply chain",
+    "Energy use",
+    "Customer support",
+    "Hiring",
+    "Security",
+    "Product roadmap",
+    "Regional sales",
+    "Infrastructure",
+    "Quality assurance",
+    "Finance",
+)
 _SUBJECTS = (
-    "The team", "Our northern office", "The warehouse group", "Management", "The data platform",
-    "Each regional lead", "The pilot project", "The audit committee", "Field engineers",
-)  # fmt: skip
+    "The team",
+    "Our northern office",
+    "The warehouse group",
+    "Management",
+    "The data platform",
+    "Each regional lead",
+    "The pilot project",
+    "The audit committee",
+    "Field engineers",
+)
 _VERBS = (
-    "reduced", "increased", "reviewed", "delayed", "expanded", "measured", "replaced",
-    "simplified", "automated", "documented",
-)  # fmt: skip
+    "reduced",
+    "increased",
+    "reviewed",
+    "delayed",
+    "expanded",
+    "measured",
+    "replaced",
+    "simplified",
+    "automated",
+    "documented",
+)
 _OBJECTS = (
-    "delivery times", "monthly costs", "the backlog of open tickets", "server capacity",
-    "onboarding steps", "the number of incidents", "vendor contracts", "training hours",
-    "inventory levels", "response quality",
-)  # fmt: skip
+    "delivery times",
+    "monthly costs",
+    "the backlog of open tickets",
+    "server capacity",
+    "onboarding steps",
+    "the number of incidents",
+    "vendor contracts",
+    "training hours",
+    "inventory levels",
+    "response quality",
+)
 _REASONS = (
-    "after the spring reorganisation", "because demand grew faster than planned",
-    "following customer feedback", "to meet the new compliance rules", "despite a tight budget",
-    "thanks to better forecasting", "while two suppliers changed terms", "ahead of the holiday peak",
-)  # fmt: skip
+    "after the spring reorganisation",
+    "because demand grew faster than planned",
+    "following customer feedback",
+    "to meet the new compliance rules",
+    "despite a tight budget",
+    "thanks to better forecasting",
+    "while two suppliers changed terms",
+    "ahead of the holiday peak",
+)
 _FOLLOW_UPS = (
-    "Further work is planned for the next quarter.", "The results will be reviewed in March.",
-    "Several risks remain open.", "This matches the targets set last year.",
-    "Staff reported the change as positive.", "Costs stayed within the approved range.",
-)  # fmt: skip
+    "Further work is planned for the next quarter.",
+    "The results will be reviewed in March.",
+    "Several risks remain open.",
+    "This matches the targets set last year.",
+    "Staff reported the change as positive.",
+    "Costs stayed within the approved range.",
+)
 
 
 def _sentence(rng: random.Random, topic: str) -> str:

@@ -43,8 +43,9 @@ class PostgresCluster:
         self._as_postgres = os.geteuid() == 0
         if self._as_postgres:
             shutil.chown(self.root, "postgres", "postgres")
-        self._run("initdb", "-D", str(self.data_dir), "-U", "postgres", "--auth=trust", "-E", "UTF8",
-                  "--no-sync")  # fmt: skip
+        self._run(
+            "initdb", "-D", str(self.data_dir), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"
+        )
 
     def _run(self, program: str, *args: str) -> subprocess.CompletedProcess:
         command = [str(self.bin_dir / program), *args]

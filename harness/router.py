@@ -24,11 +24,30 @@ class VllmRouter:
         self.port, self.metrics_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.command = [
-            str(ROUTER), "--host", "127.0.0.1", "--port", str(self.port), "--worker-urls", *worker_urls,
-            "--policy", policy, "--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.metrics_port),
-            "--health-check-interval-secs", "2", "--health-failure-threshold", "1",
-            "--cb-failure-threshold", "1", "--cb-timeout-duration-secs", "5", "--log-level", "warning",
-        ]  # fmt: skip
+            str(ROUTER),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--worker-urls",
+            *worker_urls,
+            "--policy",
+            policy,
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            str(self.metrics_port),
+            "--health-check-interval-secs",
+            "2",
+            "--health-failure-threshold",
+            "1",
+            "--cb-failure-threshold",
+            "1",
+            "--cb-timeout-duration-secs",
+            "5",
+            "--log-level",
+            "warning",
+        ]
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
 

