@@ -25,10 +25,13 @@ LOOP_GUARD_OFF = LoopGuardConfig(min_tokens=0)
 
 def legacy_settings(settings: Settings) -> Settings:
     return settings.replace(
-        repetition_penalty=1.0, frequency_penalty=0.0, follow_up_turns=0, summary_min_tokens=0,
+        repetition_penalty=1.0,
+        frequency_penalty=0.0,
+        follow_up_turns=0,
+        summary_min_tokens=0,
         single_pass_max_tokens=10**9,
         summary_map_tokens=max(32, min(settings.summary_max_tokens, settings.summary_chunk_tokens // 6)),
-    )  # fmt: skip
+    )
 
 
 class LegacyPrompts(SummaryPrompts):

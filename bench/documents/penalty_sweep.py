@@ -65,13 +65,16 @@ async def sweep(ids: set[str] | None, pairs_text: str) -> dict[str, Any]:
             for label, text in zip(services, texts, strict=True):
                 ids_ = engine.tokenizer.encode(text, add_special_tokens=False)
                 run = {
-                    "document": doc["id"], "language": doc["language"], "pair": label,
+                    "document": doc["id"],
+                    "language": doc["language"],
+                    "pair": label,
                     "distinct_4": distinct_ngram_ratio(text),
                     "coverage": coverage.of(doc["sections"], text)[0],
                     "would_fire": repeats_in(ids_, guard, engine.tokenizer.decode) is not None,
-                    "language_match": identify_language(text) == doc["language"], "words": len(text.split()),
+                    "language_match": identify_language(text) == doc["language"],
+                    "words": len(text.split()),
                     "summary": text,
-                }  # fmt: skip
+                }
                 results["runs"].append(run)
                 print(
                     f"{doc['id']:<30} {label:<8} d4={run['distinct_4']:.2f} cov={run['coverage']:.2f} "

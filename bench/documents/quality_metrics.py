@@ -112,6 +112,9 @@ def echo_measure(summary: str, prompts: SummaryPrompts, settings: Settings, docu
     """The summary's echo of the instructions `prompts` sends (services/documents/echo.py)."""
     echo = echo_of(summary, instruction_texts(prompts, settings.system_prompt), document)
     return {
-        "echoed": echo.echoed, "score": echo.score, "ngrams": echo.total, "phrases": list(echo.phrases),
+        "echoed": echo.echoed,
+        "score": echo.score,
+        "ngrams": echo.total,
+        "phrases": list(echo.phrases),
         "repeats_instructions": echo.repeats_instructions,
-    }  # fmt: skip
+    }

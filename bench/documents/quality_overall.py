@@ -7,8 +7,11 @@ from typing import Any
 from services.documents.echo import ECHO_THRESHOLD
 
 TARGETS = {
-    "min_distinct_4": 0.9, "language_match": 0.9, "follow_up_ratio": 0.2, "max_echoed_ngrams": ECHO_THRESHOLD,
-}  # fmt: skip
+    "min_distinct_4": 0.9,
+    "language_match": 0.9,
+    "follow_up_ratio": 0.2,
+    "max_echoed_ngrams": ECHO_THRESHOLD,
+}
 
 
 def overall(documents: list[dict]) -> dict[str, Any]:

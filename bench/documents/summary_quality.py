@@ -98,10 +98,14 @@ async def timed_summary(chat: ChatService, session: ChatSession, request_id: str
     except RepetitionError as error:
         text, fired = error.kept_text, True
     return {
-        "text": text, "ttft_seconds": first, "total_seconds": time.monotonic() - started,
-        "final_loop_stopped": fired, "part_loops_stopped": chat.summarizer.loops_stopped - loops_before,
-        "progress_reports": len(reports), "last_progress": reports[-1] if reports else "",
-    }  # fmt: skip
+        "text": text,
+        "ttft_seconds": first,
+        "total_seconds": time.monotonic() - started,
+        "final_loop_stopped": fired,
+        "part_loops_stopped": chat.summarizer.loops_stopped - loops_before,
+        "progress_reports": len(reports),
+        "last_progress": reports[-1] if reports else "",
+    }
 
 
 async def timed_follow_up(chat: ChatService, session: ChatSession, question: str, request_id: str) -> dict:
@@ -116,10 +120,12 @@ async def timed_follow_up(chat: ChatService, session: ChatSession, question: str
         looped = True
     await asyncio.sleep(0.2)  # vLLM's stat logger records the step that served the first token
     return {
-        "ttft_seconds": first, "document_whole_in_prompt": whole, "loop_guard_fired": looped,
+        "ttft_seconds": first,
+        "document_whole_in_prompt": whole,
+        "loop_guard_fired": looped,
         "prompt_tokens": len(chat.engine.encode_chat(prompt.messages)),
         "prefix_cache_hits_tokens": prefix_cache_hits() - hits_before,
-    }  # fmt: skip
+    }
 
 
 async def one_run(
@@ -141,9 +147,16 @@ async def one_run(
 
 
 async def measured_run(
-    engine: ChatEngine, chat: ChatService, session: ChatSession, doc: dict, side: str, path: str,
-    coverage: Coverage, planned: bool, notes: tuple[str, ...],
-) -> dict:  # fmt: skip
+    engine: ChatEngine,
+    chat: ChatService,
+    session: ChatSession,
+    doc: dict,
+    side: str,
+    path: str,
+    coverage: Coverage,
+    planned: bool,
+    notes: tuple[str, ...],
+) -> dict:
     run = await timed_summary(chat, session, f"q-{side}-{path}-{doc['id']}")
     text = run.pop("text")
     echo = echo_measure(text, chat.summarizer.prompts(chat._job(session, "")), chat.settings, doc["text"])
@@ -164,14 +177,22 @@ async def measured_run(
         else None
     )
     return {
-        "planned": planned, "notes": list(notes), **run, "summary_words": len(text.split()),
-        "summary_tokens": engine.count_tokens(text), "distinct_4": distinct_ngram_ratio(text),
+        "planned": planned,
+        "notes": list(notes),
+        **run,
+        "summary_words": len(text.split()),
+        "summary_tokens": engine.count_tokens(text),
+        "distinct_4": distinct_ngram_ratio(text),
         "loop_guard_fired": run["final_loop_stopped"] or run["part_loops_stopped"] > 0,
-        "loop_guard_would_fire_on_summary": would is not None, "coverage": share,
-        "coverage_per_section": per_section, "language": language,
+        "loop_guard_would_fire_on_summary": would is not None,
+        "coverage": share,
+        "coverage_per_section": per_section,
+        "language": language,
         "language_match": language == doc["language"],
-        "follow_up": {**follow, "ttft_ratio": ratio}, "echo": echo, "summary": text,
-    }  # fmt: skip
+        "follow_up": {**follow, "ttft_ratio": ratio},
+        "echo": echo,
+        "summary": text,
+    }
 
 
 async def run(

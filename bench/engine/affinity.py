@@ -178,9 +178,14 @@ async def measure(urls: list[str], routers: dict[str, str], options) -> dict[str
     engines = {}
     for name, (targets, slack, router) in arms.items():
         remote = TracedRemote(
-            targets, tokenizer, connect_timeout=10, idle_timeout=900, max_connections=64,
-            affinity_slack=slack, router=router,
-        )  # fmt: skip
+            targets,
+            tokenizer,
+            connect_timeout=10,
+            idle_timeout=900,
+            max_connections=64,
+            affinity_slack=slack,
+            router=router,
+        )
         await remote.connect()
         engines[name] = (ChatEngine(remote, remote.max_model_len), remote)
     collected: dict[str, list] = {name: [] for name in arms}

@@ -62,10 +62,12 @@ class Profile:
     long_words_max: int  # documents longer than this are left out
 
 
-FULL = Profile(requests=16, rates_per_minute={"short": 60, "long": 12, "mix": 24}, max_new_tokens=96,
-               long_words_max=1500)  # fmt: skip
-QUICK = Profile(requests=6, rates_per_minute={"short": 60, "long": 12, "mix": 24}, max_new_tokens=32,
-                long_words_max=900)  # fmt: skip
+FULL = Profile(
+    requests=16, rates_per_minute={"short": 60, "long": 12, "mix": 24}, max_new_tokens=96, long_words_max=1500
+)
+QUICK = Profile(
+    requests=6, rates_per_minute={"short": 60, "long": 12, "mix": 24}, max_new_tokens=32, long_words_max=900
+)
 
 
 @dataclass(frozen=True)
@@ -142,8 +144,13 @@ class VllmRunner:
             await sleep_until(arrived)
             request_id = f"bench-c{self._runs}-{request.index}"
             first, end = await self._stream(request, request_id)
-            return Result(request.index, request.kind, end - arrived, _minus(first, arrived),
-                          self.stats[request_id].output_tokens)  # fmt: skip
+            return Result(
+                request.index,
+                request.kind,
+                end - arrived,
+                _minus(first, arrived),
+                self.stats[request_id].output_tokens,
+            )
 
         return list(await asyncio.gather(*(one(r) for r in requests)))
 
@@ -158,8 +165,15 @@ class VllmRunner:
             done = time.monotonic()  # the batch is delivered when its longest answer ends
             for request, request_id, (first, _) in zip(batch, ids, streamed, strict=True):
                 arrived = start + request.arrival_s
-                results.append(Result(request.index, request.kind, done - arrived, _minus(first, arrived),
-                                      self.stats[request_id].output_tokens))  # fmt: skip
+                results.append(
+                    Result(
+                        request.index,
+                        request.kind,
+                        done - arrived,
+                        _minus(first, arrived),
+                        self.stats[request_id].output_tokens,
+                    )
+                )
         return results
 
 
@@ -195,16 +209,20 @@ class HfRunner:
         """Generate for a batch; output tokens per row (up to and including the end-of-turn token)."""
         torch = self.torch
         prompts = [
-            self.tokenizer.apply_chat_template(messages(self.settings, r.prompt), add_generation_prompt=True,
-                                               tokenize=False)
+            self.tokenizer.apply_chat_template(
+                messages(self.settings, r.prompt), add_generation_prompt=True, tokenize=False
+            )
             for r in batch
-        ]  # fmt: skip
+        ]
         inputs = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         with torch.inference_mode():
             output = self.model.generate(
-                **inputs, max_new_tokens=self.max_new_tokens, do_sample=False, eos_token_id=self.eos_id,
+                **inputs,
+                max_new_tokens=self.max_new_tokens,
+                do_sample=False,
+                eos_token_id=self.eos_id,
                 pad_token_id=self.pad_id,
-            )  # fmt: skip
+            )
         generated = output[:, inputs["input_ids"].shape[1] :]
         counts = []
         for row in generated.tolist():
@@ -262,13 +280,15 @@ def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             other = table.get((workload, baseline))
             if ours is None or other is None:
                 continue
-            out.append({
-                "workload": workload,
-                "baseline": baseline,
-                "throughput_ratio": round(ours["requests_per_minute"] / other["requests_per_minute"], 2),
-                "p95_ratio": round(ours["p95_latency_s"] / other["p95_latency_s"], 2),
-                "mean_latency_ratio": round(ours["mean_latency_s"] / other["mean_latency_s"], 2),
-            })  # fmt: skip
+            out.append(
+                {
+                    "workload": workload,
+                    "baseline": baseline,
+                    "throughput_ratio": round(ours["requests_per_minute"] / other["requests_per_minute"], 2),
+                    "p95_ratio": round(ours["p95_latency_s"] / other["p95_latency_s"], 2),
+                    "mean_latency_ratio": round(ours["mean_latency_s"] / other["mean_latency_s"], 2),
+                }
+            )
     return out
 
 
@@ -284,8 +304,11 @@ def markdown(rows: list[dict[str, Any]], ratio_rows: list[dict[str, Any]]) -> st
             f"{r['p95_latency_s']:.2f} | {ttft} | {r['requests_per_minute']:.1f} | "
             f"{r['output_tokens_per_s']:.1f} |"
         )
-    lines += ["", "| Workload | Continuous vs | Throughput ratio | P95 ratio | Mean latency ratio |",
-              "|---|---|---:|---:|---:|"]  # fmt: skip
+    lines += [
+        "",
+        "| Workload | Continuous vs | Throughput ratio | P95 ratio | Mean latency ratio |",
+        "|---|---|---:|---:|---:|",
+    ]
     for r in ratio_rows:
         lines.append(
             f"| {r['workload']} | {r['baseline']} | {r['throughput_ratio']:.2f}x | {r['p95_ratio']:.2f}x | "
@@ -306,8 +329,9 @@ def verdict(ratio_rows: list[dict[str, Any]]) -> str:
 
 
 # --- the run -------------------------------------------------------------------------------
-async def run_vllm(settings: Settings, workloads: dict[str, list[Request]], max_new_tokens: int,
-                   timeout_s: float) -> list[dict[str, Any]]:  # fmt: skip
+async def run_vllm(
+    settings: Settings, workloads: dict[str, list[Request]], max_new_tokens: int, timeout_s: float
+) -> list[dict[str, Any]]:
     rows = []
     async with engine_lifespan(settings) as engine:
         runner = VllmRunner(engine, settings, max_new_tokens)
@@ -325,8 +349,9 @@ async def run_vllm(settings: Settings, workloads: dict[str, list[Request]], max_
     return rows
 
 
-def run_hf(settings: Settings, workloads: dict[str, list[Request]], max_new_tokens: int, dtype: str,
-           threads: int) -> list[dict[str, Any]]:  # fmt: skip
+def run_hf(
+    settings: Settings, workloads: dict[str, list[Request]], max_new_tokens: int, dtype: str, threads: int
+) -> list[dict[str, Any]]:
     runner = HfRunner(settings.model_path, settings, max_new_tokens, dtype, threads)
     runner.warm_up()
     rows = []
@@ -343,8 +368,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--quick", action="store_true", help="Small sizes for a smoke run (~4 min).")
     parser.add_argument("--requests", type=int, help="Requests per workload.")
-    parser.add_argument("--rate", action="append", default=[], metavar="WORKLOAD=PER_MIN",
-                        help="Arrival rate per minute, e.g. --rate mix=30 (repeatable).")  # fmt: skip
+    parser.add_argument(
+        "--rate",
+        action="append",
+        default=[],
+        metavar="WORKLOAD=PER_MIN",
+        help="Arrival rate per minute, e.g. --rate mix=30 (repeatable).",
+    )
     parser.add_argument("--max-new-tokens", type=int, help="Answer budget of every request.")
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help="Comma-separated subset.")
     parser.add_argument("--seed", type=int, default=0)
@@ -375,8 +405,9 @@ def main(argv: list[str] | None = None) -> int:
         if name not in WORKLOADS:
             raise SystemExit(f"--rate {item}: workload must be one of {WORKLOADS}")
         rates[name] = float(value)
-    profile = Profile(args.requests or base.requests, rates, args.max_new_tokens or base.max_new_tokens,
-                      base.long_words_max)  # fmt: skip
+    profile = Profile(
+        args.requests or base.requests, rates, args.max_new_tokens or base.max_new_tokens, base.long_words_max
+    )
     # The app's settings from the environment (DTYPE, MAX_NUM_BATCHED_TOKENS, ... apply), then the flags.
     settings = Settings.from_env().replace(enable_prefix_caching=args.prefix_caching)
     if args.model:

@@ -47,8 +47,16 @@ def main() -> None:
     results: dict[str, list[dict]] = {}
     for index in range(arguments.rounds):
         for size in arguments.sizes.split(","):
-            server = VllmServer(Path(model), arguments.out / f"{size}-{index}.log", 4096,
-                                "--max-num-seqs", "64", "--block-size", size, *flags)  # fmt: skip
+            server = VllmServer(
+                Path(model),
+                arguments.out / f"{size}-{index}.log",
+                4096,
+                "--max-num-seqs",
+                "64",
+                "--block-size",
+                size,
+                *flags,
+            )
             server.env.update(env)
             server.start()
             try:

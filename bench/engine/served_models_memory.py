@@ -44,9 +44,11 @@ async def measure(count: int, folder: Path) -> dict:
     tokenizer = ensure_default_model(Settings.from_env({}))
     paths = [build_tiny_model(tokenizer, folder / f"tiny-{seed}", seed=seed) for seed in range(count)]
     settings = Settings.from_env({}).replace(
-        models=",".join(map(str, paths)), max_in_process_models=count, max_model_len=4096,
+        models=",".join(map(str, paths)),
+        max_in_process_models=count,
+        max_model_len=4096,
         max_num_batched_tokens=4096,
-    )  # fmt: skip
+    )
     before = tree_rss_mb()
     started = time.monotonic()
     async with served_models_lifespan(settings) as models:
@@ -60,8 +62,14 @@ async def measure(count: int, folder: Path) -> dict:
             answers[name] = "".join(parts)
         tree = tree_rss_mb()
         processes = len(psutil.Process().children(recursive=True))
-    return {"models": count, "start_seconds": round(start_seconds, 1), "rss_before_mb": round(before),
-            "tree_rss_mb": round(tree), "engine_processes": processes, "answers": answers}  # fmt: skip
+    return {
+        "models": count,
+        "start_seconds": round(start_seconds, 1),
+        "rss_before_mb": round(before),
+        "tree_rss_mb": round(tree),
+        "engine_processes": processes,
+        "answers": answers,
+    }
 
 
 def main() -> None:

@@ -98,12 +98,20 @@ async def store_conversation(history: History, user_id: str, messages: int, rng:
     start = datetime.now(UTC) - timedelta(hours=1)
     for i in range(messages):
         kind, text = message(i, texts, rng)
-        await layer.create_step({
-            "id": str(uuid.uuid4()), "threadId": thread_id, "type": kind, "output": text, "streaming": False,
-            "name": "User" if kind == "user_message" else "vLLM Chat", "command": "", "defaultOpen": False,
-            "createdAt": conversations.timestamp(start + timedelta(seconds=i)),
-            "metadata": dict(ANSWER_METADATA) if kind == "assistant_message" else {},
-        })  # fmt: skip
+        await layer.create_step(
+            {
+                "id": str(uuid.uuid4()),
+                "threadId": thread_id,
+                "type": kind,
+                "output": text,
+                "streaming": False,
+                "name": "User" if kind == "user_message" else "vLLM Chat",
+                "command": "",
+                "defaultOpen": False,
+                "createdAt": conversations.timestamp(start + timedelta(seconds=i)),
+                "metadata": dict(ANSWER_METADATA) if kind == "assistant_message" else {},
+            }
+        )
     return thread_id
 
 
@@ -165,10 +173,14 @@ def main() -> int:
         off.stop()
         on.stop()
     summary = {
-        "benchmark": "history", "quick": options.quick, "at": datetime.now(UTC).isoformat(),
-        "ttft_s": ttft, "resume": resume, "machine": machine_info(),
+        "benchmark": "history",
+        "quick": options.quick,
+        "at": datetime.now(UTC).isoformat(),
+        "ttft_s": ttft,
+        "resume": resume,
+        "machine": machine_info(),
         "command": "python bench/history/persistence.py" + (" --quick" if options.quick else ""),
-    }  # fmt: skip
+    }
     out = ROOT / "bench" / "out" / f"history-{datetime.now():%Y%m%d-%H%M%S}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     for path in (out, options.json):

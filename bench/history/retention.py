@@ -90,8 +90,9 @@ def add_copies(live: Path, base: Path, copies: int, round_index: int) -> None:
             tag, minutes = f"-r{round_index}c{copy}", round_index * 1000 + copy
             db.execute(
                 'INSERT INTO threads SELECT "id" || ?, "createdAt", "name", "userId", "userIdentifier", '
-                '"tags", "metadata" FROM base.threads', (tag,),
-            )  # fmt: skip
+                '"tags", "metadata" FROM base.threads',
+                (tag,),
+            )
             db.execute(
                 f'INSERT INTO steps ("id", "threadId", "createdAt", {COPY_COLUMNS}) SELECT "id" || ?, '
                 f'"threadId" || ?, strftime(\'%Y-%m-%dT%H:%M:%fZ\', "createdAt", ?), {COPY_COLUMNS} '
@@ -115,7 +116,9 @@ def measure(history: History, round_index: int, deleted: int, seconds: float) ->
     heap = malloc_info() or {}
     path = sqlite_path(history.settings)
     return {
-        "round": round_index, "deleted": deleted, "seconds": round(seconds, 2),
+        "round": round_index,
+        "deleted": deleted,
+        "seconds": round(seconds, 2),
         "anon_mb": proc_status_bytes(os.getpid(), ["RssAnon"]).get("RssAnon", 0) / MB,
         "glibc_in_use_mb": heap.get("in_use_bytes", 0) / MB,
         "glibc_free_in_heaps_mb": heap.get("free_in_heaps_bytes", 0) / MB,
@@ -123,7 +126,7 @@ def measure(history: History, round_index: int, deleted: int, seconds: float) ->
         "sqlite_in_use_mb": (sqlite_memory_bytes() or 0) / MB,
         "python_blocks": sys.getallocatedblocks(),
         "database_mb": file_size_bytes(path) / MB if path else None,
-    }  # fmt: skip
+    }
 
 
 async def run(options: argparse.Namespace, folder: Path) -> dict[str, Any]:

@@ -218,8 +218,14 @@ async def run(options: argparse.Namespace) -> dict[str, Any]:
 
 def report(options: argparse.Namespace, results: dict[str, Any], final: bool) -> dict[str, Any]:
     verdict = {name: (r["all"]["p95"] or 0) <= TARGET_P95_MS for name, r in results.items()}
-    summary = {"machine": machine_info(), "options": vars(options), "target_p95_ms": TARGET_P95_MS,
-               "meets_target": verdict, "queries": queries(options.seed), "databases": results}  # fmt: skip
+    summary = {
+        "machine": machine_info(),
+        "options": vars(options),
+        "target_p95_ms": TARGET_P95_MS,
+        "meets_target": verdict,
+        "queries": queries(options.seed),
+        "databases": results,
+    }
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"search-{'last' if final else 'partial'}.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary

@@ -44,14 +44,23 @@ from harness.chat_client import local_cookie
 from harness.server import AppServer, VllmServer
 
 INTER_TOKEN = "vllm:inter_token_latency_seconds"  # a histogram: its _sum and _count
-TOKEN_COUNTERS = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total",
-                  "vllm:prompt_tokens_cached_total",  # of the prompt tokens, those the prefix cache held
-                  f"{INTER_TOKEN}_sum", f"{INTER_TOKEN}_count")  # fmt: skip
+TOKEN_COUNTERS = (
+    "vllm:generation_tokens_total",
+    "vllm:prompt_tokens_total",
+    "vllm:prompt_tokens_cached_total",  # of the prompt tokens, those the prefix cache held
+    f"{INTER_TOKEN}_sum",
+    f"{INTER_TOKEN}_count",
+)
 REFUSALS = "chat_admission_refusals_total"
 COUNTERS = (*TOKEN_COUNTERS, REFUSALS)
 TABLES = ("threads", "steps")
-SUMMED_STATUS = ("engine_unfinished_requests", "sessions", "sessions_awaiting_reconnect", "turns_in_flight",
-                 "sessions_dropped_total")  # fmt: skip
+SUMMED_STATUS = (
+    "engine_unfinished_requests",
+    "sessions",
+    "sessions_awaiting_reconnect",
+    "turns_in_flight",
+    "sessions_dropped_total",
+)
 MARKED_DOWN = re.compile(r"^\[WARNING\]\s+\(\d+\) : Server \w+/(\w+) is DOWN\b.*?(\d+) sessions active", re.M)
 ACCOUNT_PREFIX = "person-"  # the replicas' people sign in as person-1, person-2, ...
 PASSWORD_ENV = "OVERLOAD_ACCOUNT_PASSWORD"  # their password, to Locust's people (not on a command line)
@@ -98,9 +107,11 @@ def browser_cookie(base_url: str, address: str, username: str, password: str) ->
     if not username:
         return local_cookie(base_url)
     response = httpx.post(
-        f"{base_url}/login", data={"username": username, "password": password},
-        headers={"X-Forwarded-For": address}, timeout=60,
-    )  # fmt: skip
+        f"{base_url}/login",
+        data={"username": username, "password": password},
+        headers={"X-Forwarded-For": address},
+        timeout=60,
+    )
     response.raise_for_status()
     return "; ".join(f"{name}={value}" for name, value in response.cookies.items())
 
@@ -232,8 +243,20 @@ class Deployment:
 def postgres_rows(cluster: Any) -> dict[str, int]:
     """Row counts of TABLES in the topology's database, by psql."""
     query = "SELECT " + ", ".join(f"(SELECT COUNT(*) FROM {table})" for table in TABLES)
-    command = [str(cluster.bin_dir / "psql"), "-h", "127.0.0.1", "-p", str(cluster.port), "-U", "postgres",
-               "-d", "chat", "-At", "-c", query]  # fmt: skip
+    command = [
+        str(cluster.bin_dir / "psql"),
+        "-h",
+        "127.0.0.1",
+        "-p",
+        str(cluster.port),
+        "-U",
+        "postgres",
+        "-d",
+        "chat",
+        "-At",
+        "-c",
+        query,
+    ]
     output = subprocess.run(command, check=True, capture_output=True, text=True, timeout=60).stdout
     return dict(zip(TABLES, (int(n) for n in output.strip().split("|")), strict=True))
 
@@ -250,11 +273,20 @@ def engine_server_options(settings: Any) -> tuple[tuple[str, ...], dict[str, str
     from services.memory.allocators import engine_memory_env
 
     s = settings
-    args = ["--dtype", auto_dtype() if s.dtype == "auto" else s.dtype, "--max-num-seqs", str(s.max_num_seqs),
-            "--max-num-batched-tokens", str(s.max_num_batched_tokens)]  # fmt: skip
-    for option, value in (("--long-prefill-token-threshold", s.long_prefill_token_threshold),
-                          ("--block-size", s.block_size), ("--max-num-queued-reqs", s.max_num_queued_reqs),
-                          ("--max-num-queued-tokens", s.max_num_queued_tokens)):  # fmt: skip
+    args = [
+        "--dtype",
+        auto_dtype() if s.dtype == "auto" else s.dtype,
+        "--max-num-seqs",
+        str(s.max_num_seqs),
+        "--max-num-batched-tokens",
+        str(s.max_num_batched_tokens),
+    ]
+    for option, value in (
+        ("--long-prefill-token-threshold", s.long_prefill_token_threshold),
+        ("--block-size", s.block_size),
+        ("--max-num-queued-reqs", s.max_num_queued_reqs),
+        ("--max-num-queued-tokens", s.max_num_queued_tokens),
+    ):
         if value:
             args += [option, str(value)]
     args += ["--scheduling-policy", "priority" if s.priority_scheduling else "fcfs"]
@@ -277,10 +309,16 @@ def start_replicas(
 
     app_settings = Settings.from_env(settings)
     args, env = engine_server_options(app_settings)
-    topology = Topology(ensure_default_model(app_settings), logs, app_settings.max_model_len,
-                        app_env=dict(settings), engine_servers=engine_servers, app_replicas=app_replicas,
-                        engine_args=args,
-                        engine_env=env)  # fmt: skip
+    topology = Topology(
+        ensure_default_model(app_settings),
+        logs,
+        app_settings.max_model_len,
+        app_env=dict(settings),
+        engine_servers=engine_servers,
+        app_replicas=app_replicas,
+        engine_args=args,
+        engine_env=env,
+    )
     topology.start()
     password = secrets.token_urlsafe(16)
     try:
@@ -289,8 +327,9 @@ def start_replicas(
     except BaseException:
         topology.stop()
         raise
-    return Deployment(topology.url, list(topology.replicas), list(topology.engines), topology,
-                      ACCOUNT_PREFIX, password)  # fmt: skip
+    return Deployment(
+        topology.url, list(topology.replicas), list(topology.engines), topology, ACCOUNT_PREFIX, password
+    )
 
 
 async def add_accounts(database_url: str, people: int, password: str) -> None:

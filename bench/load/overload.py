@@ -75,10 +75,14 @@ from bench.load.deployments import (
 from bench.load.timeline import AdmissionTimeline
 
 FCFS_SETTINGS = {
-    "PRIORITY_SCHEDULING": "false", "READING_PACE_TOKENS_PER_SECOND": "0", "MAX_NUM_QUEUED_REQS": "0",
-    "USER_MAX_CONCURRENT_TURNS": "0", "USER_TOKENS_PER_MINUTE": "0", "USER_DOCUMENTS_PER_HOUR": "0",
+    "PRIORITY_SCHEDULING": "false",
+    "READING_PACE_TOKENS_PER_SECOND": "0",
+    "MAX_NUM_QUEUED_REQS": "0",
+    "USER_MAX_CONCURRENT_TURNS": "0",
+    "USER_TOKENS_PER_MINUTE": "0",
+    "USER_DOCUMENTS_PER_HOUR": "0",
     "LONG_PREFILL_TOKEN_THRESHOLD": "0",
-}  # fmt: skip
+}
 
 
 @dataclass(frozen=True)
@@ -143,14 +147,40 @@ def locust_command(
     users_file = ROOT / "bench" / "load" / "overload_users.py"
     documents = options.document_fraction if arm.documents else 0
     return [
-        str(Path(sys.executable).with_name("locust")), "-f", str(users_file), "--headless",
-        "-u", str(options.users), "-r", str(options.spawn_rate), "-t", f"{int(options.duration)}s",
-        "--host", url, "--turns-csv", str(out / f"turns-{name}.csv"), "--stop-timeout", "5",
-        "--only-summary", "--document-fraction", str(documents), "--turn-timeout", str(options.turn_timeout),
-        "--pattern", arm.pattern, "--leave-after-first-token", str(arm.leave_after_first_token),
-        "--max-new-tokens", str(arm.max_new_tokens), "--accounts", accounts,
-        "--logfile", str(out / f"locust-{name}.log"), "--cookies", cookies,
-    ]  # fmt: skip
+        str(Path(sys.executable).with_name("locust")),
+        "-f",
+        str(users_file),
+        "--headless",
+        "-u",
+        str(options.users),
+        "-r",
+        str(options.spawn_rate),
+        "-t",
+        f"{int(options.duration)}s",
+        "--host",
+        url,
+        "--turns-csv",
+        str(out / f"turns-{name}.csv"),
+        "--stop-timeout",
+        "5",
+        "--only-summary",
+        "--document-fraction",
+        str(documents),
+        "--turn-timeout",
+        str(options.turn_timeout),
+        "--pattern",
+        arm.pattern,
+        "--leave-after-first-token",
+        str(arm.leave_after_first_token),
+        "--max-new-tokens",
+        str(arm.max_new_tokens),
+        "--accounts",
+        accounts,
+        "--logfile",
+        str(out / f"locust-{name}.log"),
+        "--cookies",
+        cookies,
+    ]
 
 
 def deploy(name: str, arm: Arm, options: argparse.Namespace, out: Path) -> Deployment:

@@ -49,10 +49,22 @@ from harness.documents import long_document
 
 PROMPTS_FILE = Path(__file__).resolve().parents[1] / "data" / "prompts.json"
 TURN_COLUMNS = (
-    "user", "kind", "sent_unix", "outcome", "refused_reason", "told_seconds", "ttft_seconds",
-    "first_signal_seconds", "max_silence_seconds", "tokens", "stream_seconds", "total_seconds",
-    "connection_lost_seconds", "connect_seconds", "replica",
-)  # fmt: skip
+    "user",
+    "kind",
+    "sent_unix",
+    "outcome",
+    "refused_reason",
+    "told_seconds",
+    "ttft_seconds",
+    "first_signal_seconds",
+    "max_silence_seconds",
+    "tokens",
+    "stream_seconds",
+    "total_seconds",
+    "connection_lost_seconds",
+    "connect_seconds",
+    "replica",
+)
 PATTERNS = ("patient", "storm", "think")
 THINK_SECONDS = {"patient": (1.0, 3.0), "storm": (0.1, 0.5), "think": (2.0, 8.0)}
 SINGLE_PASS_WORDS = (800, 1200, 1800, 2500)
@@ -190,9 +202,12 @@ class Person:
 
     def upload(self, name: str, data: bytes) -> str:
         response = httpx.post(
-            f"{self.base_url}/project/file", params={"session_id": self.session_id},
-            files={"file": (name, data, "text/plain")}, headers=self.headers(), timeout=60,
-        )  # fmt: skip
+            f"{self.base_url}/project/file",
+            params={"session_id": self.session_id},
+            files={"file": (name, data, "text/plain")},
+            headers=self.headers(),
+            timeout=60,
+        )
         response.raise_for_status()
         return response.json()["id"]
 
@@ -210,10 +225,18 @@ class Person:
 def turn_row(turn: Turn, user: int, kind: str, timeout: float, replica: str = "") -> dict[str, Any]:
     """What the person saw, as one CSV row (times in seconds from sending)."""
     outcome = (
-        "refused" if turn.refused else "failed" if turn.failed else "answered" if turn.final_at
-        else "left" if turn.leave_at_first_token and turn.first_token_at
-        else "connection_lost" if turn.connection_lost_at else "timeout"
-    )  # fmt: skip
+        "refused"
+        if turn.refused
+        else "failed"
+        if turn.failed
+        else "answered"
+        if turn.final_at
+        else "left"
+        if turn.leave_at_first_token and turn.first_token_at
+        else "connection_lost"
+        if turn.connection_lost_at
+        else "timeout"
+    )
     until = turn.first_token_at or turn.final_at or turn.connection_lost_at or turn.sent_at + timeout
     marks = [turn.sent_at, *(s for s in turn.signals if s <= until), until]
     silence = max(b - a for a, b in itertools.pairwise(marks))
@@ -221,12 +244,16 @@ def turn_row(turn: Turn, user: int, kind: str, timeout: float, replica: str = ""
         (turn.last_token_at - turn.first_token_at) if turn.first_token_at and turn.last_token_at else None
     )
     return {
-        "user": user, "kind": kind, "sent_unix": round(time.time() - (time.monotonic() - turn.sent_at), 3),
-        "outcome": outcome, "refused_reason": turn.refused or "",
+        "user": user,
+        "kind": kind,
+        "sent_unix": round(time.time() - (time.monotonic() - turn.sent_at), 3),
+        "outcome": outcome,
+        "refused_reason": turn.refused or "",
         "told_seconds": round(turn.final_at - turn.sent_at, 3) if turn.refused and turn.final_at else "",
         "ttft_seconds": round(turn.first_token_at - turn.sent_at, 3) if turn.first_token_at else "",
         "first_signal_seconds": round(turn.signals[0] - turn.sent_at, 3) if turn.signals else "",
-        "max_silence_seconds": round(silence, 3), "tokens": turn.pieces,
+        "max_silence_seconds": round(silence, 3),
+        "tokens": turn.pieces,
         "stream_seconds": round(stream, 3) if stream is not None else "",
         "total_seconds": round(turn.final_at - turn.sent_at, 3) if turn.final_at else "",
         "connection_lost_seconds": (
@@ -234,7 +261,7 @@ def turn_row(turn: Turn, user: int, kind: str, timeout: float, replica: str = ""
         ),
         "connect_seconds": round(turn.connect_seconds, 3) if turn.connect_seconds is not None else "",
         "replica": replica,
-    }  # fmt: skip
+    }
 
 
 @functools.cache

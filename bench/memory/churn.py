@@ -387,9 +387,15 @@ async def run_arm(base: Settings, arm: str, options: ChurnOptions, out: Path) ->
 
 
 def arm_report(
-    arm: str, settings: Settings, options: ChurnOptions, rows: list[dict[str, Any]], tally: Tally,
-    busy_seconds: float, unfinished: int, probe_dir: Path | None,
-) -> dict[str, Any]:  # fmt: skip
+    arm: str,
+    settings: Settings,
+    options: ChurnOptions,
+    rows: list[dict[str, Any]],
+    tally: Tally,
+    busy_seconds: float,
+    unfinished: int,
+    probe_dir: Path | None,
+) -> dict[str, Any]:
     kept = retention(rows, options.warmup_requests)
     processes = {role: entry for role, entry in kept.items() if role != "tree"}
     worst = max(processes, key=lambda role: processes[role]["anon_bytes_per_request"], default=None)
@@ -513,10 +519,12 @@ def parse_args(argv: list[str] | None = None) -> ChurnOptions:
         "--allocators", default="configured", help=f"comma-separated arms: configured, {', '.join(ARMS)}"
     )
     parser.add_argument(
-        "--probe", choices=("counters", "native", "all"), default="",
+        "--probe",
+        choices=("counters", "native", "all"),
+        default="",
         help="memory probe in the engine at every sample: allocator counters and an object census; "
         "native: + jemalloc heap profiles, attributed; all: + tracemalloc (slow)",
-    )  # fmt: skip
+    )
     parser.add_argument("--attribute", dest="probe", action="store_const", const="all", help="= --probe all")
     parser.add_argument(
         "--max-bytes-per-request", type=float, default=None, help="fail above this (anon, any process)"
@@ -537,13 +545,23 @@ def parse_args(argv: list[str] | None = None) -> ChurnOptions:
     if unknown:
         parser.error(f"unknown arm(s) {unknown}; choose from configured, {', '.join(ARMS)}")
     return ChurnOptions(
-        requests=args.requests, sample_every=args.sample_every, warmup=args.warmup,
-        concurrency=[int(n) for n in args.concurrency.split(",")], abort_fraction=args.abort_fraction,
-        max_prompt_words=args.max_prompt_words, max_answer_tokens=args.max_answer_tokens, seed=args.seed,
-        tiny=args.tiny, allocators=arms, probe=args.probe,
-        max_bytes_per_request=args.max_bytes_per_request, arm_seconds=args.arm_seconds, out=args.out,
-        conversations=args.conversations, turns=args.turns,
-    )  # fmt: skip
+        requests=args.requests,
+        sample_every=args.sample_every,
+        warmup=args.warmup,
+        concurrency=[int(n) for n in args.concurrency.split(",")],
+        abort_fraction=args.abort_fraction,
+        max_prompt_words=args.max_prompt_words,
+        max_answer_tokens=args.max_answer_tokens,
+        seed=args.seed,
+        tiny=args.tiny,
+        allocators=arms,
+        probe=args.probe,
+        max_bytes_per_request=args.max_bytes_per_request,
+        arm_seconds=args.arm_seconds,
+        out=args.out,
+        conversations=args.conversations,
+        turns=args.turns,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -65,17 +65,24 @@ def measure(rounds: int, settings: Settings) -> dict:
     started = time.perf_counter()
     numpy_bytes = fill_numpy_buffer_cache()
     return {
-        "documents": len(texts), "skipped": [entry["id"] for entry in skipped], "tokens_per_round": tokens,
+        "documents": len(texts),
+        "skipped": [entry["id"] for entry in skipped],
+        "tokens_per_round": tokens,
         "rounds": rounds,
-        "tokenizer": {name: {
-            "median_round_s": round(statistics.median(seconds[name]), 4),
-            "time_ratio_to_10000_words": round(statistics.median(seconds[name]) / default, 3),
-            "heap_first_round_mb": round(heap[name][0] / 1e6, 3),
-            "heap_later_rounds_mb": round(sum(heap[name][1:]) / 1e6, 3),
-        } for name in arms},
-        "numpy_buffer_cache": {"filled_mb": round(numpy_bytes / 1e6, 2),
-                               "fill_ms": round((time.perf_counter() - started) * 1000, 1)},
-    }  # fmt: skip
+        "tokenizer": {
+            name: {
+                "median_round_s": round(statistics.median(seconds[name]), 4),
+                "time_ratio_to_10000_words": round(statistics.median(seconds[name]) / default, 3),
+                "heap_first_round_mb": round(heap[name][0] / 1e6, 3),
+                "heap_later_rounds_mb": round(sum(heap[name][1:]) / 1e6, 3),
+            }
+            for name in arms
+        },
+        "numpy_buffer_cache": {
+            "filled_mb": round(numpy_bytes / 1e6, 2),
+            "fill_ms": round((time.perf_counter() - started) * 1000, 1),
+        },
+    }
 
 
 def main() -> None:
@@ -86,8 +93,11 @@ def main() -> None:
     parser.add_argument("--save-results", action="store_true", help="write the JSON to bench/results/memory/")
     args = parser.parse_args()
     settings = Settings.from_env()
-    summary = {"started_at": datetime.now(UTC).isoformat(timespec="seconds"), "machine": machine_info(),
-               **measure(args.rounds, settings)}  # fmt: skip
+    summary = {
+        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        **measure(args.rounds, settings),
+    }
     text = json.dumps(summary, indent=1)
     print(text)
     if args.save_results:

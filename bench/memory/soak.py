@@ -51,9 +51,13 @@ from services.observability.memory import proc_status_bytes
 MB = 1024 * 1024
 TINY_MAX_MODEL_LEN = 4096  # the tiny model's context (as in tests/conftest.py)
 STATUS_FIELDS = (
-    "sessions", "turns_in_flight", "engine_unfinished_requests",
-    "chainlit_ws_sessions", "chainlit_user_sessions", "chainlit_chat_contexts",
-)  # fmt: skip
+    "sessions",
+    "turns_in_flight",
+    "engine_unfinished_requests",
+    "chainlit_ws_sessions",
+    "chainlit_user_sessions",
+    "chainlit_chat_contexts",
+)
 HISTORY_FIELDS = ("database_bytes", "sqlite_memory_bytes")  # from /status["history"], as history_<name>
 APP_FIELDS = ("app_python_allocated_blocks", "app_asyncio_tasks", "app_tokenizer_copies")  # from /status
 MALLOC_FIELDS = ("in_use_bytes", "free_in_heaps_bytes", "mmapped_bytes")  # /status["app_malloc"], prefixed
@@ -276,14 +280,37 @@ def server_env(options: SoakOptions) -> dict[str, str]:
 
 def locust_command(options: SoakOptions, host: str, out: Path) -> list[str]:
     return [
-        str(Path(sys.executable).with_name("locust")), "-f", str(ROOT / "locustfile.py"), "--headless",
-        "-u", str(options.users), "-r", str(options.spawn_rate), "-t", f"{math.ceil(options.duration_s)}s",
-        "--host", host, "--csv", str(out / "locust"), "--logfile", str(out / "locust.log"),
-        "--requests-csv", str(out / "requests.csv"), "--max-new-tokens", str(options.max_new_tokens),
-        "--vanish-fraction", str(options.vanish_fraction), "--long-fraction", str(options.long_fraction),
-        "--turns-per-session", str(options.turns_per_session), "--turn-timeout", str(options.turn_timeout_s),
-        "--stop-timeout", "0",
-    ]  # fmt: skip
+        str(Path(sys.executable).with_name("locust")),
+        "-f",
+        str(ROOT / "locustfile.py"),
+        "--headless",
+        "-u",
+        str(options.users),
+        "-r",
+        str(options.spawn_rate),
+        "-t",
+        f"{math.ceil(options.duration_s)}s",
+        "--host",
+        host,
+        "--csv",
+        str(out / "locust"),
+        "--logfile",
+        str(out / "locust.log"),
+        "--requests-csv",
+        str(out / "requests.csv"),
+        "--max-new-tokens",
+        str(options.max_new_tokens),
+        "--vanish-fraction",
+        str(options.vanish_fraction),
+        "--long-fraction",
+        str(options.long_fraction),
+        "--turns-per-session",
+        str(options.turns_per_session),
+        "--turn-timeout",
+        str(options.turn_timeout_s),
+        "--stop-timeout",
+        "0",
+    ]
 
 
 def idle_after_load(status: dict[str, Any]) -> bool:
@@ -526,8 +553,13 @@ def plot(out: Path, samples: list[dict[str, Any]], warmup_s: float, summary: dic
             name = f"{label} ({values[0]:.0f} MB at start)"
             mem_ax.plot(minutes, [v - values[0] for v in values], label=name, linewidth=1)
     totals = [s["total_anon_mb"] for s in samples]
-    mem_ax.plot(minutes, [t - totals[0] for t in totals], label=f"total ({totals[0]:.0f} MB at start)",
-                color="black", linewidth=1.4)  # fmt: skip
+    mem_ax.plot(
+        minutes,
+        [t - totals[0] for t in totals],
+        label=f"total ({totals[0]:.0f} MB at start)",
+        color="black",
+        linewidth=1.4,
+    )
     rss = [s["total_rss_mb"] for s in samples]
     mem_ax.plot(minutes, [r - rss[0] for r in rss], ":", color="0.5", linewidth=1, label="total RSS")
     slope = summary["memory"].get("anon_mb_per_hour")
@@ -613,21 +645,34 @@ def parse_args(argv: list[str] | None = None) -> SoakOptions:
     parser.add_argument("--drain-timeout", type=float, default=60.0, help="Wait for idle after the load.")
     parser.add_argument("--out", type=Path, default=None, help="Report folder.")
     parser.add_argument(
-        "--server-env", action="append", default=[], metavar="NAME=VALUE",
+        "--server-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
         help="A variable for the server only, not Locust (e.g. LD_PRELOAD=...); repeatable.",
-    )  # fmt: skip
+    )
     args = parser.parse_args(argv)
     server_only = dict(item.split("=", 1) for item in args.server_env)
     return SoakOptions(
-        duration_s=args.duration, users=args.users, spawn_rate=args.spawn_rate,
-        vanish_fraction=args.vanish_fraction, long_fraction=args.long_fraction,
-        max_new_tokens=args.max_new_tokens, turns_per_session=args.turns_per_session,
-        turn_timeout_s=args.turn_timeout, model=args.model,
+        duration_s=args.duration,
+        users=args.users,
+        spawn_rate=args.spawn_rate,
+        vanish_fraction=args.vanish_fraction,
+        long_fraction=args.long_fraction,
+        max_new_tokens=args.max_new_tokens,
+        turns_per_session=args.turns_per_session,
+        turn_timeout_s=args.turn_timeout,
+        model=args.model,
         dtype=args.dtype,
-        tiny=args.tiny, max_model_len=args.max_model_len, session_ttl_s=args.session_ttl,
-        sample_interval_s=args.sample_interval, warmup_s=args.warmup, drain_timeout_s=args.drain_timeout,
-        out=args.out, extra_env=server_only,
-    )  # fmt: skip
+        tiny=args.tiny,
+        max_model_len=args.max_model_len,
+        session_ttl_s=args.session_ttl,
+        sample_interval_s=args.sample_interval,
+        warmup_s=args.warmup,
+        drain_timeout_s=args.drain_timeout,
+        out=args.out,
+        extra_env=server_only,
+    )
 
 
 def read_samples(out: Path) -> list[dict[str, Any]]:

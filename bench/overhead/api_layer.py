@@ -60,9 +60,20 @@ from services.memory import engine_memory_env
 
 TARGET_THROUGHPUT_RATIO = 0.95
 TARGET_TTFT_ADDED_MS = 15.0
-KEPT = ("completed", "request_throughput", "output_throughput", "total_token_throughput", "mean_ttft_ms",
-        "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms",
-        "median_e2el_ms")  # fmt: skip
+KEPT = (
+    "completed",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "mean_ttft_ms",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "median_tpot_ms",
+    "p99_tpot_ms",
+    "median_itl_ms",
+    "median_e2el_ms",
+)
 
 
 def parse_arguments() -> argparse.Namespace:
@@ -109,8 +120,15 @@ def loads(arguments: argparse.Namespace) -> dict[str, Load]:
     }
 
 
-def run_serving_benchmark(base_url: str, model: str, tokenizer: str, arguments: argparse.Namespace,
-                          load: Load, key: str | None, result_file: Path) -> dict[str, Any]:  # fmt: skip
+def run_serving_benchmark(
+    base_url: str,
+    model: str,
+    tokenizer: str,
+    arguments: argparse.Namespace,
+    load: Load,
+    key: str | None,
+    result_file: Path,
+) -> dict[str, Any]:
     """`python -m vllm.benchmarks.serve`-equivalent: vLLM's benchmark module, in a child process."""
     backend = "openai-chat" if arguments.endpoint.endswith("chat/completions") else "openai"
     code = (
@@ -119,29 +137,66 @@ def run_serving_benchmark(base_url: str, model: str, tokenizer: str, arguments: 
         "parser = FlexibleArgumentParser()\nadd_cli_args(parser)\nmain(parser.parse_args(sys.argv[1:]))\n"
     )
     command = [
-        sys.executable, "-c", code, "--backend", backend, "--base-url", base_url,
-        "--endpoint", arguments.endpoint,
-        "--model", model, "--tokenizer", tokenizer, "--dataset-name", "random", "--seed", "0",
-        "--random-input-len", str(load.input_len), "--random-output-len", str(load.output_len),
-        "--num-prompts", str(load.prompts), "--max-concurrency", str(load.concurrency),
-        "--num-warmups", str(min(4, load.concurrency)), "--ignore-eos",
-        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
-        "--save-result", "--result-dir", str(result_file.parent), "--result-filename", result_file.name,
-    ]  # fmt: skip
+        sys.executable,
+        "-c",
+        code,
+        "--backend",
+        backend,
+        "--base-url",
+        base_url,
+        "--endpoint",
+        arguments.endpoint,
+        "--model",
+        model,
+        "--tokenizer",
+        tokenizer,
+        "--dataset-name",
+        "random",
+        "--seed",
+        "0",
+        "--random-input-len",
+        str(load.input_len),
+        "--random-output-len",
+        str(load.output_len),
+        "--num-prompts",
+        str(load.prompts),
+        "--max-concurrency",
+        str(load.concurrency),
+        "--num-warmups",
+        str(min(4, load.concurrency)),
+        "--ignore-eos",
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "50,90,99",
+        "--save-result",
+        "--result-dir",
+        str(result_file.parent),
+        "--result-filename",
+        result_file.name,
+    ]
     env = {**os.environ, "OPENAI_API_KEY": key or "", "VLLM_NO_USAGE_STATS": "1"}
     subprocess.run(command, env=env, check=True, timeout=3600)
     result = json.loads(result_file.read_text())
     return {name: result.get(name) for name in KEPT}
 
 
-def run_phase(base_url: str, model: str, tokenizer: str, arguments: argparse.Namespace,
-              runs: dict[str, Load], key: str | None, stem: str) -> dict[str, dict[str, Any]]:  # fmt: skip
+def run_phase(
+    base_url: str,
+    model: str,
+    tokenizer: str,
+    arguments: argparse.Namespace,
+    runs: dict[str, Load],
+    key: str | None,
+    stem: str,
+) -> dict[str, dict[str, Any]]:
     """Each of `runs` against one server, in turn; results by run name (files `<stem>-<name>.json`)."""
     return {
-        name: run_serving_benchmark(base_url, model, tokenizer, arguments, load, key,
-                                    arguments.out / f"{stem}-{name}.json")
+        name: run_serving_benchmark(
+            base_url, model, tokenizer, arguments, load, key, arguments.out / f"{stem}-{name}.json"
+        )
         for name, load in runs.items()
-    }  # fmt: skip
+    }
 
 
 def app_engine_options(settings: Settings) -> tuple[dict[str, str], list[str]]:
@@ -160,13 +215,20 @@ def app_engine_options(settings: Settings) -> tuple[dict[str, str], list[str]]:
 
 def plain_phase(model_dir: str, arguments: argparse.Namespace, index: int, arm: str) -> dict[str, Any]:
     env, flags = app_engine_options(Settings.from_env({})) if arm == "plain" else ({}, [])
-    server = VllmServer(Path(model_dir), arguments.out / f"{arm}-{index}.log", arguments.max_model_len,
-                        "--max-num-seqs", "64", *flags)  # fmt: skip
+    server = VllmServer(
+        Path(model_dir),
+        arguments.out / f"{arm}-{index}.log",
+        arguments.max_model_len,
+        "--max-num-seqs",
+        "64",
+        *flags,
+    )
     server.env.update(env)
     server.start()
     try:
-        return run_phase(server.url, model_dir, model_dir, arguments, loads(arguments), None,
-                         f"{arm}-{index}")  # fmt: skip
+        return run_phase(
+            server.url, model_dir, model_dir, arguments, loads(arguments), None, f"{arm}-{index}"
+        )
     finally:
         server.stop()
 
@@ -177,20 +239,39 @@ APP_ARMS = {"app": {**NO_USER_LIMITS, "READING_PACE_TOKENS_PER_SECOND": "0"}, "a
 
 def app_phase(model_dir: str, arguments: argparse.Namespace, index: int, arm: str) -> dict[str, Any]:
     data_dir = tempfile.mkdtemp(prefix="api-overhead-data-")
-    env = {"MODEL": model_dir, "MAX_MODEL_LEN": str(arguments.max_model_len), "MAX_NUM_SEQS": "64",
-           "MAX_NUM_BATCHED_TOKENS": str(arguments.max_model_len), "DTYPE": "float32", "DATA_DIR": data_dir,
-           "API_MODEL_NAME": "bench-model", **APP_ARMS[arm]}  # fmt: skip
+    env = {
+        "MODEL": model_dir,
+        "MAX_MODEL_LEN": str(arguments.max_model_len),
+        "MAX_NUM_SEQS": "64",
+        "MAX_NUM_BATCHED_TOKENS": str(arguments.max_model_len),
+        "DTYPE": "float32",
+        "DATA_DIR": data_dir,
+        "API_MODEL_NAME": "bench-model",
+        **APP_ARMS[arm],
+    }
     server = AppServer(env, arguments.out / f"{arm}-{index}.log").start()
     try:
         run_accounts = [sys.executable, "-m", "services.accounts"]
         account_env = {**os.environ, "DATA_DIR": data_dir}
-        subprocess.run([*run_accounts, "add", "bench", "--generate"], env=account_env, cwd=ROOT,
-                       check=True, capture_output=True)  # fmt: skip
-        made = subprocess.run([*run_accounts, "key", "create", "bench"], env=account_env, cwd=ROOT,
-                              check=True, capture_output=True, text=True)  # fmt: skip
+        subprocess.run(
+            [*run_accounts, "add", "bench", "--generate"],
+            env=account_env,
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
+        made = subprocess.run(
+            [*run_accounts, "key", "create", "bench"],
+            env=account_env,
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         key = made.stdout.split()[0]
-        return run_phase(server.base_url, "bench-model", model_dir, arguments, loads(arguments), key,
-                         f"{arm}-{index}")  # fmt: skip
+        return run_phase(
+            server.base_url, "bench-model", model_dir, arguments, loads(arguments), key, f"{arm}-{index}"
+        )
     finally:
         server.stop()
         with contextlib.suppress(OSError):
@@ -209,7 +290,11 @@ def main() -> int:
     model_dir = arguments.model or str(ensure_default_model(Settings.from_env({})))
     started = time.time()
     phases: dict[str, list[dict[str, Any]]] = {
-        "plain": [], "app": [], "app-admitted": [], "plain-vllm-defaults": []}  # fmt: skip
+        "plain": [],
+        "app": [],
+        "app-admitted": [],
+        "plain-vllm-defaults": [],
+    }
     for index in range(arguments.rounds):
         phases["plain"].append(plain_phase(model_dir, arguments, index, "plain"))
         phases["app"].append(app_phase(model_dir, arguments, index, "app"))
@@ -220,9 +305,12 @@ def main() -> int:
             phases[defaults].append(plain_phase(model_dir, arguments, index, defaults))
     expected = {kind: load.prompts for kind, load in loads(arguments).items()}
     incomplete = [
-        f"{name}/{kind}" for name in ("plain", "app") for run in phases[name]
-        for kind, result in run.items() if result["completed"] < expected[kind]
-    ]  # fmt: skip
+        f"{name}/{kind}"
+        for name in ("plain", "app")
+        for run in phases[name]
+        for kind, result in run.items()
+        if result["completed"] < expected[kind]
+    ]
 
     def middle(arm: str, kind: str, metric: str) -> float:
         return median([run[kind][metric] for run in phases[arm]])
@@ -236,14 +324,21 @@ def main() -> int:
         "plain", "load", "median_ttft_ms"
     )
     summary = {
-        "benchmark": "api_overhead", "when": datetime.now().isoformat(timespec="seconds"),
-        "seconds": round(time.time() - started), "machine": machine_info(), "arguments": {
-            k: str(v) for k, v in vars(arguments).items()}, "model": model_dir, "phases": phases,
-        "throughput_ratio": round(app_tps / plain_tps, 3), "ttft_p50_added_ms": round(added_ttft, 1),
+        "benchmark": "api_overhead",
+        "when": datetime.now().isoformat(timespec="seconds"),
+        "seconds": round(time.time() - started),
+        "machine": machine_info(),
+        "arguments": {k: str(v) for k, v in vars(arguments).items()},
+        "model": model_dir,
+        "phases": phases,
+        "throughput_ratio": round(app_tps / plain_tps, 3),
+        "ttft_p50_added_ms": round(added_ttft, 1),
         "ttft_p50_added_ms_under_load": round(added_ttft_under_load, 1),
-        "targets": {"throughput_ratio_min": TARGET_THROUGHPUT_RATIO,
-                    "ttft_p50_added_ms_max": TARGET_TTFT_ADDED_MS},
-    }  # fmt: skip
+        "targets": {
+            "throughput_ratio_min": TARGET_THROUGHPUT_RATIO,
+            "ttft_p50_added_ms_max": TARGET_TTFT_ADDED_MS,
+        },
+    }
     if defaults := phases["plain-vllm-defaults"]:  # the app's engine environment against vLLM's own
         reference, vllm_own = phases["plain"][0]["load"], defaults[0]["load"]
         summary["engine_env_vs_vllm_defaults"] = {
@@ -252,11 +347,18 @@ def main() -> int:
         }
     summary["incomplete_phases"] = incomplete
     summary["met"] = (
-        not incomplete and summary["throughput_ratio"] >= TARGET_THROUGHPUT_RATIO
+        not incomplete
+        and summary["throughput_ratio"] >= TARGET_THROUGHPUT_RATIO
         and added_ttft <= TARGET_TTFT_ADDED_MS
-    )  # fmt: skip
-    headline = ("throughput_ratio", "ttft_p50_added_ms", "ttft_p50_added_ms_under_load", "met",
-                "incomplete_phases", "seconds")  # fmt: skip
+    )
+    headline = (
+        "throughput_ratio",
+        "ttft_p50_added_ms",
+        "ttft_p50_added_ms_under_load",
+        "met",
+        "incomplete_phases",
+        "seconds",
+    )
     print(json.dumps({k: summary[k] for k in headline}))
     for name, runs in phases.items():
         for run in runs:

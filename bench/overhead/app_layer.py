@@ -206,8 +206,11 @@ def markdown(rows: list[dict[str, Any]]) -> str:
                 f"| {row['concurrency']} | {path} | {s['requests']} | {s['tokens_per_s']:.1f} | "
                 f"{s['per_request_tokens_per_s_p50']:.1f} | {s['ttft_p50_ms']:.0f} | {s['ttft_p95_ms']:.0f} |"
             )
-    lines += ["", "| Concurrency | tokens/s app/engine | TTFT P50 added (ms) | Identical answers | Target |",
-              "|---:|---:|---:|---:|---|"]  # fmt: skip
+    lines += [
+        "",
+        "| Concurrency | tokens/s app/engine | TTFT P50 added (ms) | Identical answers | Target |",
+        "|---:|---:|---:|---:|---|",
+    ]
     for row in rows:
         c = row["comparison"]
         lines.append(
@@ -293,8 +296,14 @@ def main(argv: list[str] | None = None) -> int:
         app_stats = phase_stats(*app[c], count_tokens)
         direct_stats = phase_stats(*direct[c], count_tokens)
         same = sum(a.text == d.text for a, d in zip(app[c][0], direct[c][0], strict=True))
-        rows.append({"concurrency": c, "app": app_stats, "engine": direct_stats,
-                     "comparison": compare(app_stats, direct_stats, same)})  # fmt: skip
+        rows.append(
+            {
+                "concurrency": c,
+                "app": app_stats,
+                "engine": direct_stats,
+                "comparison": compare(app_stats, direct_stats, same),
+            }
+        )
     table = markdown(rows)
     result = {
         "requests": requests,

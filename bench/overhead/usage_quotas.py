@@ -57,8 +57,16 @@ def prompts() -> list[str]:
 def add_person(data_dir: Path) -> None:
     env = {**os.environ, "DATA_DIR": str(data_dir)}
     command = [sys.executable, "-m", "services.accounts", "add", PERSON[0]]
-    subprocess.run(command, cwd=ROOT, env=env, input=PERSON[1] + "\n", capture_output=True, text=True,
-                   check=True, timeout=120)  # fmt: skip
+    subprocess.run(
+        command,
+        cwd=ROOT,
+        env=env,
+        input=PERSON[1] + "\n",
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
 
 
 async def ttft_side_by_side(
@@ -174,10 +182,18 @@ async def database_costs() -> dict[str, Any]:
 def start_servers(model: str, off_first: bool = False) -> tuple[AppServer, AppServer]:
     logs = ROOT / "artifacts" / "logs"
     context = {"MAX_MODEL_LEN": "4096"} if model else {}  # the tiny model's positions
-    common = {**context, "MODEL": model, "MAX_NEW_TOKENS": "32", "TEMPERATURE": "0", "AUTH_MODE": "password",
-              "ADMIN_USERNAME": "admin", "ADMIN_PASSWORD": "admin-password-1",
-              # one person sends every turn, faster than a person types: the per-person rates stay out
-              "USER_MESSAGES_PER_MINUTE": "100000", "USER_TOKENS_PER_MINUTE": "0"}  # fmt: skip
+    common = {
+        **context,
+        "MODEL": model,
+        "MAX_NEW_TOKENS": "32",
+        "TEMPERATURE": "0",
+        "AUTH_MODE": "password",
+        "ADMIN_USERNAME": "admin",
+        "ADMIN_PASSWORD": "admin-password-1",
+        # one person sends every turn, faster than a person types: the per-person rates stay out
+        "USER_MESSAGES_PER_MINUTE": "100000",
+        "USER_TOKENS_PER_MINUTE": "0",
+    }
     servers = []
     sides = [("on", "true"), ("off", "false")]
     for side, accounting in reversed(sides) if off_first else sides:  # which engine starts first
@@ -208,12 +224,19 @@ def main() -> int:
         off.stop()
         on.stop()
     summary = {
-        "benchmark": "usage_quotas", "quick": options.quick, "at": datetime.now(UTC).isoformat(),
-        "ttft_s": ttft, "database": costs, "machine": machine_info(),
-        "model": "tiny" if options.tiny else "default", "load_average": os.getloadavg(),
-        "command": "python bench/overhead/usage_quotas.py" + (" --quick" if options.quick else "")
-        + (" --tiny" if options.tiny else "") + (" --off-first" if options.off_first else ""),
-    }  # fmt: skip
+        "benchmark": "usage_quotas",
+        "quick": options.quick,
+        "at": datetime.now(UTC).isoformat(),
+        "ttft_s": ttft,
+        "database": costs,
+        "machine": machine_info(),
+        "model": "tiny" if options.tiny else "default",
+        "load_average": os.getloadavg(),
+        "command": "python bench/overhead/usage_quotas.py"
+        + (" --quick" if options.quick else "")
+        + (" --tiny" if options.tiny else "")
+        + (" --off-first" if options.off_first else ""),
+    }
     paths = [OUT / f"usage-quotas-{datetime.now():%Y%m%d-%H%M%S}.json"]
     if options.save_results:
         paths.append(result_path("overhead", "usage-quotas"))
