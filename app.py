@@ -25,7 +25,8 @@ from services.web.origins import origin_policy
 settings = Settings.from_env()  # read once, validated here
 oauth_providers = get_configured_oauth_providers()
 chainlit_url = os.environ.get("CHAINLIT_URL", "")
-host, port = chainlit_config.run.host, chainlit_config.run.port
+host = chainlit_config.run.host
+port = chainlit_config.run.port
 try:  # a public address without sign-in or OPS_TOKEN stops here, with what to configure
     people = set_up_people(settings, host, oauth_providers, port)
     origins = origin_policy(host, port, chainlit_url, settings.allowed_origins)

@@ -178,7 +178,9 @@ class Runtime:
 
     async def _serve(self, models: ServedModels) -> Serving:
         """Build and start what needs the engine, in order; each stop is pushed to undo it."""
-        s, stack, engine = self.settings, self._stack, models.default
+        s = self.settings
+        stack = self._stack
+        engine = models.default
         processes = engine_processes()
         requests = RequestMetrics(s.latency_samples_kept)
         self.registry.register(requests)

@@ -100,7 +100,8 @@ async def run(arguments: argparse.Namespace, settings: Settings) -> str:
         audit = AuditLog(engine, settings)
         if arguments.command == "audit":
             return await run_audit_command(arguments, audit, settings)
-        store, keys = AccountStore(engine), ApiKeyStore(engine, settings.api_keys_per_user)
+        store = AccountStore(engine)
+        keys = ApiKeyStore(engine, settings.api_keys_per_user)
         changes = AccountActions(store, keys, audit, actor=actions.CLI, via="cli")
         if arguments.command == "key":
             return await _key_command(arguments, keys, changes)

@@ -84,7 +84,8 @@ class ApiKeyStore:
     async def list(self, username: str | None = None, include_revoked: bool = False) -> list[ApiKey]:
         """Keys of one account (or all), oldest first."""
         query = "SELECT prefix, user_identifier, created_at, last_used_at, revoked_at FROM api_keys"
-        conditions, values = [], {}
+        conditions = []
+        values = {}
         if username is not None:
             conditions.append("user_identifier = :user")
             values["user"] = normalize_username(username)

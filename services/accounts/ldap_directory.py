@@ -72,7 +72,8 @@ def user_filter(template: str, name: str) -> str:
 
 def membership_filter(dn: str, name: str) -> str:
     """Is this person in the group? groupOfNames, groupOfUniqueNames or posixGroup, whichever it is."""
-    dn_value, name_value = escape_filter_chars(dn), escape_filter_chars(name)
+    dn_value = escape_filter_chars(dn)
+    name_value = escape_filter_chars(name)
     return f"(|(member={dn_value})(uniqueMember={dn_value})(memberUid={name_value}))"
 
 

@@ -87,7 +87,8 @@ class Sessions:
         claim = metadata.get(CLAIM) if isinstance(metadata, dict) else None
         if not isinstance(claim, dict):
             return f"This sign-in is from an older version of the app. {SIGN_IN_AGAIN}"
-        generation, signed_in_at = claim.get("generation"), claim.get("signed_in_at")
+        generation = claim.get("generation")
+        signed_in_at = claim.get("signed_in_at")
         if type(generation) is not int or type(signed_in_at) not in (int, float):
             return f"This sign-in is not valid. {SIGN_IN_AGAIN}"
         age = self._clock() - signed_in_at

@@ -46,7 +46,9 @@ class SharedAttempts:
         self, local: SignInLimiter, database: SharedDatabase, clock: Callable[[], float] = time.time
     ):
         """`local`: this process's limiter, whose limits and times this one applies."""
-        self.local, self.database, self.clock = local, database, clock
+        self.local = local
+        self.database = database
+        self.clock = clock
         self.swept_at = float("-inf")
 
     def _keys(self, account: str, address: str | None) -> list[tuple[str, str]]:
@@ -74,11 +76,13 @@ class SharedAttempts:
     async def attempt(self, account: str, address: str | None) -> int | None:
         """Start an attempt: 0 = go (counted), else the seconds to wait (nothing counted); None: the
         database could not answer (nothing counted there)."""
-        keys, wait = self._keys(account, address), 0
+        keys = self._keys(account, address)
+        wait = 0
 
         async def work(connection: AsyncConnection) -> None:
             nonlocal wait
-            now, found = self.clock(), await self._recent(connection, keys)
+            now = self.clock()
+            found = await self._recent(connection, keys)
             waits = [
                 rows[-1][1] + self.local.lockout_seconds - now
                 for (kind, _), rows in found.items()
@@ -119,7 +123,8 @@ class SignInAttempts:
     then (when shared) every replica's."""
 
     def __init__(self, local: SignInLimiter, shared: SharedAttempts | None = None) -> None:
-        self.local, self.shared = local, shared
+        self.local = local
+        self.shared = shared
 
     async def attempt(self, account: str, address: str | None) -> int:
         """0 = go (the attempt is counted), else the seconds to wait (nothing counted). The shared

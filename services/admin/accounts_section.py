@@ -100,7 +100,9 @@ def _role(form: dict[str, str]) -> str:
 
 
 async def add_account(visit: Visit, form: dict[str, str]) -> str:
-    username, role, kind = _required(form, "username"), _role(form), form.get("sign_in", "")
+    username = _required(form, "username")
+    role = _role(form)
+    kind = form.get("sign_in", "")
     if kind not in SIGN_IN_KINDS:
         raise ActionError(f"Sign-in must be one of {', '.join(SIGN_IN_KINDS)}.")
     password = None if kind == "none" else generated_password() if kind == "generate" else None
@@ -138,7 +140,8 @@ async def reset_password(visit: Visit, form: dict[str, str]) -> str:
 
 
 async def set_role(visit: Visit, form: dict[str, str]) -> str:
-    username, role = _required(form, "username"), _role(form)
+    username = _required(form, "username")
+    role = _role(form)
     if role != "admin":
         _not_self(visit, username, "demote")
     try:
@@ -149,7 +152,8 @@ async def set_role(visit: Visit, form: dict[str, str]) -> str:
 
 
 async def keys_page(visit: Visit) -> Html:
-    changes, limit = _changes(visit), visit.runtime.settings.admin_list_max_rows
+    changes = _changes(visit)
+    limit = visit.runtime.settings.admin_list_max_rows
     person = visit.query.get("user", "").strip()[:64]
     try:
         keys = await changes.keys.list(person or None)
@@ -178,7 +182,8 @@ async def keys_page(visit: Visit) -> Html:
 
 
 async def revoke_key(visit: Visit, form: dict[str, str]) -> str:
-    username, prefix = _required(form, "username"), _required(form, "prefix")
+    username = _required(form, "username")
+    prefix = _required(form, "prefix")
     try:
         revoked = await _changes(visit).revoke_key(username, prefix)
     except AccountError as error:

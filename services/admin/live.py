@@ -15,7 +15,9 @@ from services.admin.sections import Section, Visit
 
 MB = 1024 * 1024
 PLOT_POINTS = 120  # points per line at most: runs of samples are averaged
-WIDTH, HEIGHT, PAD = 640, 160, 36
+WIDTH = 640
+HEIGHT = 160
+PAD = 36
 MAX_LINES = 8
 
 

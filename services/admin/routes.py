@@ -66,10 +66,12 @@ class AdminPages:
             return PlainTextResponse(refusal.message, refusal.status, headers=NO_STORE)
 
     def _visit(self, request: Request, admin: Admin) -> Visit:
-        sign_in, address = self.runtime.sign_in, request.client.host if request.client else None
+        sign_in = self.runtime.sign_in
+        address = request.client.host if request.client else None
         changes = None
         if sign_in is not None and sign_in.accounts is not None and self.keys is not None:
-            who, ended = admin.identifier, sign_in.sessions.forget
+            who = admin.identifier
+            ended = sign_in.sessions.forget
             changes = AccountActions(sign_in.accounts, self.keys, self.audit, who, "admin", address, ended)
         query = {key: value[:200] for key, value in request.query_params.items()}
         return Visit(self.runtime, admin, address, query, changes, self.audit)
@@ -112,10 +114,13 @@ class AdminPages:
         try:
             body = await section.page(visit)
         except ActionError as problem:
-            body, error, status = Html(""), error or str(problem), 400 if status == 200 else status
+            body = Html("")
+            error = error or str(problem)
+            status = 400 if status == 200 else status
         except Exception as problem:  # the database is down: say so, keep serving
             logger.warning("admin page %s failed: %s", section.slug, type(problem).__name__)
-            error, status = "The database cannot be reached right now. Try again shortly.", 503
+            error = "The database cannot be reached right now. Try again shortly."
+            status = 503
             body = Html("")
         html = layout(section.title, self.nav, section.slug, visit.admin.identifier, body, notice, error)
         return HTMLResponse(html, status, headers=NO_STORE)

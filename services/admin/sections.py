@@ -47,7 +47,8 @@ class Visit:
     async def record(self, action: str, target: str | None = None, **details: Any) -> None:
         """An audit entry by this administrator (for actions that are not account changes)."""
         if self.audit is not None:
-            who, details = self.admin.identifier, {"via": "admin", **details}
+            who = self.admin.identifier
+            details = {"via": "admin", **details}
             await self.audit.record(who, action, target, details, self.address)
 
 

@@ -49,12 +49,15 @@ async def _rows(visit: Visit, limit: int) -> list[UsageDay]:
 
 
 async def _budgets(visit: Visit, people: list[str]) -> list[list[object]]:
-    store, today = _store(visit), utc_day(utc_now())
-    budgets, totals = await store.budgets(people), await store.totals(people, today)
+    store = _store(visit)
+    today = utc_day(utc_now())
+    budgets = await store.budgets(people)
+    totals = await store.totals(people, today)
     rows: list[list[object]] = []
     for person in people:
         role, own = budgets.get(person, (None, {}))
-        budget, (day, month) = person_budget(visit.runtime.settings, role, own), totals.get(person, (0, 0))
+        budget = person_budget(visit.runtime.settings, role, own)
+        day, month = totals.get(person, (0, 0))
         shown = [f"{limit:,}" if limit else "unlimited" for limit in (budget.day, budget.month)]
         source = "own" if own else f"{role or 'user'}'s default"
         rows.append([person, role or "", f"{day:,} of {shown[0]}", f"{month:,} of {shown[1]}", source])
@@ -62,7 +65,8 @@ async def _budgets(visit: Visit, people: list[str]) -> list[list[object]]:
 
 
 def _forms(visit: Visit) -> Html:
-    token, query = visit.admin.csrf_token, visit.query
+    token = visit.admin.csrf_token
+    query = visit.query
     person = field("Person", "person", required="required", maxlength="128")
     return join(
         [
@@ -176,7 +180,9 @@ async def _refresh(visit: Visit) -> None:
 
 
 async def set_quota(visit: Visit, form: dict[str, str]) -> str:
-    person, day, month = await _account(visit, form), _tokens(form, DAY), _tokens(form, MONTH)
+    person = await _account(visit, form)
+    day = _tokens(form, DAY)
+    month = _tokens(form, MONTH)
     if day is None and month is None:
         raise ActionError("Give tokens per day, per month or both (0 = unlimited).")
     store = _store(visit)

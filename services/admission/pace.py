@@ -73,7 +73,8 @@ class StreamPace:
         this one's clock starts again as if it had cut it: the replicas then cut once per
         ADJUST_SECONDS between them, not once each on the same slow windows."""
         held = self.engine_cap
-        self.others_slowest, self.others_cap = others_slowest, others_cap
+        self.others_slowest = others_slowest
+        self.others_cap = others_cap
         if others_cap is not None and (held is None or others_cap < held):
             self._changed_at = self.clock()
 

@@ -235,7 +235,9 @@ class Slot:
     """An admitted request's hold on the engine: its vLLM priority, its streamed tokens, its charge."""
 
     def __init__(self, admission: Admission, ticket: Any, turn: TurnContext | None) -> None:
-        self._line, self._limits, self._accounting = admission.line, admission.limits, admission.accounting
+        self._line = admission.line
+        self._limits = admission.limits
+        self._accounting = admission.accounting
         self._shared = admission.shared
         self._ticket = ticket
         self._turn = turn

@@ -54,8 +54,11 @@ class SharedDatabase:
         name: str = "shared limits",
     ) -> None:
         """`available`: may the database be used now (the history's breaker); `failed`: told of an error."""
-        self.engine, self.timeout_seconds = engine, timeout_seconds
-        self.available, self.failed, self.name = available, failed, name
+        self.engine = engine
+        self.timeout_seconds = timeout_seconds
+        self.available = available
+        self.failed = failed
+        self.name = name
         self.fallbacks_total = 0  # checks and counts the database could not take
         self.failing = False
         self._tasks: set[asyncio.Task] = set()

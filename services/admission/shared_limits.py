@@ -117,7 +117,9 @@ class SharedLimits:
     """Checks and counts each person's share in the database, for every replica on it."""
 
     def __init__(self, settings: Settings, database: SharedDatabase, clock: Callable[[], float] = time.time):
-        self.settings, self.database, self.clock = settings, database, clock
+        self.settings = settings
+        self.database = database
+        self.clock = clock
         self.holder = uuid.uuid4().hex  # this replica, in its leases
         self.held: set[str] = set()  # leases of this process's running turns
         self._renewing: asyncio.Task | None = None
@@ -125,7 +127,9 @@ class SharedLimits:
     async def open_turn(self, user_key: str, documents: int = 0) -> str | None:
         """Start a turn of `user_key` with `documents` new uploads: raise Refused over their turns, tokens
         or documents on every replica together; the turn's lease (None: not counted here)."""
-        person, now, settings = digest(user_key), self.clock(), self.settings
+        person = digest(user_key)
+        now = self.clock()
+        settings = self.settings
         if not (settings.user_max_concurrent_turns or settings.user_tokens_per_minute or documents):
             return None  # nothing to check or count: no query
         lease = uuid.uuid4().hex if settings.user_max_concurrent_turns else None
@@ -163,7 +167,8 @@ class SharedLimits:
         limit = self.settings.user_messages_per_minute
         if not limit:
             return True
-        person, now = digest(user_key), self.clock()
+        person = digest(user_key)
+        now = self.clock()
 
         async def work(connection: AsyncConnection) -> None:
             await lock(connection, LOCK_CLASS, person)
@@ -185,10 +190,8 @@ class SharedLimits:
     async def sweep(self) -> None:
         """Delete every expired lease and every count past its window (any replica's)."""
         now = self.clock()
-        hour_ago, minute_ago = (
-            math.floor(now - DOCUMENT_WINDOW_SECONDS),
-            math.floor(now - MESSAGE_WINDOW_SECONDS),
-        )
+        hour_ago = math.floor(now - DOCUMENT_WINDOW_SECONDS)
+        minute_ago = math.floor(now - MESSAGE_WINDOW_SECONDS)
 
         async def work(connection: AsyncConnection) -> None:
             await connection.execute(SWEEP_LEASES, {"now": now})

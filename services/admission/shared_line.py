@@ -123,7 +123,10 @@ class SharedLine:
         database: SharedDatabase,
         wall: Callable[[], float] = time.time,
     ) -> None:
-        self.settings, self.line, self.database, self.wall = settings, line, database, wall
+        self.settings = settings
+        self.line = line
+        self.database = database
+        self.wall = wall
         self.holder = uuid.uuid4().hex  # this replica, in its row
         self.exchanges_total = 0
         self._wrote_busy = False  # whether the row holds places or a pace (an idle line writes once)
@@ -135,7 +138,8 @@ class SharedLine:
 
     def own_places(self) -> list[float]:
         """When this replica's waiting chat turns arrived (with their aging), in wall-clock seconds."""
-        offset, most = self._offset(), self.settings.admission_queue_max
+        offset = self._offset()
+        most = self.settings.admission_queue_max
         keys = [ticket.key for ticket in self.line.waiting if ticket.kind == CHAT][:most]
         return [round(key + offset, 3) for key in keys]
 
@@ -153,7 +157,8 @@ class SharedLine:
 
     async def exchange(self) -> None:
         """Write this replica's places and pace, read the others', and let the line admit by them."""
-        now, row = self.wall(), self.own_row()
+        now = self.wall()
+        row = self.own_row()
         busy = row["places"] != "[]" or row["running"] > 0 or row["cap"] is not None
         found: list[Sequence[Any]] = []
 
@@ -173,7 +178,9 @@ class SharedLine:
     def take(self, rows: Iterable[Sequence[Any]]) -> None:
         """The other replicas' rows as the line's `others` (places in its keys) and its pace's, then
         admit."""
-        offset, line, most = self._offset(), self.line, self.settings.admission_queue_max
+        offset = self._offset()
+        line = self.line
+        most = self.settings.admission_queue_max
         shared = [parsed_row(row, most, line.capacity.max_running) for row in rows]
         line.pace.share(lowest(*(each.slowest for each in shared)), lowest(*(each.cap for each in shared)))
         line.others = OtherReplicas(

@@ -280,7 +280,8 @@ class WaitingLine:
         before `key` (None: all, as for a newcomer): a replay of the slots, each running request freeing its
         slot after its kind's measured service time less what it ran (others' after half a chat turn), each
         request ahead taking the earliest one; plus how late recent turns ran (promises.py)."""
-        now, service = self.clock(), self.service_seconds
+        now = self.clock()
+        service = self.service_seconds
         ours = [
             max(0.1 * service[t.kind], service[t.kind] - (now - (t.admitted_at or now)))
             for t in self._running_tickets

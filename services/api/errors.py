@@ -79,7 +79,8 @@ def with_normalized_errors(send: Callable) -> Callable:
 
     async def send_normalized(message: dict) -> None:
         if message["type"] == "http.response.start" and message["status"] >= 400:
-            held["start"], held["body"] = message, b""
+            held["start"] = message
+            held["body"] = b""
             return
         if "start" not in held or message["type"] != "http.response.body":
             await send(message)

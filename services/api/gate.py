@@ -118,7 +118,8 @@ class ApiGate:
         self.admission: AdmissionPolicy = admission if admission is not None else AdmitAll()
 
     async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
-        path, started = scope["path"], time.monotonic()
+        path = scope["path"]
+        started = time.monotonic()
         route = route_label(path)
         status: dict[str, Any] = {"code": 500, "first_chunk_at": None}
 
@@ -212,7 +213,8 @@ async def read_body(scope: Scope, receive: Callable, limit_bytes: int) -> bytes:
     for name, value in scope.get("headers", ()):
         if name == b"content-length" and value.isdigit() and int(value) > limit_bytes:
             raise too_large
-    chunks, size = [], 0
+    chunks = []
+    size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":

@@ -86,7 +86,8 @@ class RemoteApiServer:
 
     def models_card(self) -> dict[str, Any]:
         assert self.models is not None and self.remote is not None
-        created, ids = int(time.time()), {}
+        created = int(time.time())
+        ids = {}
         for server in reversed(self.remote.servers):
             ids.update({name: card.id for name, card in server.models.items()})
         cards = [

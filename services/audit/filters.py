@@ -55,7 +55,8 @@ class AuditFilter:
     @classmethod
     def parse(cls, actor: str = "", action: str = "", since: str = "") -> AuditFilter:
         """From typed text; raises FilterError naming the bad field."""
-        actor, action = actor.strip(), action.strip().lower()
+        actor = actor.strip()
+        action = action.strip().lower()
         if len(actor) > ACTOR_CHARS or any(ord(c) < 32 for c in actor):
             raise FilterError(f"actor: at most {ACTOR_CHARS} printable characters")
         if action and not _ACTION.match(action):
@@ -64,7 +65,8 @@ class AuditFilter:
 
     def where(self) -> tuple[str, dict[str, Any]]:
         """(" WHERE ...", its parameters), or ("", {}) when nothing is chosen."""
-        conditions, values = [], {}
+        conditions = []
+        values = {}
         if self.actor:
             conditions.append("actor = :actor")
             values["actor"] = self.actor

@@ -133,7 +133,8 @@ class AuditLog:
     async def retention_round(self) -> int:
         """Delete entries past AUDIT_RETENTION_DAYS and the oldest beyond AUDIT_MAX_ROWS, a batch per
         rule, every HISTORY_RETENTION_INTERVAL_SECONDS (a maintenance round calls it); how many went."""
-        s, now = self.settings, time.monotonic()
+        s = self.settings
+        now = time.monotonic()
         if self._retention_at is not None and now - self._retention_at < s.history_retention_interval_seconds:
             return 0
         self._retention_at = now

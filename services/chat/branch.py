@@ -27,7 +27,8 @@ class LastTurn:
 
 def _align(session: ChatSession) -> None:
     """Ids for messages added without one (unknown), or ids of messages cleared without them."""
-    ids, history = session.history_ids, session.history
+    ids = session.history_ids
+    history = session.history
     while len(ids) > len(history):
         ids.popleft()
     if len(ids) < len(history):
@@ -85,7 +86,8 @@ def last_turn(session: ChatSession) -> LastTurn | None:
     _align(session)
     if len(session.history) < 2:
         return None
-    question, answer = session.history[-2], session.history[-1]
+    question = session.history[-2]
+    answer = session.history[-1]
     answer_id = session.history_ids[-1]
     if question["role"] != "user" or answer["role"] != "assistant" or answer_id is None:
         return None

@@ -160,7 +160,9 @@ class ChatTurns:
         self, page: Page, session: ChatSession, asked: Asked, reply: Reply, request_id: str
     ) -> None:
         """Answer into `reply`, streaming; refusals and failures end up in the reply."""
-        person, files, chat = page.person(), asked.files, chat_for(self.chats, session)
+        person = page.person()
+        files = asked.files
+        chat = chat_for(self.chats, session)
         set_route_hint(page.thread_id, person)  # a router keeps the conversation on one server
         if len(known_of(self.chats)) > 1:  # which model wrote it: seen on the page, kept with the chat
             reply.metadata = {**reply.metadata, MODEL_KEY: session.model}
@@ -194,7 +196,8 @@ class ChatTurns:
     ) -> AsyncIterator[str] | None:
         """The answer's stream: a summary when files came with the message (the message is the
         request about them), else a chat reply; None when no file was readable."""
-        chat, ids = chat_for(self.chats, session), (asked.message_id, reply_id)
+        chat = chat_for(self.chats, session)
+        ids = (asked.message_id, reply_id)
         if asked.files:
             if not await self._read_documents(page, session, asked.files, chat):
                 return None

@@ -104,7 +104,9 @@ def _pack(pieces: list[_Piece], budget: int, joiner_tokens: dict[str, int]) -> l
         added = piece[1] + (joiner_tokens[piece[2]] if current else 0)
         if current and total + added > budget:
             groups.append(current)
-            current, total, added = [], 0, piece[1]
+            current = []
+            total = 0
+            added = piece[1]
         current.append(piece)
         total += added
     if current:

@@ -70,7 +70,8 @@ def fitting(phrases: Iterable[str], count_tokens: Callable[[str], int]) -> tuple
         if sequences + 2 > MAX_SEQUENCES or tokens + cost > MAX_TOKENS:
             break
         taken.append(phrase)
-        sequences, tokens = sequences + 2, tokens + cost
+        sequences += 2
+        tokens += cost
     return tuple(taken)
 
 
@@ -100,7 +101,9 @@ class StepGuards:
     """The forbidden phrases of the steps of one summary in parts: map part and reduce."""
 
     def __init__(self, prompts: SummaryPrompts, document: str, count_tokens: Callable[[str], int]) -> None:
-        self.prompts, self.document, self.count_tokens = prompts, document, count_tokens
+        self.prompts = prompts
+        self.document = document
+        self.count_tokens = count_tokens
         request = prompts.request.strip()
         self.marks = [NAME_MARK, *([request] if request else [])]  # the person's own words are allowed
 

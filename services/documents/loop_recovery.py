@@ -37,7 +37,8 @@ async def going_on_past_loops(
     """Stream the answer to `messages`; a loop before `sampling.min_new_tokens` is cut back (a
     `Rewrite`) and the answer goes on, `recoveries` times at most. Requests: `request_id`, then
     `request_id` + "1", "2"...; the error of the last loop carries the whole answer kept."""
-    first, kept = sampling, ""
+    first = sampling
+    kept = ""
     for attempt in range(recoveries + 1):
         step_id = f"{request_id}{attempt or ''}"
         shown = kept

@@ -72,7 +72,8 @@ class ProgressTracker:
         self.reported = False
 
     def split(self, parts_total: int, piece_tokens: int) -> None:
-        self.parts_total, self.piece_tokens = parts_total, piece_tokens
+        self.parts_total = parts_total
+        self.piece_tokens = piece_tokens
 
     def snapshot(self) -> SummaryProgress:
         elapsed = time.monotonic() - self.started_at

@@ -84,7 +84,8 @@ def wording(language: str) -> Wording:
     """The instructions in `language`; English ones that name the language where we have no translation."""
     if language in WORDINGS:
         return WORDINGS[language]
-    english, suffix = WORDINGS[DEFAULT_LANGUAGE], WRITE_IN.format(language=language_name(language))
+    english = WORDINGS[DEFAULT_LANGUAGE]
+    suffix = WRITE_IN.format(language=language_name(language))
     return Wording(
         english.summarize + suffix,
         f"(Answer about the document above, in {language_name(language)}.)",

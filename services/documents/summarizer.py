@@ -156,7 +156,8 @@ class Summarizer:
         guards = self.step_guards(prompts, job)
         tracker = ProgressTracker(progress, self.prefill, plan.document_tokens)
         if plan.whole:
-            messages, forbidden = prompts.single_pass(job.system_prompt, job.name, job.text), ()
+            messages = prompts.single_pass(job.system_prompt, job.name, job.text)
+            forbidden = ()
         else:
             chunks = split_into_chunks(job.text, self.engine.count_tokens, self.chunk_tokens())
             partials = await self._map(chunks, prompts, guards, sampling, request_id, tracker)

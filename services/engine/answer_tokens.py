@@ -68,7 +68,8 @@ class AnswerTokens:
         self, messages: Sequence[Message], prompt_ids: list[int], encode: Callable[[str], list[int]]
     ) -> list[int]:
         """`prompt_ids` with each remembered assistant answer in the ids the engine generated for it."""
-        out, search_from = prompt_ids, 0
+        out = prompt_ids
+        search_from = 0
         for message in messages:
             if message["role"] != "assistant" or not message["content"]:
                 continue
@@ -90,7 +91,8 @@ def _find(haystack: list[int], needle: list[int], start: int) -> int:
     """Index of `needle` in `haystack` at or after `start`, or -1."""
     if not needle:
         return -1
-    first, size = needle[0], len(needle)
+    first = needle[0]
+    size = len(needle)
     for index in range(start, len(haystack) - size + 1):
         if haystack[index] == first and haystack[index : index + size] == needle:
             return index

@@ -190,7 +190,8 @@ class ChatEngine:
         params = _sampling_params(sampling, max_tokens, PROSE_STOP if prose else ())
         stats = StreamStats(request_id, prompt_tokens=len(prompt_ids), submitted_at=time.monotonic())
         loops = RepetitionDetector(self.loop_guard, self.tokenizer.decode, echoes=prose)
-        answer_ids, answer = list[int](), list[str]()
+        answer_ids: list[int] = []
+        answer: list[str] = []
         stream = self._llm.generate({"prompt_token_ids": prompt_ids}, params, request_id, priority=priority)
         try:
             async with contextlib.aclosing(stream):
@@ -238,7 +239,8 @@ class ChatEngine:
             self._ping_prompt = self.encode_chat([{"role": "user", "content": "ping"}])
         params = SamplingParams(temperature=0.0, max_tokens=1, output_kind=RequestOutputKind.FINAL_ONLY)
         request_id = f"healthz-{uuid.uuid4().hex[:12]}"
-        started, finished = time.monotonic(), False
+        started = time.monotonic()
+        finished = False
         stream = self._llm.generate({"prompt_token_ids": self._ping_prompt}, params, request_id)
         try:
             async with asyncio.timeout(timeout_seconds), contextlib.aclosing(stream):
@@ -290,7 +292,8 @@ def _sampling_params(sampling: SamplingSettings, max_tokens: int, stop: tuple[st
 
 
 def _merge_system_into_first_user(messages: list[Message]) -> list[Message]:
-    system, rest = messages[0]["content"], list(messages[1:])
+    system = messages[0]["content"]
+    rest = list(messages[1:])
     for index, message in enumerate(rest):
         if message["role"] == "user":
             rest[index] = {"role": "user", "content": f"{system}\n\n{message['content']}"}

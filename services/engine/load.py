@@ -75,7 +75,9 @@ class EngineLoad:
         self._sums[4] += prompt_tokens
         self.generation_tokens_total += generation_tokens
         self.prompt_tokens_total += prompt_tokens
-        self.running, self.waiting, self.updated_at = running, waiting, now
+        self.running = running
+        self.waiting = waiting
+        self.updated_at = now
         if now - self._start >= self.window_seconds:
             self._close_window(now)
 
@@ -86,11 +88,13 @@ class EngineLoad:
             seconds = now - (now if self._start is None else self._start)
             window = LoadWindow(now, seconds, busy, mean_running, mean_waiting, int(generated), int(prompted))
             self.windows.append(window)
-        self._start, self._sums = now, [0.0, 0.0, 0.0, 0, 0]
+        self._start = now
+        self._sums = [0.0, 0.0, 0.0, 0, 0]
 
     def note_foreign(self, now: float, engine_total: int, ours: int) -> None:
         """The engine held `engine_total` requests (running and waiting) when `ours` were this process's."""
-        self.foreign, self.foreign_at = max(0, engine_total - ours), now
+        self.foreign = max(0, engine_total - ours)
+        self.foreign_at = now
 
     def foreign_requests(self, now: float, max_age: float) -> int:
         """Others' requests at the engine, as last read, if read within `max_age` seconds; else 0."""

@@ -110,8 +110,11 @@ class RepetitionDetector:
 
     def _periodic_tail(self) -> int:
         """The shortest period whose repetition now reaches the thresholds, else 0."""
-        ids, runs, config = self._ids, self._runs, self.config
-        last, count = ids[-1], len(ids)
+        ids = self._ids
+        runs = self._runs
+        config = self.config
+        last = ids[-1]
+        count = len(ids)
         found = 0
         for period in range(1, min(config.max_period, count - 1) + 1):
             runs[period] = runs[period] + 1 if ids[count - 1 - period] == last else 0
@@ -151,7 +154,9 @@ class EchoDetector:
     """
 
     def __init__(self, window: int, share: float, sentence_share: float = 1.0) -> None:
-        self.window, self.share, self.sentence_share = window, share, sentence_share
+        self.window = window
+        self.share = share
+        self.sentence_share = sentence_share
         self._text = ""
         self._done = 0  # characters consumed
         self._sentence_start = 0
@@ -194,7 +199,8 @@ class EchoDetector:
     def _end_line(self, at: int) -> None:
         if self._line().startswith("```"):
             self._in_code = not self._in_code
-        self._line_start, self._line_head = at + 1, None
+        self._line_start = at + 1
+        self._line_head = None
 
     def _word(self, word: str, start: int) -> None:
         self._words.append((word, start))

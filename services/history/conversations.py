@@ -125,7 +125,8 @@ async def _delete_selected(
 ) -> int:
     """Delete the conversations `query` selects (or apply another `delete` to them), a batch at a
     time, until it selects none or `batches` batches are done (None: no limit)."""
-    deleted, done = 0, 0
+    deleted = 0
+    done = 0
     while batches is None or done < batches:
         async with engine.connect() as connection:
             rows = await connection.execute(text(query), {**params, "batch": DELETE_BATCH})

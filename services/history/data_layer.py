@@ -195,7 +195,8 @@ class ChatDataLayer(SQLAlchemyDataLayer):
             self._fences.popitem(last=False)
 
     def _fenced(self, step: dict[str, Any]) -> bool:
-        fence, at = self._fences.get(step.get("threadId") or ""), step.get("createdAt")
+        fence = self._fences.get(step.get("threadId") or "")
+        at = step.get("createdAt")
         if fence is None or step.get("id") == fence[0] or not isinstance(at, str):
             return False
         return _sortable(fence[1]) <= _sortable(at) < _sortable(fence[2])
@@ -258,7 +259,8 @@ class ChatDataLayer(SQLAlchemyDataLayer):
     async def _search_threads(self, pagination: Pagination, filters: ThreadFilter) -> PaginatedResponse:
         """The sidebar's search through the full-text index (thread_search.py); a text without a word
         matches nothing."""
-        settings, dialect = self.settings, self.engine.dialect.name
+        settings = self.settings
+        dialect = self.engine.dialect.name
         size = thread_list.page_size(pagination, settings.thread_list_page_max)
         words = thread_search.search_words(filters.search or "", settings.thread_search_max_chars)
         if not words or not size:

@@ -68,7 +68,9 @@ def turns_from_steps(
     edit or a regenerate cuts the conversation: services/chat/branch.py)."""
     messages: list[tuple[Message, str | None]] = []
     for step in steps:
-        kind, text, step_id = step.get("type"), step.get("output") or "", step.get("id")
+        kind = step.get("type")
+        text = step.get("output") or ""
+        step_id = step.get("id")
         if kind == "user_message":
             if is_command(text) or len(text) > max_message_chars:
                 continue

@@ -201,14 +201,17 @@ class History:
         whole sweep.
         """
         rules = self._retention_rules()
-        now, interval = time.monotonic(), self.settings.history_retention_interval_seconds
+        now = time.monotonic()
+        interval = self.settings.history_retention_interval_seconds
         due = self._retention_at is None or now - self._retention_at >= interval
         enabled = any(rule[0] for rule in rules) and self.available
         if not enabled or not (due or self._sweep_unfinished):
             return 0
         if due:
             self._retention_at = now
-        total, unfinished, batches = 0, False, RETENTION_BATCHES_PER_ROUND
+        total = 0
+        unfinished = False
+        batches = RETENTION_BATCHES_PER_ROUND
         for limit, sweep, what, deletes in rules:
             done = await self._guarded(sweep(self.engine, limit, batches=batches)) if limit else 0  # type: ignore[arg-type, operator]
             if done is FAILED or not done:

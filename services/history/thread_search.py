@@ -48,7 +48,8 @@ PG_OWNED = f"({PG_QUERY} && CAST(:owner_lexeme AS tsquery))"  # the words, in th
 # thousand rows at most); else the GIN index finds the person's matching messages (few), sorted.
 # The walk's test is a CASE so the planner cannot estimate it (it takes half): it would judge the words
 # by everyone's messages, not the person's, and sort all of a person's messages for a word rare overall.
-SAMPLE_MESSAGES, DENSE_OF_SAMPLE = 200, 25
+SAMPLE_MESSAGES = 200
+DENSE_OF_SAMPLE = 25
 POSTGRES_HITS = (  # the newest matching messages, at most :matches, then ranked; and the matching names
     f"sample AS MATERIALIZED (SELECT COUNT(*) AS n FROM (SELECT s.search_vector FROM steps s "
     f'WHERE s.search_owner = :user_id ORDER BY s."createdAt" DESC LIMIT {SAMPLE_MESSAGES}) x '

@@ -37,7 +37,8 @@ def bound_tokenizer_word_cache(tokenizer: Any, words: int) -> bool:
 
 def _free_variables(function: Any) -> dict[str, Any]:
     """The variables a function closes over, by name ({} for anything else)."""
-    code, cells = getattr(function, "__code__", None), getattr(function, "__closure__", None)
+    code = getattr(function, "__code__", None)
+    cells = getattr(function, "__closure__", None)
     if code is None or not cells:
         return {}
     return dict(zip(code.co_freevars, (cell.cell_contents for cell in cells), strict=True))
@@ -59,7 +60,8 @@ class WordCacheBound:
     """Bounds the word cache of a tokenizer and of every copy vLLM's pool makes of it."""
 
     def __init__(self, tokenizer: Any, words: int) -> None:
-        self.tokenizer, self.words = tokenizer, words
+        self.tokenizer = tokenizer
+        self.words = words
         self._bounded: weakref.WeakSet[Any] = weakref.WeakSet()  # copies already bounded
 
     def copies(self) -> list[Any]:

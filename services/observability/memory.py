@@ -107,7 +107,8 @@ class MemorySample:
 
 def proc_status_bytes(pid: int, keys: Iterable[str]) -> dict[str, int]:
     """Fields of /proc/<pid>/status given in kB (Linux), as bytes."""
-    wanted, found = set(keys), {}
+    wanted = set(keys)
+    found = {}
     with contextlib.suppress(OSError), open(f"/proc/{pid}/status", encoding="ascii") as status:
         for line in status:
             name, _, rest = line.partition(":")
@@ -135,7 +136,8 @@ def process_tree_memory(root: psutil.Process | None = None) -> tuple[ProcessMemo
                 info = process.memory_full_info()
                 uss: int | None = info.uss
             except psutil.AccessDenied:
-                info, uss = process.memory_info(), None
+                info = process.memory_info()
+                uss = None
         except psutil.Error:  # it ended while we looked
             continue
         seen[role] = seen.get(role, 0) + 1
@@ -204,7 +206,8 @@ class MemoryMonitor:
         for process in sample.processes:
             slot = self._slot(process.role)
             for kind in PROCESS_KINDS:
-                key, value = f"p{slot}.{kind}", getattr(process, kind)
+                key = f"p{slot}.{kind}"
+                value = getattr(process, kind)
                 if value is not None:
                     row[key] = (row.get(key) or 0) + value  # "other" sums what does not fit
         self.ring.append(sample.at, row)
@@ -265,7 +268,8 @@ class MemoryMonitor:
         return np.where(np.isnan(anon), rss, anon) + np.nan_to_num(self.ring.column(f"p{slot}.swap"))
 
     def _update_alarm(self, now: float) -> None:
-        slope, limit = self.slope_mb_per_hour, self.settings.leak_alarm_mb_per_hour
+        slope = self.slope_mb_per_hour
+        limit = self.settings.leak_alarm_mb_per_hour
         alarm = slope is not None and slope > limit
         if alarm:
             due = self._warned_at is None or now - self._warned_at >= LEAK_ALARM_REPEAT_SECONDS

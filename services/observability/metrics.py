@@ -178,7 +178,8 @@ class ServiceCollector(Collector):
         yield _gauge("chat_ready", "1 once the engine and sessions are up.", 1 if running is not None else 0)
         if parts is None or running is None:
             return
-        engine, sessions = running.engine, running.sessions
+        engine = running.engine
+        sessions = running.sessions
         yield _gauge("chat_engine_alive", "1 while the engine has not errored.", 1 if engine.alive else 0)
         yield _gauge("chat_sessions", "Chat sessions held.", len(sessions))
         yield _gauge("chat_turns_in_flight", "Chat turns generating now.", sessions.turns_in_flight())
@@ -198,7 +199,8 @@ class ServiceCollector(Collector):
 
 
 def _maintenance_metrics(maintenance: Maintenance, alarm_mb_per_hour: float) -> Iterator[Metric]:
-    memory, lag = maintenance.memory, maintenance.loop_lag
+    memory = maintenance.memory
+    lag = maintenance.loop_lag
     if memory.latest is not None:
         yield from _memory_metrics(memory.latest)
     slope = memory.slope_mb_per_hour

@@ -96,7 +96,8 @@ def _mb(value: float | None) -> float | None:
 
 
 def _memory_summary(maintenance: Maintenance, alarm_mb_per_hour: float) -> dict[str, Any]:
-    memory, sample = maintenance.memory, maintenance.memory.latest
+    memory = maintenance.memory
+    sample = maintenance.memory.latest
     slope = memory.slope_mb_per_hour
     summary: dict[str, Any] = {
         "samples": len(memory.ring),
@@ -133,7 +134,8 @@ def _rounded(growth: dict[str, float | None]) -> dict[str, float | None]:
 
 
 def _maintenance_summary(maintenance: Maintenance) -> dict[str, Any]:
-    lag, last = maintenance.loop_lag, maintenance.last_round
+    lag = maintenance.loop_lag
+    last = maintenance.last_round
     return {
         "event_loop_lag_seconds": {
             "latest": round(lag.latest_seconds, 4),
@@ -236,7 +238,8 @@ def _memory_lines(memory: dict[str, Any]) -> list[str]:
 
 
 def _growth_text(process: dict[str, Any]) -> str:
-    per_hour, per_request = process.get("mb_per_hour"), process.get("bytes_per_request")
+    per_hour = process.get("mb_per_hour")
+    per_request = process.get("bytes_per_request")
     hourly = "–" if per_hour is None else f"{per_hour:+.1f} MB/hour"
     requests = "" if per_request is None else f" ({per_request:+,.0f} B/request)"
     return f"{process['role']} {hourly}{requests}"

@@ -96,7 +96,8 @@ def theil_sen_interval(
     slopes = np.sort(pairwise_slopes(xs, ys, max_points))
     if not len(slopes):
         return math.nan, math.nan, math.nan
-    n, pairs = min(len(xs), max_points), len(slopes)
+    n = min(len(xs), max_points)
+    pairs = len(slopes)
     z = NormalDist().inv_cdf(0.5 + confidence / 2)
     sigma = math.sqrt(n * (n - 1) * (2 * n + 5) / 18)
     low = max(round((pairs - z * sigma) / 2), 0)

@@ -56,7 +56,9 @@ class ServiceStatus:
         parts = self.running()
         if parts is None:
             return {"ready": False}
-        engine, sessions, maintenance = parts.engine, parts.sessions, parts.maintenance
+        engine = parts.engine
+        sessions = parts.sessions
+        maintenance = parts.maintenance
         summaries = parts.chat.summarizer.cache
         return {
             "ready": True,

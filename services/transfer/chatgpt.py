@@ -82,7 +82,8 @@ def _message(node: dict[str, Any], where: str, limits: ImportLimits) -> Message 
         return None
     if not isinstance(message, dict):
         raise BadImport(f'{where}: a "message" must be an object.')
-    author, content = message.get("author"), message.get("content")
+    author = message.get("author")
+    content = message.get("content")
     role = author.get("role") if isinstance(author, dict) else None
     if role not in ("user", "assistant") or not isinstance(content, dict):
         return None

@@ -77,7 +77,8 @@ def read_markdown(data: bytes, limits: ImportLimits) -> list[Conversation]:
             continue
         if current is not None:
             _add(conversation, current, body, limits)
-        current, body = (marker.group(1), iso_time(marker.group(2))), []
+        current = (marker.group(1), iso_time(marker.group(2)))
+        body = []
     return check_counts([conversation], limits)
 
 

@@ -37,7 +37,8 @@ _OWNED_IDS = (
 
 def _message(kind: str, output: str | None, metadata: Any, created_at: str | None) -> Message | None:
     """A stored step as a message of the conversation, or None (commands, notices, errors)."""
-    body, meta = output or "", stored_dict(metadata)
+    body = output or ""
+    meta = stored_dict(metadata)
     at = meta.get(IMPORTED_AT_KEY) if isinstance(meta.get(IMPORTED_AT_KEY), str) else created_at
     if kind == "user_message" and body and not is_command(body):
         return Message("user", body, at)

@@ -94,7 +94,8 @@ async def _quota(
 
 
 def _budget_text(settings: Settings, person: str, role: str, own: dict[str, int], totals: dict) -> str:
-    budget, default = person_budget(settings, role, own), role_budget(settings, role)
+    budget = person_budget(settings, role, own)
+    default = role_budget(settings, role)
     used_day, used_month = totals.get(person, (0, 0))
     lines = [f"{person} ({role})"]
     for period, used, span in (

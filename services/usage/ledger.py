@@ -67,8 +67,11 @@ class UsageLedger:
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         """`available`: whether the database may be used now (the history's breaker)."""
-        self.settings, self.store, self.available = settings, store, available
-        self.clock, self.monotonic = clock, monotonic
+        self.settings = settings
+        self.store = store
+        self.available = available
+        self.clock = clock
+        self.monotonic = monotonic
         self.batch = UsageBatch(settings.usage_pending_rows)
         self.running: TTLCache[str, Running] = TTLCache(
             settings.usage_cache_entries, IDLE_SECONDS, timer=monotonic
@@ -142,7 +145,9 @@ class UsageLedger:
         """Stored totals plus what still waits in the batch (call it holding the lock)."""
         totals = await self.store.totals(people, today)
         budgets = await self.store.budgets(people)
-        month, now, loaded = days_of_month_until(today), self.monotonic(), {}
+        month = days_of_month_until(today)
+        now = self.monotonic()
+        loaded = {}
         for person in people:
             stored_day, stored_month = totals.get(person, (0, 0))
             role, own = budgets.get(person, (None, {}))
@@ -171,12 +176,14 @@ class UsageLedger:
             logger.warning("usage: %d row(s) of usage not written at stop", len(self.batch))
 
     async def _loop(self) -> None:
-        flush_every, refresh_every = self.settings.usage_flush_seconds, self.settings.usage_refresh_seconds
+        flush_every = self.settings.usage_flush_seconds
+        refresh_every = self.settings.usage_refresh_seconds
         flushed_at = self.monotonic()
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), min(flush_every, refresh_every))
-            woken, now = self._wake.is_set(), self.monotonic()
+            woken = self._wake.is_set()
+            now = self.monotonic()
             self._wake.clear()
             if woken or now - flushed_at >= flush_every:
                 flushed_at = now
@@ -219,7 +226,8 @@ class UsageLedger:
     async def retention_round(self) -> int:
         """A maintenance step: delete the oldest stored day past USAGE_RETENTION_DAYS (one day per
         round, hourly, every round while there is more); how many rows went."""
-        days, now = self.settings.usage_retention_days, self.monotonic()
+        days = self.settings.usage_retention_days
+        now = self.monotonic()
         if not days or not self.available():
             return 0
         if self._retention_at is not None and now - self._retention_at < RETENTION_CHECK_SECONDS:

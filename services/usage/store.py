@@ -80,7 +80,8 @@ class UsageStore:
     ) -> list[UsageDay]:
         """Rows from `since` (a 'YYYY-MM-DD' day) on, of one person or everyone, newest day first;
         at most `limit` (and never more than MAX_ROWS)."""
-        where, values = [], {"limit": max(0, min(int(limit), MAX_ROWS))}
+        where = []
+        values = {"limit": max(0, min(int(limit), MAX_ROWS))}
         if person is not None:
             where.append("person = :person")
             values["person"] = person

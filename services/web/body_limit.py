@@ -115,7 +115,10 @@ class _CountedBody:
         limit: int,
         refuse: Callable[[Receive, Send, int], Awaitable[None]],
     ) -> None:
-        self._receive, self._send, self.limit, self._refuse = receive, send, limit, refuse
+        self._receive = receive
+        self._send = send
+        self.limit = limit
+        self._refuse = refuse
         self.received = 0
         self.too_large = False
         self.started = False  # the app's response has begun
@@ -146,7 +149,8 @@ class _CountedBody:
 
 def route_path(scope: Scope) -> str:
     """The request's path inside the app (without a --root-path prefix)."""
-    path, root = scope.get("path", ""), scope.get("root_path", "")
+    path = scope.get("path", "")
+    root = scope.get("root_path", "")
     return path[len(root) :] if root and path.startswith(root) else path
 
 

@@ -61,7 +61,8 @@ def handshake_problem(auth: Any) -> str | None:
         return "the conversation id must be a UUID"
     if auth.get("clientType") not in SOCKET_CLIENT_TYPES:
         return "unknown client type"
-    profile, user_env = auth.get("chatProfile"), auth.get("userEnv")
+    profile = auth.get("chatProfile")
+    user_env = auth.get("userEnv")
     if profile is not None and (not isinstance(profile, str) or len(profile) > MAX_CHAT_PROFILE_CHARS):
         return "the chat profile is not a short text"
     if user_env is not None and (not isinstance(user_env, str) or len(user_env) > MAX_USER_ENV_CHARS):
@@ -132,7 +133,8 @@ class SessionIdGuard:
 
 
 def _route_path(scope: MutableMapping[str, Any]) -> str:
-    path, root = scope.get("path", ""), scope.get("root_path", "")
+    path = scope.get("path", "")
+    root = scope.get("root_path", "")
     return path[len(root) :] if root and path.startswith(root) else path
 
 

@@ -83,7 +83,8 @@ def page_message(payload: Any, rules: SocketRules, author: str) -> dict[str, Any
     if not isinstance(payload, dict) or not isinstance(payload.get("message"), dict):
         raise MessageRefused(MALFORMED, "This message cannot be read.")
     message = payload["message"]
-    text, message_id = _text(message, rules), _message_id(message)
+    text = _text(message, rules)
+    message_id = _message_id(message)
     metadata = message.get("metadata")
     location = metadata.get("location") if isinstance(metadata, dict) else None
     kept = {"location": location} if isinstance(location, str) and len(location) <= MAX_LOCATION_CHARS else {}

@@ -53,7 +53,8 @@ class FileNameGuard:
         self.app = app
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Callable, send: Callable) -> None:
-        path, root = scope.get("path", ""), scope.get("root_path", "")
+        path = scope.get("path", "")
+        root = scope.get("root_path", "")
         path = path[len(root) :] if root and path.startswith(root) else path
         if scope["type"] == "http" and path.startswith(FILE_ROUTES) and impossible_file_name(path):
             body = json.dumps({"detail": "File not found"}).encode()

@@ -136,7 +136,8 @@ EVENT_RULES: dict[str, tuple[Check, Callable[[], bool]]] = {
 
 def depth_of(value: Any, limit: int) -> int:
     """How deeply `value` nests lists and objects (counted without recursion), up to `limit` + 1."""
-    deepest, stack = 0, [(value, 1)]
+    deepest = 0
+    stack = [(value, 1)]
     while stack and deepest <= limit:
         item, depth = stack.pop()
         deepest = max(deepest, depth)
@@ -196,7 +197,8 @@ def frame_problem(eio_sid: str, frame: Any) -> str | None:
 def guard_socket_events() -> None:
     """Drop the frames `frame_problem` refuses and the events `event_problem` refuses, before
     python-socketio decodes or dispatches them (once)."""
-    dispatch, receive = sio._handle_event, sio._handle_eio_message
+    dispatch = sio._handle_event
+    receive = sio._handle_eio_message
     if getattr(dispatch, "checks_events", False):
         return
 

@@ -35,7 +35,8 @@ async def _say(text: str) -> None:
 
 async def answer_transfer_command(runtime: Runtime, text: str, files: list[tuple[str, str]]) -> None:
     """Answer one `/export`, `/import` or `/share` message; `files`: (path, name) of its attachments."""
-    user, thread_id = cl.context.session.user, cl.context.session.thread_id
+    user = cl.context.session.user
+    thread_id = cl.context.session.thread_id
     words = text.split()
     if runtime.transfers is None or user is None:
         await _say("Conversations are not kept on this server: there is nothing to export, import or share.")
@@ -79,7 +80,8 @@ async def _import(runtime: Runtime, owner: str, files: list[tuple[str, str]]) ->
     if len(files) != 1:
         return f"Attach one file to `/import`: {FORMATS}."
     assert runtime.transfers is not None
-    path, name = Path(files[0][0]), files[0][1]
+    path = Path(files[0][0])
+    name = files[0][1]
     limit = runtime.settings.import_max_bytes
     if path.stat().st_size > limit:
         return f"«{name}» was not imported: it is larger than {limit:,} bytes."

@@ -58,7 +58,8 @@ class TransferRoutes:
         self.runtime = runtime
 
     def _transfers(self, user: Any, sharing: bool = False) -> Transfers:
-        history, transfers = self.runtime.history, self.runtime.transfers
+        history = self.runtime.history
+        transfers = self.runtime.transfers
         if transfers is None or history is None or (sharing and not self.runtime.settings.sharing):
             raise HTTPException(404, "Not Found")
         if user is None:

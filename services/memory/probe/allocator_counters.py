@@ -40,7 +40,8 @@ def jemalloc_counters() -> dict[str, int]:
     mallctl(b"epoch", None, None, ctypes.byref(epoch), ctypes.sizeof(epoch))
     counters = {}
     for name in JEMALLOC_COUNTERS:
-        value, size = ctypes.c_size_t(0), ctypes.c_size_t(ctypes.sizeof(ctypes.c_size_t))
+        value = ctypes.c_size_t(0)
+        size = ctypes.c_size_t(ctypes.sizeof(ctypes.c_size_t))
         if mallctl(name.encode(), ctypes.byref(value), ctypes.byref(size), None, 0) == 0:
             counters["jemalloc." + name.removeprefix("stats.").replace("arenas.4096.", "")] = value.value
     return counters
@@ -100,13 +101,15 @@ def pymalloc_counters() -> dict[str, int]:
     import ctypes
 
     try:
-        libc, stats = ctypes.CDLL(None), ctypes.pythonapi._PyObject_DebugMallocStats
+        libc = ctypes.CDLL(None)
+        stats = ctypes.pythonapi._PyObject_DebugMallocStats
     except (OSError, AttributeError):
         return {}
     libc.open_memstream.restype = ctypes.c_void_p
     libc.open_memstream.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t)]
     libc.fclose.argtypes = libc.free.argtypes = stats.argtypes = [ctypes.c_void_p]
-    buffer, size = ctypes.c_void_p(), ctypes.c_size_t()
+    buffer = ctypes.c_void_p()
+    size = ctypes.c_size_t()
     stream = libc.open_memstream(ctypes.byref(buffer), ctypes.byref(size))
     if not stream:
         return {}

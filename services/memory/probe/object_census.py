@@ -108,7 +108,8 @@ class _OwnerWalk:
     reached; `reserved` objects are only counted as roots of their own."""
 
     def __init__(self, seen: set[int], reserved: set[int]) -> None:
-        self.seen, self.reserved = seen, reserved
+        self.seen = seen
+        self.reserved = reserved
         self.owners: dict[str, dict[type, list[int]]] = {}
         self.seen.update(map(id, (self.seen, self.reserved, self.owners)))
 

@@ -199,7 +199,9 @@ def start(
         return
     import signal
 
-    ROLE, EXTRA_COUNTERS, DEEP_CENSUS = role, extra_counters, deep_census
+    ROLE = role
+    EXTRA_COUNTERS = extra_counters
+    DEEP_CENSUS = deep_census
     wake = threading.Event()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGUSR2, lambda *_: wake.set())

@@ -46,7 +46,8 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    folder, name = str(gguf_path.parent), gguf_path.name
+    folder = str(gguf_path.parent)
+    name = gguf_path.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
     quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)

@@ -84,7 +84,8 @@ class RemoteLLM:
             if not server.models:
                 raise ServerUnreachableError(f"vLLM server {server.url} did not list a model")
             first = next(iter(server.models.values()))
-            server.model, server.max_model_len = first.id, first.max_model_len
+            server.model = first.id
+            server.max_model_len = first.max_model_len
             server.accepts_priority = await self._accepts_priority(server)
         lengths = {s.max_model_len for s in self.servers}
         models = {s.model for s in self.servers}

@@ -54,7 +54,9 @@ def parse_listing(document: Any, limit: int) -> dict[str, Card]:
 def _card(entry: Any) -> Card | None:
     if not isinstance(entry, dict):
         return None
-    model_id, length, root = entry.get("id"), entry.get("max_model_len"), entry.get("root")
+    model_id = entry.get("id")
+    length = entry.get("max_model_len")
+    root = entry.get("root")
     if not isinstance(model_id, str) or not model_id.strip() or len(model_id) > MAX_ID_CHARS:
         return None
     if type(length) is not int or not 0 < length <= MAX_CONTEXT_TOKENS:

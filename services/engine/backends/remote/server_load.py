@@ -85,7 +85,9 @@ async def poll_load_forever(
                 totals[name] += values[name]
             for name in COUNTERS:
                 totals[name] += max(0.0, values[name] - before[name])
-        now, running, waiting = time.monotonic(), int(totals[RUNNING]), int(totals[WAITING])
+        now = time.monotonic()
+        running = int(totals[RUNNING])
+        waiting = int(totals[WAITING])
         load.record(now, running, waiting, int(totals[GENERATED]), int(totals[PROMPTED]))
         if answered:
             load.note_foreign(now, running + waiting, ours())
