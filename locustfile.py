@@ -202,7 +202,8 @@ class Turn:
             self.reached.set()
 
     def _finish(self, final: str | None = None, error: str | None = None) -> None:
-        self.final, self.error = final, error
+        self.final = final
+        self.error = error
         for event in (self.first_token, self.reached, self.done):
             event.set()  # wake every waiter
 
@@ -317,7 +318,8 @@ class ChatUser(User):
         self.knobs = Knobs.from_options(environment.parsed_options)
         self.prompts = load_prompts(self.knobs.prompts_file)
         # Exactly floor(n * fraction) of the first n users vanish (no sampling noise).
-        number, fraction = next(ChatUser._numbers), self.knobs.vanish_fraction
+        number = next(ChatUser._numbers)
+        fraction = self.knobs.vanish_fraction
         self.vanishes = math.floor((number + 1) * fraction) > math.floor(number * fraction)
         self.address = f"10.88.{number // 250}.{number % 250 + 1}"
         self.rng = random.Random()

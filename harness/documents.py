@@ -243,7 +243,9 @@ _FOLLOW_UPS = (
 
 def _sentence(rng: random.Random, topic: str) -> str:
     kind = rng.randrange(4)
-    subject, verb, obj = rng.choice(_SUBJECTS), rng.choice(_VERBS), rng.choice(_OBJECTS)
+    subject = rng.choice(_SUBJECTS)
+    verb = rng.choice(_VERBS)
+    obj = rng.choice(_OBJECTS)
     if kind == 0:
         return f"{subject} {verb} {obj} by {rng.randint(2, 45)} percent {rng.choice(_REASONS)}."
     if kind == 1:

@@ -21,7 +21,8 @@ class VllmRouter:
     def __init__(self, worker_urls: list[str], log_path: Path, policy: str = "consistent_hash") -> None:
         if not ROUTER.exists():
             raise RuntimeError("vllm-router is missing: run scripts/setup.sh --test")
-        self.port, self.metrics_port = free_port(), free_port()
+        self.port = free_port()
+        self.metrics_port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.command = [
             str(ROUTER),

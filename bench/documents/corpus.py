@@ -27,7 +27,8 @@ DOCUMENTS_FILE = DATA / "summary_documents.json"
 def load_documents(ids: set[str] | None) -> tuple[list[dict], list[dict]]:
     """The listed documents that exist with the recorded checksum, and those skipped (with why)."""
     listed = json.loads(DOCUMENTS_FILE.read_text())["documents"]
-    kept, skipped = [], []
+    kept = []
+    skipped = []
     for entry in listed:
         if ids and entry["id"] not in ids:
             continue

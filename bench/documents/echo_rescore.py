@@ -52,7 +52,8 @@ def rescore(saved: dict, sides: dict[str, str], sizes: tuple[int, ...]) -> list[
             row: dict = {"id": doc["id"], "run": key}
             for n in sizes:
                 echo = echo_of(run["summary"], instructions, texts[doc["id"]], n)
-                row[f"echoed_{n}"], row[f"share_{n}"] = echo.echoed, round(echo.score, 4)
+                row[f"echoed_{n}"] = echo.echoed
+                row[f"share_{n}"] = round(echo.score, 4)
                 row[f"phrases_{n}"] = list(echo.phrases)
             rows.append(row)
     return sorted(rows, key=lambda row: (row[f"echoed_{sizes[-1]}"], row[f"share_{sizes[-1]}"]))

@@ -93,7 +93,8 @@ async def run(quick: bool) -> dict:
     async with engine_lifespan(settings) as engine:
         engine: ChatEngine
         results: dict = {"model": settings.model_path, "max_model_len": engine.max_model_len}
-        store, chat = SessionStore(settings), ChatService(engine, settings)
+        store = SessionStore(settings)
+        chat = ChatService(engine, settings)
 
         doc = long_document(words, seed=101)
         first = await summarize(store, chat, "doc-1", doc, "report")
@@ -120,7 +121,9 @@ async def run(quick: bool) -> dict:
 
 
 def report(results: dict) -> str:
-    s, f, m = results["summary_4k"], results["follow_up"], results["map_reduce"]
+    s = results["summary_4k"]
+    f = results["follow_up"]
+    m = results["map_reduce"]
     lines = [
         f"model {results['model']} (context {results['max_model_len']} tokens)",
         "",

@@ -89,14 +89,18 @@ async def timed_summary(chat: ChatService, session: ChatSession, request_id: str
     async def progress(update) -> None:
         reports.append(update.describe())
 
-    started, first, text, fired = time.monotonic(), None, "", False
+    started = time.monotonic()
+    first = None
+    text = ""
+    fired = False
     loops_before = chat.summarizer.loops_stopped
     try:
         async for delta in chat.summarize(session, "", request_id, progress):
             first = first or time.monotonic() - started
             text = followed_by(text, delta)
     except RepetitionError as error:
-        text, fired = error.kept_text, True
+        text = error.kept_text
+        fired = True
     return {
         "text": text,
         "ttft_seconds": first,
@@ -112,7 +116,10 @@ async def timed_follow_up(chat: ChatService, session: ChatSession, question: str
     session.sampling = SamplingSettings(0.0, 1.0, FOLLOW_UP_TOKENS)
     prompt = chat.build_prompt(session, question)
     whole = "<document>" in prompt.messages[0]["content"]
-    hits_before, started, first, looped = prefix_cache_hits(), time.monotonic(), None, False
+    hits_before = prefix_cache_hits()
+    started = time.monotonic()
+    first = None
+    looped = False
     try:
         async for _ in chat.reply(session, prompt, request_id):
             first = first or time.monotonic() - started
@@ -216,11 +223,9 @@ async def run(
         results["max_model_len"] = engine.max_model_len
         for index, doc in enumerate(docs):
             entry = {k: doc[k] for k in ("id", "path", "language", "size")}
-            entry["tokens"], entry["sections"], entry["runs"] = (
-                engine.count_tokens(doc["text"]),
-                len(doc["sections"]),
-                {},
-            )
+            entry["tokens"] = engine.count_tokens(doc["text"])
+            entry["sections"] = len(doc["sections"])
+            entry["runs"] = {}
             order = list(only[index % len(only) :] + only[: index % len(only)])  # each side leads in turn
             for path in paths:
                 for side in order:
@@ -245,7 +250,8 @@ async def run(
 def summary_line(outcome: dict) -> str:
     if "skipped" in outcome:
         return f"skipped: {outcome['skipped']}"
-    ratio, hits = outcome["follow_up"]["ttft_ratio"], outcome["follow_up"]["prefix_cache_hits_tokens"]
+    ratio = outcome["follow_up"]["ttft_ratio"]
+    hits = outcome["follow_up"]["prefix_cache_hits_tokens"]
     looped = outcome["loop_guard_fired"] or outcome["loop_guard_would_fire_on_summary"]
     return (
         f"planned={outcome['planned']!s:<5} d4={outcome['distinct_4']:.2f} cov={outcome['coverage']:.2f} "
@@ -284,7 +290,8 @@ def main() -> None:
     if args.sweep:
         results = run_until_signalled(sweep(ids, args.sweep))
     else:
-        paths, sides = tuple(args.paths.split(",")), tuple(args.sides.split(","))
+        paths = tuple(args.paths.split(","))
+        sides = tuple(args.sides.split(","))
         results = run_until_signalled(run(ids, paths, sides, args.json))
     print(json.dumps(results["overall"], indent=2))
     if args.json:

@@ -74,13 +74,16 @@ async def conversation(
     set_route_hint(tag, "bench")  # this conversation's task only; read by the router arms
     messages = [{"role": "system", "content": f"You answer questions about this document.\n\n{document}"}]
     sampling = SamplingSettings(0.0, 1.0, 24)
-    records, previous = [], None
+    records = []
+    previous = None
     for turn in range(turns):
         await asyncio.sleep(pauses[turn])
         messages.append(
             {"role": "user", "content": f"Question {turn + 1}: what does section {turn + 1} say?"}
         )
-        started, first, parts = time.monotonic(), None, []
+        started = time.monotonic()
+        first = None
+        parts = []
         async for delta in engine.generate(messages, sampling, f"{tag}-t{turn}"):
             first = first or time.monotonic()
             parts.append(delta)
@@ -127,7 +130,8 @@ async def run_round(
         documents = [long_document(1100, seed=seed) for seed in seeds]
         timing = random.Random(round_)  # the same pauses for every arm
         pauses = [[timing.uniform(0, options.pause) for _ in range(options.turns)] for _ in documents]
-        started, cache_before = time.monotonic(), prefix_cache_counts(urls)
+        started = time.monotonic()
+        cache_before = prefix_cache_counts(urls)
         batches = await asyncio.gather(
             *(
                 conversation(engine, remote, doc, options.turns, f"{name}-r{round_}-c{i}", pauses[i])

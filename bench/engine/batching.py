@@ -94,7 +94,8 @@ def make_workload(name: str, profile: Profile, seed: int) -> list[Request]:
     long = [doc["prompt"] for doc in data["long"] if doc["words"] <= profile.long_words_max]
     rng = random.Random(f"{name}-{seed}")
     rate_per_s = profile.rates_per_minute[name] / 60
-    requests, clock = [], 0.0
+    requests = []
+    clock = 0.0
     for index in range(profile.requests):
         share = {"short": 0.0, "long": 1.0, "mix": MIX_LONG_SHARE}[name]
         kind = "long" if rng.random() < share else "short"

@@ -133,7 +133,8 @@ async def resume_and_size(on: AppServer, repeats: int) -> dict[str, Any]:
         before = file_size_bytes(path)
         threads = [await store_conversation(history, user.id, 200, rng) for _ in range(5)]
         per_thousand = (file_size_bytes(path) - before) / 1000  # 5 x 200 messages
-        shown, first_token = [], []
+        shown = []
+        first_token = []
         for thread_id in threads[:repeats]:
             client = ChatClient(on.base_url, cookie=probe.cookie)
             started = time.monotonic()

@@ -87,7 +87,8 @@ def add_copies(live: Path, base: Path, copies: int, round_index: int) -> None:
         db.execute("ATTACH ? AS base", (str(base),))
         db.execute("INSERT OR IGNORE INTO users SELECT * FROM base.users")
         for copy in range(copies):
-            tag, minutes = f"-r{round_index}c{copy}", round_index * 1000 + copy
+            tag = f"-r{round_index}c{copy}"
+            minutes = round_index * 1000 + copy
             db.execute(
                 'INSERT INTO threads SELECT "id" || ?, "createdAt", "name", "userId", "userIdentifier", '
                 '"tags", "metadata" FROM base.threads',
@@ -142,9 +143,11 @@ async def run(options: argparse.Namespace, folder: Path) -> dict[str, Any]:
         history._retention_at = None  # the sweep interval has passed
         sqlite_highwater(reset=True)
         started = time.monotonic()
-        deleted, sweep_rounds = 0, 0
+        deleted = 0
+        sweep_rounds = 0
         while batch := await history.retention_round():  # maintenance rounds until the sweep is done
-            deleted, sweep_rounds = deleted + batch, sweep_rounds + 1
+            deleted += batch
+            sweep_rounds += 1
         seconds = time.monotonic() - started
         await asyncio.to_thread(malloc_trim)
         rounds.append({**measure(history, index, deleted, seconds), "maintenance_rounds": sweep_rounds})

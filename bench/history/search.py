@@ -106,7 +106,8 @@ async def run_queries(settings: Settings, user_ids: list[str], options: argparse
             for text in texts:
                 for user_id in people:
                     server = server_cpu_seconds(settings)
-                    started, cpu = time.perf_counter(), time.process_time()
+                    started = time.perf_counter()
+                    cpu = time.process_time()
                     page = await layer.list_threads(
                         Pagination(first=PAGE), ThreadFilter(userId=user_id, search=text)
                     )
@@ -137,7 +138,8 @@ async def run_queries(settings: Settings, user_ids: list[str], options: argparse
 
 async def saving_latencies(layer: Any, user_id: str, count: int) -> dict[str, Any]:
     """Milliseconds to store a message through the data layer (the index's triggers included)."""
-    thread_id, times = str(uuid.uuid4()), []
+    thread_id = str(uuid.uuid4())
+    times = []
     await layer.update_thread(thread_id, name="saving bench", user_id=user_id)
     for i in range(count):
         step = {

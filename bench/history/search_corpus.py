@@ -44,9 +44,11 @@ def vocabulary(size: int, rng: np.random.Generator) -> list[str]:
     prompts = json.loads(PROMPTS_FILE.read_text())
     text = json.dumps(prompts, ensure_ascii=False).lower()
     real = [word for word, _ in Counter(re.findall(r"[a-z]{2,}", text)).most_common()]
-    words, seen = list(real[:size]), set(real)
+    words = list(real[:size])
+    seen = set(real)
     while len(words) < size:  # made-up words, drawn in bulk (one at a time took seconds)
-        counts, digits = rng.integers(2, 5, size=size), rng.integers(0, 1000, size=size)
+        counts = rng.integers(2, 5, size=size)
+        digits = rng.integers(0, 1000, size=size)
         picks = rng.integers(0, len(SYLLABLES), size=(size, 4))
         for count, pick, digit in zip(counts, picks, digits, strict=True):
             word = "".join(SYLLABLES[j] for j in pick[:count]) + (str(digit) if digit < 100 else "")
@@ -70,7 +72,8 @@ def conversations(count: int, turns: int, people: int, seed: int = 7) -> Iterato
     for index in range(count):
         lengths = [int(rng.integers(4, 26) if i % 2 == 0 else rng.integers(15, 91)) for i in range(turns)]
         drawn = words[np.searchsorted(cumulative, rng.random(sum(lengths)))]
-        messages, start = [], 0
+        messages = []
+        start = 0
         for length in lengths:
             messages.append(" ".join(drawn[start : start + length]).capitalize() + ".")
             start += length

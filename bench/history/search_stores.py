@@ -74,7 +74,8 @@ def batches(options: Any, users: list[tuple]) -> Any:
         steps.extend(search_corpus.step_rows(conversation))
         if len(threads) == BATCH:
             yield threads, steps
-            threads, steps = [], []
+            threads = []
+            steps = []
     if threads:
         yield threads, steps
 

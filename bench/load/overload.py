@@ -222,17 +222,22 @@ def run_arm(name: str, options: argparse.Namespace, out: Path) -> dict[str, Any]
     try:
         cookies = sign_in_before(name, options, out, deployment)
         warm_up = one_or_each([s.get("warm_up") for s in deployment.statuses()])
-        rss_before, rows_before = deployment.rss_mb(), deployment.stored_rows()
+        rss_before = deployment.rss_mb()
+        rows_before = deployment.stored_rows()
         cpu_before = deployment.app_cpu_seconds()
-        before, began, logged = deployment.counters(), time.monotonic(), len(deployment.balancer_log())
+        before = deployment.counters()
+        began = time.monotonic()
+        logged = len(deployment.balancer_log())
         machine_cpu, load_cpu = cpu_seconds_by_part(), children_cpu_seconds()
         with AdmissionTimeline(deployment.statuses, out / f"admission-{name}.jsonl") as timeline:
             load(name, arm, options, out, deployment, cookies)
-        after, elapsed = deployment.counters(), time.monotonic() - began
+        after = deployment.counters()
+        elapsed = time.monotonic() - began
         cores = cores_by_part(machine_cpu, cpu_seconds_by_part(), elapsed)
         cores["load"] = round(cores.get("load", 0.0) + (children_cpu_seconds() - load_cpu) / elapsed, 2)
         downs = marked_down(deployment.balancer_log()[logged:])
-        cpu, rows = deployment.app_cpu_seconds() - cpu_before, deployment.stored_rows()
+        cpu = deployment.app_cpu_seconds() - cpu_before
+        rows = deployment.stored_rows()
         status = combined_status(deployment.statuses())
         held = after_load(deployment)
     finally:

@@ -140,7 +140,9 @@ class Person:
     """One chat session over the sync socket.io client, as a browser tab sees it."""
 
     def __init__(self, base_url: str, address: str, cookie: str | None) -> None:
-        self.base_url, self.address, self.cookie = base_url, address, cookie
+        self.base_url = base_url
+        self.address = address
+        self.cookie = cookie
         self.session_id = str(uuid.uuid4())
         self.sio = socketio.Client(reconnection=False)
         self.turn: Turn | None = None
@@ -176,11 +178,15 @@ class Person:
             and data.get("name") != "notice"
         )
         if name == "stream_start" and answer:
-            turn.answer_id, turn.first_token_at, turn.last_token_at, turn.pieces = data["id"], now, now, 1
+            turn.answer_id = data["id"]
+            turn.first_token_at = now
+            turn.last_token_at = now
+            turn.pieces = 1
             if turn.leave_at_first_token:
                 turn.done.set()
         elif name == "stream_token" and data.get("id") == turn.answer_id:
-            turn.pieces, turn.last_token_at = turn.pieces + 1, now
+            turn.pieces += 1
+            turn.last_token_at = now
         elif name in ("new_message", "update_message") and answer:
             if turn.answer_id is None:
                 turn.answer_id = data["id"]  # answered without streaming: a refusal or an error
@@ -311,7 +317,8 @@ class Chatter(User):
             connect_seconds = person.connect(self.options.turn_timeout)
             if self.options.max_new_tokens:
                 person.sio.emit("chat_settings_change", {"max_new_tokens": self.options.max_new_tokens})
-            self.person, self.turns_left = person, self.rng.randint(1, 3) if patient else 1_000_000
+            self.person = person
+            self.turns_left = self.rng.randint(1, 3) if patient else 1_000_000
         document = self.rng.random() < self.options.document_fraction
         leave = self.rng.random() < self.options.leave_after_first_token
         turn = self._document_turn() if document else self.person.send(self.rng.choice(self.questions), leave)

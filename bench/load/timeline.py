@@ -74,11 +74,14 @@ class AdmissionTimeline:
         self.path.write_text("".join(json.dumps(sample) + "\n" for sample in self.samples))
 
     def _run(self) -> None:
-        used, read_at = self.machine(), time.monotonic()
+        used = self.machine()
+        read_at = time.monotonic()
         while not self._stop.wait(self.every) and len(self.samples) < MAX_SAMPLES:
-            now, cpu = time.monotonic(), self.machine()
+            now = time.monotonic()
+            cpu = self.machine()
             cores = cores_by_part(used, cpu, now - read_at)
-            used, read_at = cpu, now
+            used = cpu
+            read_at = now
             try:
                 apps = [sample_of(status) for status in self.statuses()]
             except Exception:  # an app busy past its timeout: that sample is missing, the next is tried

@@ -162,7 +162,8 @@ class Workload:
     def conversation_turn(self, index: int) -> tuple[int, int]:
         """(conversation, turn) of request `index`: conversations interleave, so a follow-up comes
         `conversations` requests after its previous turn, whose prompt is in the prefix cache by then."""
-        conversations, turns = self.options.conversations, max(1, self.options.turns)
+        conversations = self.options.conversations
+        turns = max(1, self.options.turns)
         conversation = index % conversations + conversations * (index // (conversations * turns))
         return conversation, (index // conversations) % turns
 
@@ -359,7 +360,9 @@ async def run_arm(base: Settings, arm: str, options: ChurnOptions, out: Path) ->
     settle = settle_seconds(memory_env)
     described = memory_env or "glibc defaults"
     print(f"[churn] arm {arm}: {described}; samples {settle:.1f} s after idle", flush=True)
-    tally, rows, busy_seconds = Tally(), [], 0.0
+    tally = Tally()
+    rows = []
+    busy_seconds = 0.0
     workload = Workload(options, settings)
     async with engine_lifespan(settings) as engine:
         engine.on_finish(tally.record)

@@ -57,7 +57,8 @@ def measure(rounds: int, settings: Settings) -> dict:
     tokens = 0
     for _ in range(rounds):
         for name, tokenizer in tokenizers.items():
-            before, started = _in_use(), time.perf_counter()
+            before = _in_use()
+            started = time.perf_counter()
             tokens = sum(len(tokenizer.encode(text, add_special_tokens=False)) for text in texts)
             seconds[name].append(time.perf_counter() - started)
             heap[name].append(_in_use() - before)

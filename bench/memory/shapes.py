@@ -51,7 +51,8 @@ Chat = list[dict[str, str]]
 
 def distinct_size_prompts(engine: ChatEngine, count: int, first_words: int = 16) -> list[Chat]:
     """`count` chats whose token counts all differ, each opening with its own number."""
-    prompts, seen_sizes = [], set()
+    prompts = []
+    seen_sizes = set()
     words = first_words
     while len(prompts) < count:
         chat = [{"role": "user", "content": f"{len(prompts):05d} " + "word " * words}]

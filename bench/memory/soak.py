@@ -725,7 +725,8 @@ def window_slopes(
 
 def slopes_command(args: list[str]) -> dict[str, Any]:
     """bench/memory/soak.py --slopes <folder> 0-30 60-150 [--in-flight-at-most N]"""
-    folder, rest = Path(args[0]), list(args[1:])
+    folder = Path(args[0])
+    rest = list(args[1:])
     at_most = None
     if "--in-flight-at-most" in rest:
         at = rest.index("--in-flight-at-most")

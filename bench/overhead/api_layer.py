@@ -97,7 +97,9 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "api-overhead")
     arguments = parser.parse_args()
     if arguments.quick:
-        arguments.prompts, arguments.output_len, arguments.single_prompts = 16, 32, 8
+        arguments.prompts = 16
+        arguments.output_len = 32
+        arguments.single_prompts = 8
     return arguments
 
 
@@ -315,10 +317,8 @@ def main() -> int:
     def middle(arm: str, kind: str, metric: str) -> float:
         return median([run[kind][metric] for run in phases[arm]])
 
-    plain_tps, app_tps = (
-        middle("plain", "load", "output_throughput"),
-        middle("app", "load", "output_throughput"),
-    )
+    plain_tps = middle("plain", "load", "output_throughput")
+    app_tps = middle("app", "load", "output_throughput")
     added_ttft = middle("app", "single", "median_ttft_ms") - middle("plain", "single", "median_ttft_ms")
     added_ttft_under_load = middle("app", "load", "median_ttft_ms") - middle(
         "plain", "load", "median_ttft_ms"
