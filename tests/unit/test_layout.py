@@ -3,6 +3,7 @@
 - imports flow one way: each room of services/ imports only the rooms below it, and there are no cycles;
 - tools never import tests: services/, harness/, bench/ and locustfile.py stand on their own;
 - nothing but the tests imports app.py;
+- docs/layout.md names every module of DOCUMENTED_PLACES, and only modules that exist;
 - rooms stay small: functions under MAX_FUNCTION_LINES (or listed in LONG_FUNCTIONS with the reason),
   modules under MAX_MODULE_LINES. Past about 300 lines a module is worth a look for a second concern,
   but it is split by concern, never packed to fit: code is laid out as the formatter lays it.
@@ -11,6 +12,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -45,6 +47,12 @@ LONG_FUNCTIONS: dict[str, str] = {
     "services/web/routes.py:install_routes": "the route handlers are closures over the runtime",
     "services/web/upload_guard.py:_guarded_call": "one ASGI call: its receive and send wrappers share state",
 }
+
+
+LAYOUT_DOC = ROOT / "docs" / "layout.md"
+# Every module under these is named in LAYOUT_DOC (a package's __init__.py may be); bench/README.md
+# describes the benchmarks by topic.
+DOCUMENTED_PLACES = ("services", "harness", "scripts", "deploy")
 
 
 def python_files(*places: str) -> list[Path]:
@@ -151,3 +159,50 @@ def test_lazy_exports_name_what_their_modules_define() -> None:
         if not path.is_file() or attribute not in _top_level_names(ast.parse(path.read_text())):
             wrong.append(f"{package.relative_to(ROOT)}: {name} -> {where}")
     assert not wrong, wrong
+
+
+def modules_named(layout: str) -> set[str]:
+    """The `*.py` paths a layout table names: each row's module names are relative to its first cell's
+    folder (`backends/local/engine.py` under `services/engine/`), unless they start at the root."""
+    named: set[str] = set()
+    for line in layout.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        place = re.fullmatch(r"`([\w./]+)`", cells[0]) if line.startswith("|") else None
+        if place is None:
+            continue
+        folder = place.group(1).rstrip("/")
+        if folder.endswith(".py"):
+            named.add(folder)
+            folder = folder.rpartition("/")[0]
+        for name in re.findall(r"`([\w./]+\.py)`", " ".join(cells[1:])):
+            at_root = name.split("/")[0] in (*DOCUMENTED_PLACES, "tests", "bench")
+            named.add(name if at_root or not folder else f"{folder}/{name}")
+    return named
+
+
+def test_modules_named_resolves_each_name_in_its_row() -> None:
+    layout = (
+        "| Path | What it holds |\n|---|---|\n| `app.py` | handlers |\n"
+        "| `services/engine/` | `chat_engine.py`, `backends/local/engine.py`; see `services/web/edge.py` |\n"
+        "| `scripts/` | `run.sh` and `import_graph.py`. |\n"
+    )
+    assert modules_named(layout) == {
+        "app.py",
+        "services/engine/chat_engine.py",
+        "services/engine/backends/local/engine.py",
+        "services/web/edge.py",
+        "scripts/import_graph.py",
+    }
+
+
+def test_the_layout_doc_names_every_module_and_only_real_ones() -> None:
+    named = modules_named(LAYOUT_DOC.read_text())
+    modules = {
+        str(path.relative_to(ROOT)) for path in python_files(*DOCUMENTED_PLACES) if path.name != "__init__.py"
+    }
+    missing = sorted(modules - named)
+    unknown = sorted(name for name in named if not (ROOT / name).is_file())
+    assert not missing and not unknown, (
+        f"docs/layout.md leaves out {missing} (name each in its folder's row) and names {unknown}, "
+        "which are no modules"
+    )
