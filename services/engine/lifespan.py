@@ -7,7 +7,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from services.config import Settings
-from services.engine.answer_tokens import AnswerTokens
+from services.engine.answer_tokens import ANSWER_TOKEN_CACHE_TOKENS, AnswerTokens
 from services.engine.backends import LLMBackend
 from services.engine.backends.local import local_engine_lifespan
 from services.engine.backends.remote import remote_engine_lifespan
@@ -35,7 +35,7 @@ def build_chat_engine(
         max_model_len,
         load=load,
         loop_guard=LoopGuardConfig.from_settings(settings),
-        answer_tokens=AnswerTokens(settings.answer_token_cache_tokens, settings.session_ttl_seconds),
+        answer_tokens=AnswerTokens(ANSWER_TOKEN_CACHE_TOKENS, settings.session_ttl_seconds),
         word_caches=word_caches,
         warm_up_report=WarmUpReport(),
     )

@@ -25,6 +25,7 @@ import pytest_asyncio
 
 from services.chat.service import ChatService
 from services.chat.store import SessionStore
+from services.engine import lifespan as engine_lifespan
 from services.engine.chat_engine import MAX_FINISH_CALLBACKS, ChatEngine, SamplingSettings
 from services.engine.stream_stats import StreamStats
 from services.observability.maintenance import Maintenance
@@ -62,14 +63,16 @@ TRACEMALLOC_SECOND_HALF_LIMIT_BYTES = 96 * 1024
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def runtime(tiny_model_dir: Path) -> AsyncIterator[Runtime]:
-    # The answer-ids cache is bounded (~1 MB by default, full after ~2,000 of these 4-token
-    # answers); sized here to fill within the warm-up, so the traced halves see it full.
     settings = tiny_settings(
         tiny_model_dir, max_new_tokens=6, max_history_messages=MAX_HISTORY, max_sessions=MAX_SESSIONS,
-        memory_sample_seconds=0.5, answer_token_cache_tokens=16_384,
+        memory_sample_seconds=0.5,
     )  # fmt: skip
     runtime = Runtime(settings)
-    await runtime.start()
+    with pytest.MonkeyPatch.context() as patch:
+        # The answer-ids cache is bounded (ANSWER_TOKEN_CACHE_TOKENS, ~1 MB, full after ~2,000 of these
+        # 4-token answers); sized here to fill within the warm-up, so the traced halves see it full.
+        patch.setattr(engine_lifespan, "ANSWER_TOKEN_CACHE_TOKENS", 16_384)
+        await runtime.start()
     engine = serving_of(runtime).engine
     yield runtime
     await runtime.stop()
