@@ -35,7 +35,7 @@ from services.web.socket_events import guard_socket_events
 from services.web.socket_guard import install_socket_guard, socket_guard_for
 from services.web.stored_text import install_name_cap
 from services.web.transfer_routes import install_transfer_routes, with_import_limit
-from services.web.upload_guard import DEFAULT_UPLOAD_PATH, install_upload_guard
+from services.web.upload_guard import DEFAULT_UPLOAD_PATH, UPLOAD_LINGER_SECONDS, install_upload_guard
 
 
 def _install_app_routes(http_app: Any, runtime: Runtime, origins: OriginPolicy) -> None:
@@ -66,10 +66,8 @@ def install_edge(
     guard_socket_events()  # replaces Engine.IO's message handler: the depth bound wraps it after
     bound_socket_messages(settings.max_json_depth)
     install_upload_guard(
-        http_app, settings.max_upload_bytes, linger_seconds=settings.upload_linger_seconds,
-        session_exists=page_connected, session_wait_seconds=settings.upload_session_wait_seconds,
-        on_reject=tell_uploader,
-    )  # fmt: skip
+        http_app, settings.max_upload_bytes, session_exists=page_connected, on_reject=tell_uploader
+    )
     install_client_id_guards(http_app)
     install_origin_policy(http_app, origins)
     http_app.add_middleware(
@@ -82,7 +80,7 @@ def install_edge(
         api_served=runtime.api is not None,
     )  # fmt: skip
     limits = with_import_limit(limits, settings.import_max_bytes)
-    install_body_limit(http_app, limits, linger_seconds=settings.upload_linger_seconds)
+    install_body_limit(http_app, limits, linger_seconds=UPLOAD_LINGER_SECONDS)
     http_app.add_middleware(
         SecurityHeaders, content_security_policy=settings.content_security_policy, chainlit_url=chainlit_url
     )
