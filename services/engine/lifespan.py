@@ -16,7 +16,7 @@ from services.engine.load import EngineLoad
 from services.engine.loop_guard import LoopGuardConfig
 from services.engine.warmup import WarmUpReport, warm_up
 from services.engine.warmup_record import WarmUpRecords, record_key
-from services.memory import WordCacheBound
+from services.memory import TOKENIZER_WORD_CACHE, WordCacheBound
 
 logger = logging.getLogger(__name__)
 
@@ -25,11 +25,9 @@ def build_chat_engine(
     settings: Settings, backend: LLMBackend, max_model_len: int, load: EngineLoad
 ) -> ChatEngine:
     """A ChatEngine over `backend` with its parts from the settings (not warmed up)."""
-    word_caches = WordCacheBound(backend.get_tokenizer(), settings.tokenizer_word_cache)
+    word_caches = WordCacheBound(backend.get_tokenizer(), TOKENIZER_WORD_CACHE)
     if bounded := word_caches.apply():
-        logger.info(
-            "tokenizer word caches bounded at %d words (%d copies)", settings.tokenizer_word_cache, bounded
-        )
+        logger.info("tokenizer word caches bounded at %d words (%d copies)", TOKENIZER_WORD_CACHE, bounded)
     return ChatEngine(
         backend,
         max_model_len,

@@ -22,6 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from services.config import EngineSettings, Settings
+from services.config import engine as engine_config
+from services.engine.backends.local import engine as local_engine
+from services.engine.backends.remote import routing
+from services.memory import allocators, word_caches
 
 logger = logging.getLogger(__name__)
 
@@ -51,13 +55,26 @@ def _model_files(model_path: str) -> list[tuple[str, int, int]]:
     )
 
 
+def engine_constants() -> dict[str, Any]:
+    """The engine's constants, in the key beside its settings under the same kind of names (read at
+    each start: a benchmark's arm may change one)."""
+    return {
+        "engine_mmap_threshold_bytes": allocators.ENGINE_MMAP_THRESHOLD_BYTES,
+        "engine_onednn_cache_capacity": local_engine.ENGINE_ONEDNN_CACHE_CAPACITY,
+        "engine_onednn_mm_cache": local_engine.ENGINE_ONEDNN_MM_CACHE,
+        "tokenizer_word_cache": word_caches.TOKENIZER_WORD_CACHE,
+        "engine_affinity_slack": routing.ENGINE_AFFINITY_SLACK,
+        "engine_models_max": engine_config.ENGINE_MODELS_MAX,
+    }
+
+
 def record_key(settings: Settings, max_model_len: int) -> str:
     """What the decode speeds depend on, hashed."""
     import torch
     import vllm
 
     names = [f.name for f in dataclasses.fields(EngineSettings) if f.name != "warm_up_reuse_hours"]
-    engine = {name: getattr(settings, name) for name in names}
+    engine = {name: getattr(settings, name) for name in names} | engine_constants()
     parts: dict[str, Any] = {
         "engine": engine,
         "pace": {name: getattr(settings, name) for name in SETTINGS_OUTSIDE_ENGINE},

@@ -25,6 +25,7 @@ import pytest
 from services.config import Settings, SettingsError
 from services.memory import allocators
 from services.memory.allocators import (
+    ENGINE_MMAP_THRESHOLD_BYTES,
     PROBE_DIR,
     app_memory_env,
     apply_engine_memory_env,
@@ -124,7 +125,7 @@ def test_glibc_keeps_the_pinned_mmap_threshold_and_can_cap_arenas() -> None:
     settings = Settings.from_env({}).replace(engine_allocator="glibc", engine_malloc_arena_max=2)
     env = engine_memory_env(settings, {})
     assert env == {
-        "MALLOC_MMAP_THRESHOLD_": str(settings.engine_mmap_threshold_bytes),
+        "MALLOC_MMAP_THRESHOLD_": str(ENGINE_MMAP_THRESHOLD_BYTES),
         "MALLOC_ARENA_MAX": "2",
     }
 
