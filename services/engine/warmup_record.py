@@ -23,6 +23,7 @@ from typing import Any
 
 from services.config import EngineSettings, Settings
 from services.config import engine as engine_config
+from services.engine import warmup
 from services.engine.backends.local import engine as local_engine
 from services.engine.backends.remote import routing
 from services.memory import allocators, word_caches
@@ -32,7 +33,7 @@ logger = logging.getLogger(__name__)
 RECORD_FILE = "warm-up.json"
 MAX_RECORDS = 32  # one per configuration this cache has seen; the oldest go first
 ENV_PREFIXES = ("VLLM_CPU_", "OMP_", "KMP_", "MALLOC_", "LD_PRELOAD", "ONEDNN_", "DNNL_")
-SETTINGS_OUTSIDE_ENGINE = ("reading_pace_tokens_per_second", "reading_pace_headroom", "temperature", "top_p")
+SETTINGS_OUTSIDE_ENGINE = ("reading_pace_tokens_per_second", "temperature", "top_p")
 
 
 def _cpu_model() -> str:
@@ -77,7 +78,8 @@ def record_key(settings: Settings, max_model_len: int) -> str:
     engine = {name: getattr(settings, name) for name in names} | engine_constants()
     parts: dict[str, Any] = {
         "engine": engine,
-        "pace": {name: getattr(settings, name) for name in SETTINGS_OUTSIDE_ENGINE},
+        "pace": {name: getattr(settings, name) for name in SETTINGS_OUTSIDE_ENGINE}
+        | {"reading_pace_headroom": warmup.READING_PACE_HEADROOM},
         "max_model_len": max_model_len,
         "model_files": _model_files(settings.model_path),
         "versions": [vllm.__version__, torch.__version__],

@@ -18,7 +18,7 @@ from services.engine.backends.local.engine import ENGINE_ONEDNN_CACHE_CAPACITY, 
 from services.engine.chat_engine import ChatEngine, SamplingSettings
 from services.engine.errors import TokenBudgetError
 from services.engine.stream_stats import StreamStats
-from services.engine.warmup import BATCH_SIZES, KERNEL_FILL_ANSWER_TOKENS, warm_up
+from services.engine.warmup import BATCH_SIZES, KERNEL_FILL_ANSWER_TOKENS, READING_PACE_HEADROOM, warm_up
 from services.engine.warmup_record import WarmUpRecords, record_key
 from services.memory import ENGINE_MMAP_THRESHOLD_BYTES, PRELOAD_LIBRARIES
 from tests.conftest import tiny_settings
@@ -185,7 +185,7 @@ async def test_warm_up_doubles_its_batches_until_one_is_too_slow_for_the_reading
     sooner), so the engine's own warm-up is checked for the rule: every batch but the last kept the
     reading pace, and the last is the largest or the first that did not."""
     settings = tiny_settings(tiny_model_dir)
-    slowest = 1 / (settings.reading_pace_tokens_per_second * settings.reading_pace_headroom)
+    slowest = 1 / (settings.reading_pace_tokens_per_second * READING_PACE_HEADROOM)
     speeds = engine.warm_up_report.decode_seconds_per_token
     sizes, allowed = sorted(speeds), sorted({min(s, settings.max_num_seqs) for s in BATCH_SIZES})
     assert sizes == allowed[: len(sizes)], "doubling from one stream, no size skipped"
