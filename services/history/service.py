@@ -206,7 +206,7 @@ class History:
             (settings.history_max_turns, conversations.trim_long_threads,
              "trimmed %d conversation(s) to their last %g turns", False),
         )  # fmt: skip
-        now, interval = time.monotonic(), settings.history_retention_interval_seconds
+        now, interval = time.monotonic(), conversations.HISTORY_RETENTION_INTERVAL_SECONDS
         due = self._retention_at is None or now - self._retention_at >= interval
         enabled = any(rule[0] for rule in rules) and self.available
         if not enabled or not (due or self._sweep_unfinished):
