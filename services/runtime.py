@@ -177,7 +177,7 @@ class Runtime:
         """Build and start what needs the engine, in order; each stop is pushed to undo it."""
         s, stack, engine = self.settings, self._stack, models.default
         processes = engine_processes()
-        requests = RequestMetrics(s.latency_samples_kept)
+        requests = RequestMetrics()
         self.registry.register(requests)
         stack.callback(self.registry.unregister, requests)
         usage, shared = self._usage(), shared_limits(s, self.history, stack)  # SHARED_LIMITS

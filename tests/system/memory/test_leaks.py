@@ -30,6 +30,7 @@ from services.engine.chat_engine import MAX_FINISH_CALLBACKS, ChatEngine, Sampli
 from services.engine.stream_stats import StreamStats
 from services.observability.maintenance import Maintenance
 from services.observability.memory import kv_cache_usage
+from services.observability.status import HEALTH_RECENT_OUTPUT_SECONDS
 from services.runtime import Runtime, Serving
 from tests.conftest import tiny_settings
 
@@ -388,19 +389,13 @@ async def test_health_ping_answers_without_counting_as_a_chat_request(
     await wait_until_idle(engine)
 
 
-async def test_health_counts_recent_output_as_answering_within_the_setting(
-    runtime: Runtime, engine: ChatEngine
-) -> None:
+async def test_health_counts_recent_output_as_answering(runtime: Runtime, engine: ChatEngine) -> None:
     engine.last_output_at = time.monotonic() - 0.5
     healthy, detail = await runtime.status.health()
     assert healthy and "last_output_seconds_ago" in detail, detail  # within 30 s: no ping
-    default = runtime.status.settings
-    runtime.status.settings = default.replace(health_recent_output_seconds=0.1)
-    try:
-        healthy, detail = await runtime.status.health()
-    finally:
-        runtime.status.settings = default
-    assert healthy and detail["ping_seconds"] > 0, detail  # older than the setting: ask the engine
+    engine.last_output_at = time.monotonic() - HEALTH_RECENT_OUTPUT_SECONDS - 1
+    healthy, detail = await runtime.status.health()
+    assert healthy and detail["ping_seconds"] > 0, detail  # older than that: ask the engine
     await wait_until_idle(engine)
 
 

@@ -85,8 +85,9 @@ def sample(at: float, requests: int, app_mb: float, worker_mb: float) -> MemoryS
 
 
 def test_growth_per_process_in_mb_per_hour_and_bytes_per_request() -> None:
-    settings = Settings.from_env({}).replace(leak_warmup_seconds=0.0, leak_window_seconds=3600.0)
-    monitor = MemoryMonitor(settings, clock=lambda: 0.0)
+    monitor = MemoryMonitor(
+        Settings.from_env({}), clock=lambda: 0.0, warmup_seconds=0.0, window_seconds=3600.0
+    )
     for minute in range(61):  # 10 requests a second; the worker keeps 3,500 B of each
         requests = minute * 600
         monitor.record(sample(minute * 60.0, requests, 700.0, 2000.0 + requests * 3500 / MB))
@@ -97,8 +98,9 @@ def test_growth_per_process_in_mb_per_hour_and_bytes_per_request() -> None:
 
 
 def test_bytes_per_request_waits_for_enough_requests() -> None:
-    settings = Settings.from_env({}).replace(leak_warmup_seconds=0.0, leak_window_seconds=3600.0)
-    monitor = MemoryMonitor(settings, clock=lambda: 0.0)
+    monitor = MemoryMonitor(
+        Settings.from_env({}), clock=lambda: 0.0, warmup_seconds=0.0, window_seconds=3600.0
+    )
     for minute in range(61):  # idle: 60 requests in an hour
         monitor.record(sample(minute * 60.0, minute, 700.0, 2000.0 + minute * 0.1))
     growth = monitor.process_growth(now=3600.0)
