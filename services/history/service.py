@@ -26,6 +26,7 @@ from services.history.database import create_engine, file_size_bytes, sqlite_mem
 from services.history.health import HistoryHealth
 from services.history.migrations import migrate
 from services.history.resume import chat_settings_of, turns_from_steps
+from services.history.thread_list import MAX_THREAD_NAME_CHARS
 
 logger = logging.getLogger(__name__)
 
@@ -159,8 +160,8 @@ class History:
         until = conversations.timestamp(datetime.now(UTC))
         self.layer.fence(thread_id, found[0] if keep_step else None, found[1], until)
         await self.layer.writes_done(thread_id, self.settings.database_timeout_seconds)
-        names = self.settings.max_thread_name_chars
-        cut = await self._guarded(branches.cut(self.engine, thread_id, step_id, keep_step, text, names))  # type: ignore[arg-type]
+        names = MAX_THREAD_NAME_CHARS
+        cut = await self._guarded(branches.cut(self.engine, thread_id, step_id, keep_step, text, names))  # type: ignore[arg-type]  # type: ignore[arg-type]
         return None if cut is FAILED else cut
 
     def notice_for(self, session: ChatSession) -> str | None:

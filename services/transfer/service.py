@@ -54,9 +54,8 @@ class Transfers:
         self.settings = settings
         self.audit = audit  # export, import and share events are recorded there
         self.limits = ImportLimits(
-            settings.import_max_conversations, settings.import_max_messages,
-            settings.import_max_message_chars, settings.max_json_depth,
-        )  # fmt: skip
+            settings.import_max_conversations, settings.import_max_messages, settings.import_max_message_chars
+        )
 
     async def export_one(self, thread_id: str, owner: str, format_name: str) -> ExportFile | None:
         """One conversation of `owner` as Markdown or as an archive of one; None if not theirs."""

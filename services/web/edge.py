@@ -15,6 +15,7 @@ from typing import Any
 
 from services.accounts.sign_in import SignIn
 from services.admin.routes import install_admin
+from services.api.checks import MAX_JSON_DEPTH
 from services.chat.store import CHAT_SETTING_KINDS
 from services.runtime import Runtime
 from services.web.access import install_access_guards
@@ -48,7 +49,7 @@ def _install_app_routes(http_app: Any, runtime: Runtime, origins: OriginPolicy) 
     install_session_routes(http_app)
     install_page_assets(http_app, runtime.settings.content_security_policy)
     install_http_errors(http_app)
-    install_name_cap(http_app, runtime.settings)
+    install_name_cap(http_app)
 
 
 def install_edge(
@@ -64,14 +65,14 @@ def install_edge(
         settings.socket_max_event_bytes,
     )
     guard_socket_events()  # replaces Engine.IO's message handler: the depth bound wraps it after
-    bound_socket_messages(settings.max_json_depth)
+    bound_socket_messages(MAX_JSON_DEPTH)
     install_upload_guard(
         http_app, settings.max_upload_bytes, session_exists=page_connected, on_reject=tell_uploader
     )
     install_client_id_guards(http_app)
     install_origin_policy(http_app, origins)
     http_app.add_middleware(
-        JsonBodyGuard, max_body_bytes=settings.max_request_body_bytes, max_depth=settings.max_json_depth
+        JsonBodyGuard, max_body_bytes=settings.max_request_body_bytes, max_depth=MAX_JSON_DEPTH
     )
     install_local_access(http_app, sign_in)
     install_client_addresses(http_app, settings, sign_in.mode)

@@ -27,7 +27,7 @@ from harness.postgres import PostgresCluster
 from services.chat.session import SessionDocument
 from services.chat.store import SessionStore
 from services.config import Settings
-from services.history import conversations, database
+from services.history import conversations, database, thread_list
 from services.history.database import POOL_SIZE, sqlite_path
 from services.history.migrations import CHAINLIT_COLUMNS, MIGRATIONS, migrate
 from services.history.resume import ANSWER_METADATA
@@ -205,8 +205,9 @@ async def test_the_thread_list_pages_in_one_statement_without_messages(history: 
         Pagination(first=2, cursor=str(uuid.uuid4())), ThreadFilter(userId=user_id)
     )
     assert [t["id"] for t in unknown.data] == threads[:-3:-1], "an unknown cursor starts from the top"
-    layer.settings = layer.settings.replace(thread_list_page_max=4)
-    capped = await layer.list_threads(Pagination(first=10**6), ThreadFilter(userId=user_id))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(thread_list, "THREAD_LIST_PAGE_MAX", 4)
+        capped = await layer.list_threads(Pagination(first=10**6), ThreadFilter(userId=user_id))
     assert len(capped.data) == 4 and capped.pageInfo.hasNextPage
 
 
