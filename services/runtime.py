@@ -182,7 +182,7 @@ class Runtime:
         stack = self._stack
         engine = models.default
         processes = engine_processes()
-        requests = RequestMetrics(s.latency_samples_kept)
+        requests = RequestMetrics()
         self.registry.register(requests)
         stack.callback(self.registry.unregister, requests)
         usage = self._usage()

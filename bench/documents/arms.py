@@ -30,6 +30,7 @@ from services.documents.echo_guard import StepGuards
 from services.documents.prompts import SummaryPrompts
 from services.documents.summarizer import Summarizer, SummaryJob
 from services.engine import AnswerTokens, ChatEngine, LoopGuardConfig
+from services.engine.answer_tokens import ANSWER_TOKEN_CACHE_TOKENS
 
 REVISION_PREFIX = "prompts@"
 PROMPTS_PATH = "services/documents/prompts.py"
@@ -113,7 +114,7 @@ def engine_for(engine: ChatEngine, side: str, settings: Settings) -> Iterator[No
     before = side == "before"
     engine.loop_guard = LOOP_GUARD_OFF if before else LoopGuardConfig.from_settings(settings)
     # "before" re-encoded the summary for its follow-up; the others quote the ids the engine wrote
-    engine.answer_tokens = AnswerTokens(0 if before else settings.answer_token_cache_tokens, 3600)
+    engine.answer_tokens = AnswerTokens(0 if before else ANSWER_TOKEN_CACHE_TOKENS, 3600)
     try:
         yield
     finally:

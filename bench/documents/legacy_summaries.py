@@ -24,14 +24,7 @@ LOOP_GUARD_OFF = LoopGuardConfig(min_tokens=0)
 
 
 def legacy_settings(settings: Settings) -> Settings:
-    return settings.replace(
-        repetition_penalty=1.0,
-        frequency_penalty=0.0,
-        follow_up_turns=0,
-        summary_min_tokens=0,
-        single_pass_max_tokens=10**9,
-        summary_map_tokens=max(32, min(settings.summary_max_tokens, settings.summary_chunk_tokens // 6)),
-    )
+    return settings.replace(repetition_penalty=1.0, frequency_penalty=0.0, single_pass_max_tokens=10**9)
 
 
 class LegacyPrompts(SummaryPrompts):
@@ -77,6 +70,13 @@ class LegacyPrompts(SummaryPrompts):
 
 class LegacySummarizer(Summarizer):
     prose = False  # no paraphrase guard, no stop at a "---" rule
+    min_summary_tokens = 0
+    follow_up_turns = 0
+
+    @property  # type: ignore[override]
+    def map_tokens(self) -> int:
+        s = self.settings
+        return max(32, min(s.summary_max_tokens, s.summary_chunk_tokens // 6))
 
     def prompts(self, job: SummaryJob) -> SummaryPrompts:
         return LegacyPrompts("en", job.request)

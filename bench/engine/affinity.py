@@ -45,10 +45,11 @@ from services.config import Settings
 from services.engine import ChatEngine, SamplingSettings
 from services.engine.backends.local import ensure_default_model
 from services.engine.backends.remote import RemoteLLM
+from services.engine.backends.remote.routing import ENGINE_AFFINITY_SLACK
 from services.engine.route_hint import set_route_hint
 
 MAX_MODEL_LEN = 8192
-OWN_ARMS = {"affinity": 4, "by_load": None}  # ENGINE_AFFINITY_SLACK, None = affinity off
+OWN_ARMS = {"affinity": ENGINE_AFFINITY_SLACK, "by_load": None}  # None = affinity off
 ROUTER_POLICIES = ("consistent_hash", "cache_aware", "round_robin")  # arms router_<policy>
 
 

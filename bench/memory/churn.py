@@ -51,10 +51,12 @@ import random
 import signal
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -66,6 +68,7 @@ from services.admission.tickets import CHAT, DOCUMENT, engine_priority, queue_ke
 from services.chat.store import session_sampling
 from services.config import Settings
 from services.engine import ChatEngine, RepetitionError, SamplingSettings, StreamStats, engine_lifespan
+from services.engine.backends.local import engine as local_engine
 from services.engine.backends.local import engine_processes
 from services.memory import engine_memory_env
 from services.observability.app_probe import mapping_categories
@@ -81,7 +84,11 @@ ARMS: dict[str, dict[str, Any]] = {
     "glibc-arena2": {"engine_allocator": "glibc", "engine_malloc_arena_max": 2},
     "tcmalloc": {"engine_allocator": "tcmalloc"},
     "jemalloc": {"engine_allocator": "jemalloc"},
-    "onednn-vllm": {"engine_onednn_mm_cache": 0},  # vLLM's own 32 primitives per weight
+    "onednn-vllm": {},  # the settings as configured; ENGINE_CONSTANT_ARMS changes the engine
+}
+# Arms that change constants of the in-process engine (services/engine/backends/local/engine.py).
+ENGINE_CONSTANT_ARMS: dict[str, dict[str, Any]] = {
+    "onednn-vllm": {"ENGINE_ONEDNN_MM_CACHE": 0},  # vLLM's own 32 primitives per weight
 }
 JEMALLOC_PROFILING = "prof:true,prof_active:true,lg_prof_sample:16"
 ENGINE_ROLES = ("EngineCore", "Worker")
@@ -352,6 +359,15 @@ def arm_settings(base: Settings, arm: str, probe_dir: Path | None, probe: str = 
     return settings
 
 
+@contextlib.asynccontextmanager
+async def arm_engine(settings: Settings, arm: str) -> AsyncIterator[ChatEngine]:
+    """The engine of one arm: its settings, and the engine constants the arm changes."""
+    constants = ENGINE_CONSTANT_ARMS.get(arm, {})
+    with mock.patch.multiple(local_engine, **constants) if constants else contextlib.nullcontext():
+        async with engine_lifespan(settings) as engine:
+            yield engine
+
+
 async def run_arm(base: Settings, arm: str, options: ChurnOptions, out: Path) -> dict[str, Any]:
     """One engine, `options.requests` requests, a memory row every `sample_every`."""
     probe_dir = out / f"probe-{arm}" if options.probe else None
@@ -364,7 +380,7 @@ async def run_arm(base: Settings, arm: str, options: ChurnOptions, out: Path) ->
     rows = []
     busy_seconds = 0.0
     workload = Workload(options, settings)
-    async with engine_lifespan(settings) as engine:
+    async with arm_engine(settings, arm) as engine:
         engine.on_finish(tally.record)
         await wait_until_idle(engine, settle)
         rows.append(memory_row(0, 0.0))

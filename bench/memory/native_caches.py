@@ -3,9 +3,9 @@
     .venv/bin/python bench/memory/native_caches.py                   # ~1 minute
     .venv/bin/python bench/memory/native_caches.py --save-results    # JSON under bench/results/memory/
 
-The app bounds the BPE word cache at TOKENIZER_WORD_CACHE words (services/engine/lifespan.py;
+The app bounds the BPE word cache at TOKENIZER_WORD_CACHE words (services/memory/word_caches.py;
 tokenizers' own default is 10,000). Three copies of the default model's tokenizer
-(10,000 words, the setting, no cache) encode the real documents of
+(10,000 words, the app's bound, no cache) encode the real documents of
 bench/data/summary_documents.json, the arms interleaved round by round. Reported
 per arm: the median time per round, its ratio to tokenizers' default, and the glibc
 heap the arm's cache took in its first round and in the rounds after (documents
@@ -30,7 +30,7 @@ from bench.documents.corpus import load_documents
 from services.config import Settings
 from services.documents.encoding import decode_text
 from services.engine.backends.local import ensure_default_model
-from services.memory import bound_tokenizer_word_cache, fill_numpy_buffer_cache
+from services.memory import TOKENIZER_WORD_CACHE, bound_tokenizer_word_cache, fill_numpy_buffer_cache
 from services.observability.maintenance import malloc_info
 
 TOKENIZERS_DEFAULT_WORDS = 10_000
@@ -47,7 +47,7 @@ def measure(rounds: int, settings: Settings) -> dict:
     documents, skipped = load_documents(None)
     texts = [decode_text(entry["data"], []) for entry in documents]
     folder = ensure_default_model(settings)
-    arms = {f"{words} words": words for words in (TOKENIZERS_DEFAULT_WORDS, settings.tokenizer_word_cache, 0)}
+    arms = {f"{words} words": words for words in (TOKENIZERS_DEFAULT_WORDS, TOKENIZER_WORD_CACHE, 0)}
     tokenizers = {name: AutoTokenizer.from_pretrained(folder) for name in arms}
     for name, words in arms.items():
         bound_tokenizer_word_cache(tokenizers[name], words)

@@ -8,8 +8,9 @@ On CPU, vLLM multiplies matrices with oneDNN, which compiles a kernel
 of 1024 by default. The soak's steps have ever-new sizes (prompts and batches
 of every length), so that cache is a slow memory ramp. This runs the same
 sweep twice, one engine after the other (each starts a fresh worker, which
-reads the capacity at start): once with ENGINE_ONEDNN_CACHE_CAPACITY as
-configured, once with oneDNN's default. Each sweep sends prompts with
+reads the capacity at start): once with the app's cap
+(ENGINE_ONEDNN_CACHE_CAPACITY, services/engine/backends/local/engine.py),
+once with oneDNN's default. Each sweep sends prompts with
 distinct token counts one at a time, one answer token each, so every prefill
 step has a batch size the worker has not seen; each prompt starts with its
 own number, so the prefix cache cannot make two steps the same size.
@@ -26,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -33,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import machine_info, run_until_signalled
 from services.config import Settings
 from services.engine import ChatEngine, SamplingSettings, engine_lifespan
+from services.engine.backends.local import engine as local_engine
 from services.observability.memory import process_tree_memory
 
 ONEDNN_DEFAULT_CAPACITY = 1024
@@ -71,20 +74,22 @@ async def sweep(engine: ChatEngine, prompts: list[Chat], tag: str) -> None:
             pass
 
 
-async def run_arm(settings: Settings, sizes: int, warmup: int) -> dict[str, Any]:
-    """One engine, one sweep: RSS every 20 sizes, growth after the warm-up sizes."""
-    async with engine_lifespan(settings) as engine:
-        prompts = distinct_size_prompts(engine, warmup + sizes)
-        await sweep(engine, prompts[:warmup], "warm")
-        series = [(0, worker_rss_mb())]
-        started = time.monotonic()
-        for first in range(warmup, warmup + sizes, 20):
-            await sweep(engine, prompts[first : first + 20], f"s{first}")
-            series.append((min(first + 20, warmup + sizes) - warmup, worker_rss_mb()))
-        seconds = time.monotonic() - started
-        unfinished = engine.unfinished_requests()
+async def run_arm(settings: Settings, sizes: int, warmup: int, capacity: int) -> dict[str, Any]:
+    """One engine whose worker caps oneDNN's cache at `capacity`, one sweep: RSS every 20 sizes,
+    growth after the warm-up sizes."""
+    with mock.patch.object(local_engine, "ENGINE_ONEDNN_CACHE_CAPACITY", capacity):
+        async with engine_lifespan(settings) as engine:
+            prompts = distinct_size_prompts(engine, warmup + sizes)
+            await sweep(engine, prompts[:warmup], "warm")
+            series = [(0, worker_rss_mb())]
+            started = time.monotonic()
+            for first in range(warmup, warmup + sizes, 20):
+                await sweep(engine, prompts[first : first + 20], f"s{first}")
+                series.append((min(first + 20, warmup + sizes) - warmup, worker_rss_mb()))
+            seconds = time.monotonic() - started
+            unfinished = engine.unfinished_requests()
     return {
-        "onednn_cache_capacity": settings.engine_onednn_cache_capacity,
+        "onednn_cache_capacity": capacity,
         "sweep_seconds": round(seconds, 1),
         "worker_rss_after_warmup_mb": round(series[0][1], 1),
         "worker_rss_growth_mb": round(series[-1][1] - series[0][1], 1),
@@ -95,9 +100,8 @@ async def run_arm(settings: Settings, sizes: int, warmup: int) -> dict[str, Any]
 
 async def run(sizes: int, warmup: int) -> dict[str, Any]:
     configured = Settings.from_env()
-    default = configured.replace(engine_onednn_cache_capacity=ONEDNN_DEFAULT_CAPACITY)
-    capped = await run_arm(configured, sizes, warmup)
-    uncapped = await run_arm(default, sizes, warmup)
+    capped = await run_arm(configured, sizes, warmup, local_engine.ENGINE_ONEDNN_CACHE_CAPACITY)
+    uncapped = await run_arm(configured, sizes, warmup, ONEDNN_DEFAULT_CAPACITY)
     return {
         "machine": machine_info(),
         "model": configured.model_path,

@@ -56,6 +56,7 @@ from bench.common import machine_info, result_path
 from harness.server import AppServer, VllmServer
 from services.config import Settings
 from services.engine.backends.local import ensure_default_model, worker_thread_env
+from services.engine.backends.local.engine import ENGINE_ONEDNN_CACHE_CAPACITY
 from services.memory import engine_memory_env
 
 TARGET_THROUGHPUT_RATIO = 0.95
@@ -205,7 +206,7 @@ def app_engine_options(settings: Settings) -> tuple[dict[str, str], list[str]]:
     """(environment, server flags): what the app gives vLLM's processes beyond the shared options."""
     env = {
         **engine_memory_env(settings, {}),
-        "ONEDNN_PRIMITIVE_CACHE_CAPACITY": str(settings.engine_onednn_cache_capacity),
+        "ONEDNN_PRIMITIVE_CACHE_CAPACITY": str(ENGINE_ONEDNN_CACHE_CAPACITY),
     }
     if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:  # the app's layout, as prepare_process_env picks it
         env.update(worker_thread_env(os.sched_getaffinity(0)))

@@ -9,7 +9,7 @@ from services.accounts.names import AccountError
 from services.accounts.passwords import generated_password
 from services.accounts.store import ROLES
 from services.admin.html import Html, choice, field, get_form, hidden, join, post_form, table, tag
-from services.admin.sections import ActionError, Section, Visit
+from services.admin.sections import ADMIN_LIST_MAX_ROWS, ActionError, Section, Visit
 
 SIGN_IN_KINDS = ("password", "generate", "none")  # typed, generated and shown once, header/OAuth only
 
@@ -66,7 +66,7 @@ def _add_form(token: str) -> Html:
 
 
 async def accounts_page(visit: Visit) -> Html:
-    limit = visit.runtime.settings.admin_list_max_rows
+    limit = ADMIN_LIST_MAX_ROWS
     listed = await _changes(visit).store.list()
     rows = [
         [
@@ -153,7 +153,7 @@ async def set_role(visit: Visit, form: dict[str, str]) -> str:
 
 async def keys_page(visit: Visit) -> Html:
     changes = _changes(visit)
-    limit = visit.runtime.settings.admin_list_max_rows
+    limit = ADMIN_LIST_MAX_ROWS
     person = visit.query.get("user", "").strip()[:64]
     try:
         keys = await changes.keys.list(person or None)

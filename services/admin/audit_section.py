@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from services.admin.html import Html, field, get_form, join, link, table, tag
-from services.admin.sections import ActionError, Section, Visit
+from services.admin.sections import ADMIN_LIST_MAX_ROWS, ActionError, Section, Visit
 from services.audit import actions
 from services.audit.filters import AuditFilter, FilterError, to_csv
 from services.audit.log import COLUMNS
@@ -50,7 +50,7 @@ async def audit_page(visit: Visit) -> Html:
     if visit.audit is None:
         raise ActionError("The audit log needs the database, and this service runs without one.")
     chosen = chosen_filter(visit)
-    limit = visit.runtime.settings.admin_list_max_rows
+    limit = ADMIN_LIST_MAX_ROWS
     entries = await visit.audit.entries(chosen, limit)
     rows = [
         [

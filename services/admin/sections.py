@@ -28,6 +28,10 @@ from services.admin.html import Html
 from services.audit.log import AuditLog
 from services.runtime import Runtime
 
+ADMIN_LIST_MAX_ROWS = (
+    200  # rows a section lists per table (accounts, API keys, audit entries); filters narrow it
+)
+
 
 class ActionError(ValueError):
     """An action refused (bad input, or a rule of the accounts): answered 400 with the message."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 from services.accounts.names import AccountError, normalize_username, parse_identity
 from services.accounts.store import AccountStore
 from services.admin.html import Html, field, get_form, join, link, post_form, table, tag
-from services.admin.sections import ActionError, Section, Visit
+from services.admin.sections import ADMIN_LIST_MAX_ROWS, ActionError, Section, Visit
 from services.audit import actions
 from services.usage.export import usage_csv
 from services.usage.periods import DAY, MONTH, days_back, utc_day, utc_now
@@ -114,7 +114,7 @@ HEADERS = [
 
 
 async def usage_page(visit: Visit) -> Html:
-    limit = visit.runtime.settings.admin_list_max_rows
+    limit = ADMIN_LIST_MAX_ROWS
     rows = await _rows(visit, limit)
     people = sorted({row.person for row in rows})[:limit]
     cells = [

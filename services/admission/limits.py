@@ -37,6 +37,8 @@ from services.config import Settings
 TOKEN_WINDOW_SECONDS = 60.0
 MESSAGE_WINDOW_SECONDS = 60.0
 DOCUMENT_WINDOW_SECONDS = 3600.0
+# People whose usage is remembered at once (each is forgotten an hour after their last request).
+USER_TABLE_ENTRIES = 100_000
 
 
 def user_key(user: str | None, address: str | None = None) -> str:
@@ -76,7 +78,7 @@ class UserLimits:
         self.settings = settings
         self.clock = clock
         self._users: TTLCache[str, UserUsage] = TTLCache(
-            settings.user_table_entries, DOCUMENT_WINDOW_SECONDS, timer=clock
+            USER_TABLE_ENTRIES, DOCUMENT_WINDOW_SECONDS, timer=clock
         )
 
     def __len__(self) -> int:

@@ -30,6 +30,7 @@ from services.admission.tickets import engine_priority
 from services.admission.waiting_line import CHAT, WaitingLine
 from services.config import Settings
 from services.engine import ChatEngine, EngineLoad, Message, SamplingSettings, StreamStats, is_engine_busy
+from services.engine.warmup import READING_PACE_HEADROOM
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ class Admission:
         self.accounting: Accounting = accounting if accounting is not None else NoAccounting()
         self.load = load
         self.capacity = DecodeCapacity(
-            settings.reading_pace_tokens_per_second * settings.reading_pace_headroom, max_running
+            settings.reading_pace_tokens_per_second * READING_PACE_HEADROOM, max_running
         )
         self.line = WaitingLine(settings, self.capacity)
         self.limits = UserLimits(settings)

@@ -61,6 +61,9 @@ from services.admission.shared_database import SharedDatabase, digest, lock
 from services.config import Settings
 
 LOCK_CLASS = 7_311_043  # the first key of pg_advisory_xact_lock(class, person) for limits
+# A running turn holds one of its person's USER_MAX_CONCURRENT_TURNS in the database this long, renewed
+# every third of it by its replica: a killed replica's turns free their places after at most this.
+SHARED_LEASE_SECONDS = 60.0
 TOKENS, DOCUMENTS, MESSAGES = "tokens", "documents", "messages"
 
 STATE = text(
@@ -144,7 +147,7 @@ class SharedLimits:
             if (refusal := turn_refusal(settings, [tuple(row) for row in rows], documents, now)) is not None:
                 raise refusal
             if lease is not None:
-                expires = now + settings.shared_lease_seconds
+                expires = now + SHARED_LEASE_SECONDS
                 values = {"id": lease, "person": person, "holder": self.holder, "expires": expires}
                 await connection.execute(OPEN_LEASE, {**values, "now": now})
             if documents and settings.user_documents_per_hour:
@@ -205,9 +208,9 @@ class SharedLimits:
     async def _renew_forever(self) -> None:
         """Every third of SHARED_LEASE_SECONDS: renew this replica's leases, and sweep."""
         while True:
-            await asyncio.sleep(self.settings.shared_lease_seconds / 3)
+            await asyncio.sleep(SHARED_LEASE_SECONDS / 3)
             if self.held:
-                values = {"expires": self.clock() + self.settings.shared_lease_seconds, "holder": self.holder}
+                values = {"expires": self.clock() + SHARED_LEASE_SECONDS, "holder": self.holder}
                 await self.database.run(lambda connection, values=values: connection.execute(RENEW, values))
             await self.sweep()
 

@@ -38,6 +38,7 @@ from services.config import Settings
 
 OVERLOADED_SECONDS = 60.0  # a capacity refusal keeps the line overloaded this long
 SERVICE_SMOOTHING = 0.1  # weight of each new measurement in the moving average
+MAX_PREFILLING_REQUESTS = 2  # admitted requests still reading their prompt at most (may_prefill says why)
 MEASURED_AFTER = 3  # chat turns released before the estimate alone decides (until then: one round)
 
 
@@ -45,9 +46,10 @@ class WaitingLine:
     """The running requests and our bounded line of waiting ones; `place` is the one way in."""
 
     def __init__(
-        self, settings: Settings, capacity: DecodeCapacity, clock: Callable[[], float] = time.monotonic
-    ):
-        self.settings = settings
+        self, settings: Settings, capacity: DecodeCapacity, clock: Callable[[], float] = time.monotonic,
+        max_prefilling: int = MAX_PREFILLING_REQUESTS,
+    ):  # fmt: skip
+        self.settings, self.max_prefilling = settings, max_prefilling  # max_prefilling 0: no bound
         self.capacity = capacity
         self.clock = clock
         self.pace = StreamPace(settings.reading_pace_tokens_per_second, clock)  # what chat streams get
@@ -92,14 +94,13 @@ class WaitingLine:
         return ticket.kind != DOCUMENT or documents < self.document_slots
 
     def may_prefill(self, ticket: Ticket) -> bool:
-        """Whether `ticket`'s prompt may be read now: few prompts at once, documents one of them (at
-        the engine: other replicas' too)."""
-        bound = self.settings.max_prefilling_requests
-        if not self.enabled or bound <= 0:
+        """Whether `ticket`'s prompt may be read now: few at once, as each engine step that reads one pauses
+        every running stream, and documents one of them (at the engine: other replicas' too)."""
+        if not self.enabled or self.max_prefilling <= 0:
             return True
         if ticket.kind == DOCUMENT and self.reading_document:
             return False
-        return len(self.prefilling) < bound
+        return len(self.prefilling) < self.max_prefilling
 
     @property
     def reading_document(self) -> bool:

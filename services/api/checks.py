@@ -20,6 +20,9 @@ from services.api.errors import ApiError
 from services.config import Settings
 
 SET_BY_SERVICE = ("priority",)  # vLLM parameters a caller may not choose: the service ranks requests
+# Deepest nesting of a JSON request body (the API's, Chainlit's routes') or socket message: deeper ones are
+# refused before they are parsed for real.
+MAX_JSON_DEPTH = 64
 
 
 @cache

@@ -23,7 +23,7 @@ from services.admission.limits import user_key
 from services.admission.refusals import Refused
 from services.admission.service import Admission
 from services.admission.waiting_line import API
-from services.api.checks import check_request, parse_body
+from services.api.checks import MAX_JSON_DEPTH, check_request, parse_body
 from services.api.errors import ApiError, with_normalized_errors
 from services.api.metrics import ApiMetrics, route_label
 from services.api.server import SERVED_PATHS
@@ -161,7 +161,7 @@ class ApiGate:
             await self.server.app(scope, receive, send)
             return
         body = await read_body(scope, receive, self.settings.api_max_body_bytes)
-        request = parse_body(body, self.settings.max_json_depth)
+        request = parse_body(body, MAX_JSON_DEPTH)
         check_request(path, request, self.settings)
         answer = AnswerMeter(send, request)
         async with self.admission.admit(holder, answer) as priority:

@@ -20,6 +20,7 @@ TARGET_CHARS = 256
 ADDRESS_CHARS = 64
 KEY_CHARS = 64
 VALUE_CHARS = 512
+AUDIT_DETAILS_MAX_BYTES = 4096  # JSON `details` of one entry at most; longer details are cut (and say so)
 LIST_ITEMS = 20
 MASK = "***"
 # Words (split on `_`, `-`, `.` and spaces) that mark a key or a setting's name as secret.

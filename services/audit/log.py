@@ -24,7 +24,15 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.audit.details import ACTION_CHARS, ACTOR_CHARS, ADDRESS_CHARS, TARGET_CHARS, details_json, short
+from services.audit.details import (
+    ACTION_CHARS,
+    ACTOR_CHARS,
+    ADDRESS_CHARS,
+    AUDIT_DETAILS_MAX_BYTES,
+    TARGET_CHARS,
+    details_json,
+    short,
+)
 from services.audit.filters import AuditFilter, timestamp
 from services.config import Settings
 
@@ -33,6 +41,7 @@ logger = logging.getLogger(__name__)
 DELETE_BATCH = 1000  # rows one retention statement deletes
 BATCHES = 20  # statements per rule per retention round at most
 MAX_PENDING = 1000  # background writes in flight at most (record_soon); more are dropped and logged
+RETENTION_INTERVAL_SECONDS = 300.0  # how often the retention rules run: as the history's sweeps
 COLUMNS = ("at", "actor", "action", "target", "address", "details")
 
 
@@ -77,7 +86,7 @@ class AuditLog:
             "action": short(action, ACTION_CHARS),
             "target": short(target, TARGET_CHARS),
             "address": short(address, ADDRESS_CHARS),
-            "details": details_json(details, self.settings.audit_details_max_bytes),
+            "details": details_json(details, AUDIT_DETAILS_MAX_BYTES),
         }
         try:
             async with self.engine.begin() as connection:
@@ -132,10 +141,10 @@ class AuditLog:
 
     async def retention_round(self) -> int:
         """Delete entries past AUDIT_RETENTION_DAYS and the oldest beyond AUDIT_MAX_ROWS, a batch per
-        rule, every HISTORY_RETENTION_INTERVAL_SECONDS (a maintenance round calls it); how many went."""
+        rule, every RETENTION_INTERVAL_SECONDS (a maintenance round calls it); how many went."""
         s = self.settings
         now = time.monotonic()
-        if self._retention_at is not None and now - self._retention_at < s.history_retention_interval_seconds:
+        if self._retention_at is not None and now - self._retention_at < RETENTION_INTERVAL_SECONDS:
             return 0
         self._retention_at = now
         deleted = 0

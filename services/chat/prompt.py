@@ -7,12 +7,14 @@ from dataclasses import dataclass
 from services.chat.session import ChatSession
 from services.config import Settings
 from services.documents.chunking import split_into_chunks
+from services.documents.planning import FOLLOW_UP_TURN_TOKENS
 from services.documents.prompts import document_system_message
 from services.documents.ranking import rank_chunks
 from services.engine import ChatEngine, Message, TokenBudgetError, token_budget
 
 # Chat-template tokens around each message (role markers, separators), with a margin.
 MESSAGE_OVERHEAD_TOKENS = 6
+RETRIEVAL_TOP_K = 4  # excerpts quoted for a question when the document does not fit whole
 
 
 @dataclass(frozen=True)
@@ -84,20 +86,18 @@ class PromptBuilder:
         if document is None:
             return {"role": "system", "content": session.system_prompt}
         plan = document.plan
-        least_answer = (
-            answer_tokens if plan is None else min(answer_tokens, self.settings.follow_up_turn_tokens)
-        )
+        least_answer = answer_tokens if plan is None else min(answer_tokens, FOLLOW_UP_TURN_TOKENS)
         whole = document_system_message(session.system_prompt, document.name, document.text)
         if (plan is None or plan.whole) and self._cost(
             whole
         ) + new_cost + least_answer <= self.engine.max_model_len:
             return whole
         room = self.engine.max_model_len - answer_tokens - new_cost
-        size = max(64, room // (2 * self.settings.retrieval_top_k))
+        size = max(64, room // (2 * RETRIEVAL_TOP_K))
         if document.chunk_tokens != size:
             document.chunks = tuple(split_into_chunks(document.text, self.engine.count_tokens, size))
             document.chunk_tokens = size
-        picked = rank_chunks(list(document.chunks), question, self.settings.retrieval_top_k)
+        picked = rank_chunks(list(document.chunks), question, RETRIEVAL_TOP_K)
         excerpts = "\n\n".join(f"[excerpt {i + 1}] {document.chunks[i]}" for i in picked)
         return {
             "role": "system",

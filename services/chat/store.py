@@ -29,6 +29,9 @@ logger = logging.getLogger(__name__)
 
 # How long a new turn waits for the turn it cancelled to finish its cleanup.
 PREVIOUS_TURN_GRACE_SECONDS = 2.0
+# Sessions whose page went away kept for its return (Chainlit's session_timeout) at most: beyond it the
+# longest gone are dropped at once, Chainlit's copy too, so a storm of closed tabs holds no more.
+MAX_SESSIONS_AWAITING_RECONNECT = 200
 
 
 def session_sampling(settings: Settings) -> SamplingSettings:
@@ -138,7 +141,7 @@ class SessionStore:
         self._cancel_turn(session, "disconnected")
         session.reconnect_deadline = self.timer() + keep_seconds
         gone = self._awaiting_reconnect()
-        over = len(gone) - self.settings.max_sessions_awaiting_reconnect
+        over = len(gone) - MAX_SESSIONS_AWAITING_RECONNECT
         dropped = sorted(gone, key=lambda s: s.reconnect_deadline or 0)[: max(0, over)]
         for stale in dropped:
             del self._sessions[stale.session_id]

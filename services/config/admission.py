@@ -42,24 +42,6 @@ class AdmissionSettings:
         "(no waiting queue).",
         0,
     )
-    reading_pace_headroom: float = setting(
-        1.25,
-        "READING_PACE_HEADROOM",
-        "The running limit is planned for this multiple of READING_PACE_TOKENS_PER_SECOND: the "
-        "decode-speed model leaves out the prefills of newly admitted turns and document parts, "
-        "which slow every stream while they run. 1 = plan for the pace exactly (the slowest "
-        "streams then fall under it).",
-        1,
-    )
-    max_prefilling_requests: int = setting(
-        2,
-        "MAX_PREFILLING_REQUESTS",
-        "Requests admitted to the engine that have not streamed their first token yet (their prompt "
-        "is being read) at most; more wait in our queue a moment. Every engine step that reads "
-        "prompts pauses every running stream, so a burst of arrivals is read a few at a time. "
-        "Document parts take at most one of them. 0 = no bound.",
-        0,
-    )
     admission_queue_max: int = setting(
         64,
         "ADMISSION_QUEUE_MAX",
@@ -111,14 +93,6 @@ class AdmissionSettings:
         "else in this process; `on` = in the database (PostgreSQL only); `off` = each process counts its "
         "own. While the database cannot answer, each process counts its own.",
     )
-    shared_lease_seconds: float = setting(
-        60.0,
-        "SHARED_LEASE_SECONDS",
-        "With shared limits, a running turn holds one of its person's USER_MAX_CONCURRENT_TURNS in the "
-        "database for this long, renewed every third of it by its replica: the turns of a replica that "
-        "was killed free their places after at most this.",
-        3,
-    )
     shared_line_seconds: float = setting(
         1.0,
         "SHARED_LINE_SECONDS",
@@ -130,12 +104,6 @@ class AdmissionSettings:
         "waiting person's place and estimate and ADMISSION_QUEUE_MAX count everyone waiting. 0 = each "
         "replica's waiting line, pace and documents' share are its own.",
         0,
-    )
-    user_table_entries: int = setting(
-        100_000,
-        "USER_TABLE_ENTRIES",
-        "People whose usage is remembered at once (an hour after their last request they are forgotten).",
-        1,
     )
 
 

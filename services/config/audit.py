@@ -26,21 +26,9 @@ class AuditSettings:
         "of failed sign-ins cannot fill the disk (~300 bytes an entry); 0 = no cap.",
         0,
     )
-    audit_details_max_bytes: int = setting(
-        4096,
-        "AUDIT_DETAILS_MAX_BYTES",
-        "Largest JSON `details` of one audit entry; longer details are cut (and say so).",
-        256,
-    )
     audit_export_max_rows: int = setting(
         10_000,
         "AUDIT_EXPORT_MAX_ROWS",
         "Most rows one CSV export (the admin page) or `python -m services.accounts audit` gives.",
-        1,
-    )
-    admin_list_max_rows: int = setting(
-        200,
-        "ADMIN_LIST_MAX_ROWS",
-        "Most rows the admin page lists per table (accounts, API keys, audit entries); filters narrow it.",
         1,
     )

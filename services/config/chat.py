@@ -36,38 +36,8 @@ class ChatSettings:
         32,
         "LOOP_GUARD_MIN_TOKENS",
         "The loop guard stops an answer (and aborts its engine request) once a unit of tokens has "
-        "been repeated exactly over this many tokens; 0 = off.",
-        0,
-    )
-    loop_guard_min_repeats: int = setting(
-        3, "LOOP_GUARD_MIN_REPEATS", "Copies of the repeated unit before the loop guard fires.", 2
-    )
-    loop_guard_max_period_tokens: int = setting(
-        256, "LOOP_GUARD_MAX_PERIOD_TOKENS", "Longest repeated unit, in tokens, the loop guard looks for.", 1
-    )
-    loop_guard_echo_window: int = setting(
-        8,
-        "LOOP_GUARD_ECHO_WINDOW",
-        "Summaries only: the loop guard also stops a summary once LOOP_GUARD_ECHO_SHARE of its last "
-        "this many word 4-grams already appeared in it (a loop in paraphrase); 0 = off.",
-        0,
-    )
-    loop_guard_echo_share: float = setting(
-        0.6, "LOOP_GUARD_ECHO_SHARE", "Share of repeated word 4-grams that stops a summary.", 0.01
-    )
-    loop_guard_echo_sentence_share: float = setting(
-        0.7,
-        "LOOP_GUARD_ECHO_SENTENCE_SHARE",
-        "Summaries only: a sentence of prose (5+ words, not a list item) whose character 5-grams are "
-        "this share or more already in the summary stops it there (a sentence again, misspelled).",
-        0.01,
-    )
-    answer_token_cache_tokens: int = setting(
-        262_144,
-        "ANSWER_TOKEN_CACHE_TOKENS",
-        "Token ids of recent answers kept (for SESSION_TTL_SECONDS) so a follow-up quotes them "
-        "exactly and vLLM's prefix cache serves them; each answer counts 128 more (its overhead), "
-        "~4 bytes a unit: ~1 MB at most by default; 0 = off.",
+        "been repeated exactly over this many tokens (its other thresholds: services/engine/loop_guard.py); "
+        "0 = off, the paraphrase guard of summaries too.",
         0,
     )
     max_new_tokens: int = setting(512, "MAX_NEW_TOKENS", "Default answer budget in tokens.", 1)
@@ -87,13 +57,6 @@ class ChatSettings:
     )
     max_sessions: int = setting(
         1000, "MAX_SESSIONS", "Sessions kept at once; the least recently used is evicted.", 1
-    )
-    max_sessions_awaiting_reconnect: int = setting(
-        200,
-        "MAX_SESSIONS_AWAITING_RECONNECT",
-        "Sessions whose page went away kept for its return (Chainlit's session_timeout) at most; beyond "
-        "it the longest gone are dropped at once, Chainlit's copy too (a storm of closed tabs).",
-        0,
     )
     session_ttl_seconds: float = setting(
         3600.0, "SESSION_TTL_SECONDS", "Idle time after which a session is dropped.", 1

@@ -10,6 +10,9 @@ from services.config.fields import setting
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 ENGINE_ALLOCATORS = ("glibc", "jemalloc", "tcmalloc")
+# The most models read from one vLLM server's /v1/models (the rest are ignored), and so the most MODELS
+# may name with ENGINE_URLS: a bound on what a server may make this app hold, far above real listings.
+ENGINE_MODELS_MAX = 32
 
 
 def default_cache_dir() -> str:
@@ -121,33 +124,6 @@ class EngineSettings:
         "0 = as many as VLLM_CPU_KVCACHE_SPACE (or GPU_MEMORY_UTILIZATION) holds.",
         0,
     )
-    engine_mmap_threshold_bytes: int = setting(
-        128 * 1024,
-        "ENGINE_MMAP_THRESHOLD_BYTES",
-        "glibc MALLOC_MMAP_THRESHOLD_ of the vLLM processes: blocks this size and up are "
-        "mmapped and returned to the OS when freed. glibc's own threshold drifts up to 32 MB, "
-        "after which tensors of varying length pile up in a heap that never shrinks. "
-        "0 = glibc's drifting default.",
-        0,
-    )
-    engine_onednn_cache_capacity: int = setting(
-        16,
-        "ENGINE_ONEDNN_CACHE_CAPACITY",
-        "oneDNN's global primitive cache (ONEDNN_PRIMITIVE_CACHE_CAPACITY) in vLLM's CPU "
-        "processes. Each new batch size compiles 4 matmul primitives (~1.2 MB with the default "
-        "model); oneDNN's default keeps 1024 (~300 MB), filled slowly as traffic brings new sizes. "
-        "vLLM keeps its own 32 sizes per layer shape in front of it. 1024 = oneDNN's default.",
-        0,
-    )
-    engine_onednn_mm_cache: int = setting(
-        8,
-        "ENGINE_ONEDNN_MM_CACHE",
-        "oneDNN matmul primitives vLLM's CPU linear layers keep per weight, one per step size "
-        "(vLLM's own: 32). Large steps' primitives are large and an LRU keeps them after a peak of "
-        "load: 8 kept ~25 MB less in the worker and no step at a burst (BENCHMARKS.md). "
-        "0 = vLLM's own.",
-        0,
-    )
     engine_allocator: str = setting(
         "jemalloc",
         "ENGINE_ALLOCATOR",
@@ -192,13 +168,6 @@ class EngineSettings:
         "(BENCHMARKS.md, memory soak). 0 = glibc's default (8 per core).",
         0,
     )
-    tokenizer_word_cache: int = setting(
-        1000,
-        "TOKENIZER_WORD_CACHE",
-        "Words the tokenizer's BPE model caches, in each copy vLLM's tokenizer pool encodes with "
-        "(tokenizers' own default is 10,000, ~4 MB a copy, filled slowly for hours); 0 turns the cache off.",
-        0,
-    )
     cache_dir: str = setting(
         default_cache_dir(), "CACHE_DIR", "The prepared default model and the warm-up's speeds are kept here."
     )
@@ -239,25 +208,12 @@ class EngineSettings:
         "With ENGINE_URLS: send a request to the server that served its prompt's prefix (the "
         "conversation's history, its document), whose prefix cache still holds it. false = by load only.",
     )
-    engine_affinity_slack: int = setting(
-        4,
-        "ENGINE_AFFINITY_SLACK",
-        "A server counts as overloaded for affinity once it has this many more of our requests in "
-        "flight than the least busy one; the request then goes by load.",
-        0,
-    )
     engine_models_refresh_seconds: float = setting(
         30.0,
         "ENGINE_MODELS_REFRESH_SECONDS",
         "With ENGINE_URLS: seconds between two readings of the servers' /v1/models. A model is offered "
         "while a server that answered the last reading lists it; one listed for the first time is "
         "offered from the next reading.",
-        1,
-    )
-    engine_models_max: int = setting(
-        32,
-        "ENGINE_MODELS_MAX",
-        "With ENGINE_URLS: the most models read from one server's /v1/models (the rest are ignored).",
         1,
     )
     engine_connect_timeout_seconds: float = setting(

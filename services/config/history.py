@@ -46,8 +46,7 @@ class HistorySettings:
         1000,
         "HISTORY_MAX_CONVERSATIONS",
         "Conversations kept per user: the maintenance task deletes the least recently active beyond "
-        "it (every HISTORY_RETENTION_INTERVAL_SECONDS, so a user may briefly hold that long's more); "
-        "0 = no cap.",
+        "it (its sweeps start every 5 minutes, so a user may briefly hold that long's more); 0 = no cap.",
         0,
     )
     history_max_turns: int = setting(
@@ -58,26 +57,11 @@ class HistorySettings:
         "or a resume; 0 = no cap.",
         0,
     )
-    history_retention_interval_seconds: float = setting(
-        300.0,
-        "HISTORY_RETENTION_INTERVAL_SECONDS",
-        "How often retention and the per-user cap sweep: each sweep deletes a batch of 200 "
-        "conversations per maintenance round until the rules hold. Short: small steady deletes "
-        "beside the chat's saves; long: fewer scans of the whole history, in larger bursts.",
-        1,
-    )
     database_timeout_seconds: float = setting(
         5.0,
         "DATABASE_TIMEOUT_SECONDS",
         "Longest wait for a database connection or a locked SQLite file before the write counts as failed.",
         0.1,
-    )
-    sqlite_cache_kib: int = setting(
-        512,
-        "SQLITE_CACHE_KIB",
-        "Page cache of each pooled SQLite connection, in KiB (SQLite's default is 2,000): the files "
-        "stay in the operating system's cache, so a small one costs little and bounds the app's memory.",
-        16,
     )
     history_retry_seconds: float = setting(
         5.0,

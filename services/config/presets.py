@@ -24,6 +24,3 @@ class PresetSettings:
         "Longest prompt template text, in characters (also the longest default system prompt).",
         1,
     )
-    presets_max_name_chars: int = setting(
-        60, "PRESETS_MAX_NAME_CHARS", "Longest template name, in characters.", 1
-    )

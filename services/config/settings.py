@@ -30,7 +30,7 @@ from services.config.audit import AuditSettings
 from services.config.chat import ChatSettings
 from services.config.diagnostics import DIAGNOSTIC_LEVELS, DiagnosticSettings
 from services.config.documents import DocumentSettings
-from services.config.engine import ENGINE_ALLOCATORS, EngineSettings
+from services.config.engine import ENGINE_ALLOCATORS, ENGINE_MODELS_MAX, EngineSettings
 from services.config.fields import SettingsError, parse
 from services.config.history import HistorySettings
 from services.config.ldap import LdapSettings, check_ldap
@@ -146,9 +146,9 @@ class Settings(
                 f"MODELS lists {len(models)} models; MAX_IN_PROCESS_MODELS={self.max_in_process_models} "
                 "(each is a whole engine in this machine's memory)"
             )
-        if len(models) > self.engine_models_max and self.engine_url_list:
+        if len(models) > ENGINE_MODELS_MAX and self.engine_url_list:
             raise SettingsError(
-                f"MODELS lists {len(models)} models; ENGINE_MODELS_MAX={self.engine_models_max}"
+                f"MODELS lists {len(models)} models; at most {ENGINE_MODELS_MAX} with ENGINE_URLS"
             )
         names = [Path(path.rstrip("/")).name for path in models]
         if len(set(names)) != len(names):

@@ -24,13 +24,6 @@ class UsageSettings:
         "never waits for the database.",
         0.1,
     )
-    usage_pending_rows: int = setting(
-        10_000,
-        "USAGE_PENDING_ROWS",
-        "Rows (person and day) counted in memory at most between writes; while the database is down "
-        "beyond this, new people's usage is dropped and counted in /metrics (usage_dropped).",
-        1,
-    )
     usage_retention_days: int = setting(
         400,
         "USAGE_RETENTION_DAYS",
@@ -44,13 +37,6 @@ class UsageSettings:
         "on other replicas and budgets an administrator changed count here within USAGE_FLUSH_SECONDS + "
         "this.",
         0.5,
-    )
-    usage_cache_entries: int = setting(
-        10_000,
-        "USAGE_CACHE_ENTRIES",
-        "People whose running totals a process keeps in memory for quota checks (the least recently "
-        "used beyond it, and anyone idle for an hour, are read again on their next turn).",
-        1,
     )
     quota_tokens_per_day_user: int = setting(
         2_000_000,

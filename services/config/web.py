@@ -1,5 +1,5 @@
 """Web edge settings: which other web origins may use the app, the page's Content-Security-Policy,
-how large and deep a request may be, and how much text a client may store."""
+how large a request may be, and how much text a client may store."""
 
 from __future__ import annotations
 
@@ -31,41 +31,12 @@ class WebSettings:
         "requests (sign-in, rename, feedback, the sidebar) are a few KB.",
         1024,
     )
-    max_thread_name_chars: int = setting(
-        200,
-        "MAX_THREAD_NAME_CHARS",
-        "Longest conversation name: a rename to a longer one is refused (400); the name Chainlit "
-        "makes from a conversation's first message is cut to it, and the sidebar lists no longer one.",
-        1,
-    )
     max_feedback_comment_chars: int = setting(
         4000,
         "MAX_FEEDBACK_COMMENT_CHARS",
         "Longest comment with a thumbs up or down; a longer one is refused (400).",
         1,
     )
-    thread_list_page_max: int = setting(
-        50,
-        "THREAD_LIST_PAGE_MAX",
-        "Most conversations one sidebar request lists (the page asks for 35, its search for 20); "
-        "larger asks get this many and the next page.",
-        1,
-    )
-    thread_search_max_chars: int = setting(
-        200,
-        "THREAD_SEARCH_MAX_CHARS",
-        "Longest text the sidebar's search looks for (its words are ANDed, the last one also a "
-        "prefix); a longer search is cut to it.",
-        1,
-    )
-    thread_search_max_matches: int = setting(
-        1000,
-        "THREAD_SEARCH_MAX_MATCHES",
-        "Most matching messages one search ranks: for words in more of a person's messages, their "
-        "newest this many. Bounds a search's time however common its words (bench/history/search.py).",
-        1,
-    )
-
     allowed_origins: str = setting(
         "",
         "ALLOWED_ORIGINS",
@@ -79,13 +50,6 @@ class WebSettings:
         "CONTENT_SECURITY_POLICY",
         "Content-Security-Policy of every response (the page's own inline scripts are added to "
         "script-src by their hashes). Widen it only for what you add (e.g. img-src for OAuth avatars).",
-    )
-    max_json_depth: int = setting(
-        64,
-        "MAX_JSON_DEPTH",
-        "Deepest nesting of a JSON request body (API and Chainlit's routes); deeper ones get 400 "
-        "before they are parsed for real (Python's parser fails at ~1,000 levels with a RecursionError).",
-        2,
     )
 
 

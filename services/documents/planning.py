@@ -17,6 +17,10 @@ from dataclasses import dataclass
 
 WHOLE = "whole"
 IN_PARTS = "map-reduce"
+# Follow-up turns a document read whole must leave room for after its summary, so that it stays the
+# cached prefix of every question; a longer document is summarized in parts instead.
+FOLLOW_UP_TURNS = 3
+FOLLOW_UP_TURN_TOKENS = 256  # reserved per follow-up turn: a question and a short answer
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,13 @@ from services.documents.chunking import split_into_chunks
 from services.documents.echo_guard import StepGuards
 from services.documents.language import answer_language, document_language
 from services.documents.loop_recovery import going_on_past_loops
-from services.documents.planning import Budget, DocumentPlan, plan_document
+from services.documents.planning import (
+    FOLLOW_UP_TURN_TOKENS,
+    FOLLOW_UP_TURNS,
+    Budget,
+    DocumentPlan,
+    plan_document,
+)
 from services.documents.progress import Progress, ProgressTracker
 from services.documents.prompts import SummaryPrompts
 from services.engine import (
@@ -48,6 +54,14 @@ logger = logging.getLogger(__name__)
 
 MAX_REDUCE_LEVELS = 4  # each level shrinks the text several times; 4 covers any MAX_DOCUMENT_TOKENS
 PROMPT_OVERHEAD_TOKENS = 160  # chat template + instruction around a chunk, with a margin
+SUMMARY_MIN_TOKENS = 64  # shortest summary (vLLM's min_tokens): a long document never gets one line
+SUMMARY_MAP_TOKENS = 200  # length budget of each part's summary in the map step
+SUMMARY_LOOP_RECOVERIES = 1  # a summary looping before its minimum is cut back and goes on, this often
+PROGRESS_INTERVAL_SECONDS = 2.0  # between progress updates while a document is read
+# Summaries cached (by content and settings) for a document summarized again: entries, size, lifetime.
+SUMMARY_CACHE_ENTRIES = 256
+SUMMARY_CACHE_BYTES = 8 * 1024 * 1024
+SUMMARY_CACHE_TTL_SECONDS = 86_400.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,13 +80,14 @@ class Summarizer:
     """Summaries through the engine, cached by content and settings."""
 
     prose = True  # ChatEngine.generate's prose: the paraphrase guard and the stop at a "---" rule
+    min_summary_tokens = SUMMARY_MIN_TOKENS  # these three a subclass may change (bench/documents/)
+    map_tokens = SUMMARY_MAP_TOKENS
+    follow_up_turns = FOLLOW_UP_TURNS
 
     def __init__(self, engine: ChatEngine, settings: Settings) -> None:
         self.engine = engine
         self.settings = settings
-        self.cache = SummaryCache(
-            settings.summary_cache_entries, settings.summary_cache_bytes, settings.summary_cache_ttl_seconds
-        )
+        self.cache = SummaryCache(SUMMARY_CACHE_ENTRIES, SUMMARY_CACHE_BYTES, SUMMARY_CACHE_TTL_SECONDS)
         self.prefill = PrefillMeter()
         # Held weakly (it goes with this summarizer); its owner also stops it with close().
         self.close = engine.on_finish(self.prefill.observe)
@@ -86,14 +101,14 @@ class Summarizer:
         """Shortest final summary: none for a request of the user's (it may ask for one line)."""
         if job.request.strip():
             return 0
-        return min(self.settings.summary_min_tokens, document_tokens // 4, self.answer_tokens() // 2)
+        return min(self.min_summary_tokens, document_tokens // 4, self.answer_tokens() // 2)
 
     def _map_tokens(self, chunk_tokens: int) -> int:
-        return max(32, min(self.settings.summary_map_tokens, self.answer_tokens(), chunk_tokens // 4))
+        return max(32, min(self.map_tokens, self.answer_tokens(), chunk_tokens // 4))
 
     def chunk_tokens(self) -> int:
         """Chunk size for the map step: SUMMARY_CHUNK_TOKENS, capped by the context window."""
-        room = self.engine.max_model_len - PROMPT_OVERHEAD_TOKENS - self.settings.summary_map_tokens
+        room = self.engine.max_model_len - PROMPT_OVERHEAD_TOKENS - self.map_tokens
         return max(64, min(self.settings.summary_chunk_tokens, room))
 
     def budget(self) -> Budget:
@@ -101,8 +116,8 @@ class Summarizer:
         return Budget(
             self.engine.max_model_len,
             self.answer_tokens(),
-            s.follow_up_turns,
-            s.follow_up_turn_tokens,
+            self.follow_up_turns,
+            FOLLOW_UP_TURN_TOKENS,
             s.single_pass_max_tokens,
         )
 
@@ -135,7 +150,7 @@ class Summarizer:
             repr(dataclasses.astuple(sampling)),
             str(self.answer_tokens()),
             str(s.summary_chunk_tokens),
-            str(s.summary_map_tokens),
+            str(self.map_tokens),
             str(self.min_tokens(job, plan.document_tokens)),
         )
         return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
@@ -188,7 +203,7 @@ class Summarizer:
             sampling,
             f"{request_id}-final",
             prose=self.prose,
-            recoveries=self.settings.summary_loop_recoveries,
+            recoveries=SUMMARY_LOOP_RECOVERIES,
             on_recovery=self._loop_recovered,
         )
 
@@ -196,7 +211,7 @@ class Summarizer:
         self.loops_stopped += 1
 
     def _interval(self) -> float:
-        return self.settings.progress_interval_seconds
+        return PROGRESS_INTERVAL_SECONDS
 
     async def _map(
         self,

@@ -23,6 +23,9 @@ Message = dict[str, str]
 # ~475 bytes under tracemalloc in tests/system/memory/test_leaks.py), in 4-byte ids: the bound then holds
 # for short answers too, not only in ids.
 ENTRY_OVERHEAD_IDS = 128
+# Ids of recent answers kept (each for SESSION_TTL_SECONDS), counted with ENTRY_OVERHEAD_IDS more per
+# answer: ~4 bytes a unit, so ~1 MB at most.
+ANSWER_TOKEN_CACHE_TOKENS = 262_144
 
 
 def _key(text: str) -> bytes:
@@ -33,7 +36,7 @@ class AnswerTokens:
     """Generated ids of recent answers by their text, each for `ttl_seconds`.
 
     Bounded by `max_tokens` ids, each entry counted with ENTRY_OVERHEAD_IDS more:
-    ~4 bytes per unit, so the default 262,144 hold at most ~1 MB.
+    ~4 bytes per unit, so ANSWER_TOKEN_CACHE_TOKENS hold at most ~1 MB.
     """
 
     def __init__(self, max_tokens: int, ttl_seconds: float) -> None:

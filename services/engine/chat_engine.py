@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.config import Settings
-from services.engine.answer_tokens import AnswerTokens
+from services.engine.answer_tokens import ANSWER_TOKEN_CACHE_TOKENS, AnswerTokens
 from services.engine.backends import LLMBackend
 from services.engine.errors import EngineUnavailableError, TokenBudgetError
 from services.engine.load import EngineLoad
@@ -98,7 +98,7 @@ class ChatEngine:
         self._ping_prompt: list[int] | None = None
         self.loop_guard = loop_guard if loop_guard is not None else LoopGuardConfig()
         if answer_tokens is None:
-            answer_tokens = AnswerTokens(DEFAULTS.answer_token_cache_tokens, DEFAULTS.session_ttl_seconds)
+            answer_tokens = AnswerTokens(ANSWER_TOKEN_CACHE_TOKENS, DEFAULTS.session_ttl_seconds)
         self.answer_tokens = answer_tokens
         self.word_caches = word_caches
         self.requests_finished_total = 0  # chat requests ended (any reason): memory per request

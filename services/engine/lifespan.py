@@ -7,7 +7,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from services.config import Settings
-from services.engine.answer_tokens import AnswerTokens
+from services.engine.answer_tokens import ANSWER_TOKEN_CACHE_TOKENS, AnswerTokens
 from services.engine.backends import LLMBackend
 from services.engine.backends.local import local_engine_lifespan
 from services.engine.backends.remote import remote_engine_lifespan
@@ -16,7 +16,7 @@ from services.engine.load import EngineLoad
 from services.engine.loop_guard import LoopGuardConfig
 from services.engine.warmup import WarmUpReport, warm_up
 from services.engine.warmup_record import WarmUpRecords, record_key
-from services.memory import WordCacheBound
+from services.memory import TOKENIZER_WORD_CACHE, WordCacheBound
 
 logger = logging.getLogger(__name__)
 
@@ -25,17 +25,15 @@ def build_chat_engine(
     settings: Settings, backend: LLMBackend, max_model_len: int, load: EngineLoad
 ) -> ChatEngine:
     """A ChatEngine over `backend` with its parts from the settings (not warmed up)."""
-    word_caches = WordCacheBound(backend.get_tokenizer(), settings.tokenizer_word_cache)
+    word_caches = WordCacheBound(backend.get_tokenizer(), TOKENIZER_WORD_CACHE)
     if bounded := word_caches.apply():
-        logger.info(
-            "tokenizer word caches bounded at %d words (%d copies)", settings.tokenizer_word_cache, bounded
-        )
+        logger.info("tokenizer word caches bounded at %d words (%d copies)", TOKENIZER_WORD_CACHE, bounded)
     return ChatEngine(
         backend,
         max_model_len,
         load=load,
         loop_guard=LoopGuardConfig.from_settings(settings),
-        answer_tokens=AnswerTokens(settings.answer_token_cache_tokens, settings.session_ttl_seconds),
+        answer_tokens=AnswerTokens(ANSWER_TOKEN_CACHE_TOKENS, settings.session_ttl_seconds),
         word_caches=word_caches,
         warm_up_report=WarmUpReport(),
     )

@@ -36,31 +36,31 @@ from services.config import Settings
 from services.engine.errors import EchoError, RepetitionError
 
 SYMBOL_ONLY_FACTOR = 4  # a unit of pure markup ("|---") must repeat this many times longer
+LOOP_GUARD_MIN_REPEATS = 3  # copies of the repeated unit before the guard fires
+LOOP_GUARD_MAX_PERIOD_TOKENS = 256  # longest repeated unit looked for, in tokens (a paragraph)
+# The echo guard (summaries only): it stops a summary once ECHO_SHARE of its last ECHO_WINDOW word 4-grams
+# already appeared in it (a loop in paraphrase), or at a prose sentence (5+ words, not a list item) whose
+# character 5-grams are ECHO_SENTENCE_SHARE or more already in the summary (a sentence again, misspelled).
+LOOP_GUARD_ECHO_WINDOW = 8  # word 4-grams looked back over; 0 = the echo guard is off
+LOOP_GUARD_ECHO_SHARE = 0.6  # of them seen before that stops a summary
+LOOP_GUARD_ECHO_SENTENCE_SHARE = 0.7  # of a prose sentence's character 5-grams seen before that stops it
 
 
 @dataclass(frozen=True)
 class LoopGuardConfig:
-    """When a repeating tail counts as a loop (see LOOP_GUARD_* settings)."""
+    """When a repeating tail counts as a loop (LOOP_GUARD_MIN_TOKENS, the rest the constants above)."""
 
     min_tokens: int = 32  # repeated tokens before the guard fires; 0 = the guard is off
-    min_repeats: int = 3  # copies of the unit in the tail, the first one included
-    max_period: int = 256  # longest unit, in tokens, looked for
-    echo_window: int = 8  # word 4-grams the echo guard looks back over; 0 = off
-    echo_share: float = 0.6  # share of them seen before in the answer that fires it
-    echo_sentence_share: float = 0.7  # share of a prose sentence's character 5-grams seen before
+    min_repeats: int = LOOP_GUARD_MIN_REPEATS  # copies of the unit in the tail, the first one included
+    max_period: int = LOOP_GUARD_MAX_PERIOD_TOKENS  # longest unit, in tokens, looked for
+    echo_window: int = LOOP_GUARD_ECHO_WINDOW  # word 4-grams the echo guard looks back over; 0 = off
+    echo_share: float = LOOP_GUARD_ECHO_SHARE  # share of them seen before in the answer that fires it
+    echo_sentence_share: float = LOOP_GUARD_ECHO_SENTENCE_SHARE  # of a prose sentence's 5-grams seen before
 
     @classmethod
     def from_settings(cls, settings: Settings) -> LoopGuardConfig:
-        """The LOOP_GUARD_* settings."""
-        s = settings
-        return cls(
-            s.loop_guard_min_tokens,
-            s.loop_guard_min_repeats,
-            s.loop_guard_max_period_tokens,
-            s.loop_guard_echo_window,
-            s.loop_guard_echo_share,
-            s.loop_guard_echo_sentence_share,
-        )
+        """The guard as LOOP_GUARD_MIN_TOKENS sets it."""
+        return cls(min_tokens=settings.loop_guard_min_tokens)
 
     @property
     def enabled(self) -> bool:

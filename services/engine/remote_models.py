@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from services.config import Settings
+from services.config.engine import ENGINE_MODELS_MAX
 from services.engine.backends.local import prepare_default_model
 from services.engine.backends.remote.engine import RemoteLLM, remote_llm
 from services.engine.backends.remote.listing import Offer, merge, public_name
@@ -114,7 +115,7 @@ class RemoteCatalogue:
     async def refresh(self) -> None:
         """Read the listings again; serve models listed for the first time, follow context lengths."""
         assert self.served is not None
-        await self.remote.refresh_listings(self.settings.engine_models_max)
+        await self.remote.refresh_listings(ENGINE_MODELS_MAX)
         for name, offer in self.offers().items():
             if name in self.served.known:
                 self.served.engine(name).max_model_len = offer.max_model_len
@@ -135,7 +136,7 @@ async def remote_models_lifespan(settings: Settings) -> AsyncIterator[ServedMode
     """The servers' models served (warmed up), refreshed while yielded; the pool closed after."""
     remote = remote_llm(settings, None)
     try:
-        await remote.connect(settings.engine_models_max)
+        await remote.connect(ENGINE_MODELS_MAX)
         remote.start_load_polling()
         catalogue = RemoteCatalogue(settings, remote)
         served = await catalogue.start()

@@ -32,6 +32,10 @@ PROMPT_TOKENS = (48, 320, 1024)
 # larger batches bigger, and a first peak of streams would otherwise grow the worker for good
 # (BENCHMARKS.md, bursts).
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
+# The running limit is planned for this multiple of READING_PACE_TOKENS_PER_SECOND: the decode-speed
+# model leaves out the prefills of newly admitted turns and document parts, which slow every stream
+# while they run (1 would plan for the pace exactly, and the slowest streams fall under it).
+READING_PACE_HEADROOM = 1.25
 BATCH_ANSWER_TOKENS = 32  # the first few overlap the others' prefill; the rest measure decoding
 KERNEL_FILL_ANSWER_TOKENS = 3  # with known speeds: the first token from the prefill, two decode steps
 WORDS = (
@@ -145,7 +149,7 @@ async def warm_up(
     for tokens in sorted({min(t, longest) for t in PROMPT_TOKENS}):
         times = await _token_times(engine, filler(rng, engine, tokens), prompt_sampling, f"warm-up-p{tokens}")
         report.prompt_ttft_seconds[tokens] = (times[1] if len(times) > 1 else time.monotonic()) - times[0]
-    pace = settings.reading_pace_tokens_per_second * settings.reading_pace_headroom
+    pace = settings.reading_pace_tokens_per_second * READING_PACE_HEADROOM
     slowest = 1 / pace if pace > 0 else math.inf  # no pace: admission may run MAX_NUM_SEQS at once
     if known is not None:
         speeds, report.decode_age_seconds = known

@@ -22,13 +22,18 @@ from pathlib import Path
 from typing import Any
 
 from services.config import EngineSettings, Settings
+from services.config import engine as engine_config
+from services.engine import warmup
+from services.engine.backends.local import engine as local_engine
+from services.engine.backends.remote import routing
+from services.memory import allocators, word_caches
 
 logger = logging.getLogger(__name__)
 
 RECORD_FILE = "warm-up.json"
 MAX_RECORDS = 32  # one per configuration this cache has seen; the oldest go first
 ENV_PREFIXES = ("VLLM_CPU_", "OMP_", "KMP_", "MALLOC_", "LD_PRELOAD", "ONEDNN_", "DNNL_")
-SETTINGS_OUTSIDE_ENGINE = ("reading_pace_tokens_per_second", "reading_pace_headroom", "temperature", "top_p")
+SETTINGS_OUTSIDE_ENGINE = ("reading_pace_tokens_per_second", "temperature", "top_p")
 
 
 def _cpu_model() -> str:
@@ -51,16 +56,30 @@ def _model_files(model_path: str) -> list[tuple[str, int, int]]:
     )
 
 
+def engine_constants() -> dict[str, Any]:
+    """The engine's constants, in the key beside its settings under the same kind of names (read at
+    each start: a benchmark's arm may change one)."""
+    return {
+        "engine_mmap_threshold_bytes": allocators.ENGINE_MMAP_THRESHOLD_BYTES,
+        "engine_onednn_cache_capacity": local_engine.ENGINE_ONEDNN_CACHE_CAPACITY,
+        "engine_onednn_mm_cache": local_engine.ENGINE_ONEDNN_MM_CACHE,
+        "tokenizer_word_cache": word_caches.TOKENIZER_WORD_CACHE,
+        "engine_affinity_slack": routing.ENGINE_AFFINITY_SLACK,
+        "engine_models_max": engine_config.ENGINE_MODELS_MAX,
+    }
+
+
 def record_key(settings: Settings, max_model_len: int) -> str:
     """What the decode speeds depend on, hashed."""
     import torch
     import vllm
 
     names = [f.name for f in dataclasses.fields(EngineSettings) if f.name != "warm_up_reuse_hours"]
-    engine = {name: getattr(settings, name) for name in names}
+    engine = {name: getattr(settings, name) for name in names} | engine_constants()
     parts: dict[str, Any] = {
         "engine": engine,
-        "pace": {name: getattr(settings, name) for name in SETTINGS_OUTSIDE_ENGINE},
+        "pace": {name: getattr(settings, name) for name in SETTINGS_OUTSIDE_ENGINE}
+        | {"reading_pace_headroom": warmup.READING_PACE_HEADROOM},
         "max_model_len": max_model_len,
         "model_files": _model_files(settings.model_path),
         "versions": [vllm.__version__, torch.__version__],

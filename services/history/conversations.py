@@ -17,6 +17,10 @@ from sqlalchemy import bindparam, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 DELETE_BATCH = 200  # conversations deleted per transaction
+# How often retention and the per-user cap sweep: each sweep deletes DELETE_BATCH
+# conversations per maintenance round until the rules hold. Shorter: small steady deletes beside the
+# chat's saves; longer: fewer scans of the whole history, in larger bursts.
+HISTORY_RETENTION_INTERVAL_SECONDS = 300.0
 
 
 @dataclass(frozen=True)

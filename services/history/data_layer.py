@@ -53,6 +53,7 @@ from services.history import thread_list, thread_search
 from services.history.database import POOL_SIZE
 from services.history.health import HistoryHealth, _first_line
 from services.history.step_upsert import step_upsert
+from services.history.thread_list import MAX_THREAD_NAME_CHARS
 
 logger = logging.getLogger(__name__)
 
@@ -163,7 +164,7 @@ class ChatDataLayer(SQLAlchemyDataLayer):
             logger.warning("refused to store a conversation whose id is not a UUID: %r", thread_id[:80])
             return
         if isinstance(kwargs.get("name"), str):  # Chainlit names a conversation after its first message
-            kwargs["name"] = kwargs["name"][: self.settings.max_thread_name_chars]
+            kwargs["name"] = kwargs["name"][:MAX_THREAD_NAME_CHARS]
         with _unit_of_work() as unit:
             try:
                 await super().update_thread(thread_id, *args, **kwargs)
@@ -246,26 +247,23 @@ class ChatDataLayer(SQLAlchemyDataLayer):
         database is unavailable, as Chainlit's own."""
         if not filters.userId:
             raise ValueError("userId is required")
-        settings = self.settings
         if filters.search:
             return await self._search_threads(pagination, filters)
-        parameters = thread_list.page_parameters(
-            pagination, filters, settings.thread_list_page_max, settings.max_thread_name_chars
-        )
+        page_max = thread_list.THREAD_LIST_PAGE_MAX
+        parameters = thread_list.page_parameters(pagination, filters, page_max, MAX_THREAD_NAME_CHARS)
         rows = await self.execute_sql(thread_list.page_statement(pagination, filters), parameters)
-        size = thread_list.page_size(pagination, settings.thread_list_page_max)
+        size = thread_list.page_size(pagination, page_max)
         return thread_list.page_response(rows if isinstance(rows, list) else [], size)
 
     async def _search_threads(self, pagination: Pagination, filters: ThreadFilter) -> PaginatedResponse:
         """The sidebar's search through the full-text index (thread_search.py); a text without a word
         matches nothing."""
-        settings = self.settings
         dialect = self.engine.dialect.name
-        size = thread_list.page_size(pagination, settings.thread_list_page_max)
-        words = thread_search.search_words(filters.search or "", settings.thread_search_max_chars)
+        size = thread_list.page_size(pagination, thread_list.THREAD_LIST_PAGE_MAX)
+        words = thread_search.search_words(filters.search or "", thread_search.THREAD_SEARCH_MAX_CHARS)
         if not words or not size:
             return thread_list.page_response([], size)
-        parameters = thread_search.search_parameters(dialect, words, pagination, filters, settings)
+        parameters = thread_search.search_parameters(dialect, words, pagination, filters, size)
         statement = thread_search.search_statement(dialect, words, pagination, filters)
         rows = await self.execute_sql(statement, parameters)
         return thread_list.page_response(rows if isinstance(rows, list) else [], size)

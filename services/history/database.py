@@ -21,6 +21,9 @@ SQLITE_FILE_NAME = "chat.db"
 SQLITE_SUFFIXES = ("", "-wal", "-shm", "-journal")  # the database and the files SQLite keeps beside it
 POOL_SIZE = 5  # connections kept open
 POOL_OVERFLOW = 5  # more opened under load, closed when returned
+# Page cache of each pooled SQLite connection, in KiB (SQLite's default is 2,000): the files stay in the
+# operating system's cache, so a small one costs little and bounds the app's memory.
+SQLITE_CACHE_KIB = 512
 
 
 def ensure_data_dir(settings: Settings) -> Path:
@@ -82,7 +85,7 @@ def create_engine(settings: Settings) -> AsyncEngine:
         pool_timeout=settings.database_timeout_seconds,
     )
     if is_sqlite(url):
-        event.listen(engine.sync_engine, "connect", partial(_sqlite_pragmas, settings.sqlite_cache_kib))
+        event.listen(engine.sync_engine, "connect", partial(_sqlite_pragmas, SQLITE_CACHE_KIB))
     return engine
 
 

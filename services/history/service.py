@@ -26,6 +26,7 @@ from services.history.database import create_engine, file_size_bytes, sqlite_mem
 from services.history.health import HistoryHealth
 from services.history.migrations import migrate
 from services.history.resume import chat_settings_of, turns_from_steps
+from services.history.thread_list import MAX_THREAD_NAME_CHARS
 
 logger = logging.getLogger(__name__)
 
@@ -162,8 +163,8 @@ class History:
         until = conversations.timestamp(datetime.now(UTC))
         self.layer.fence(thread_id, found[0] if keep_step else None, found[1], until)
         await self.layer.writes_done(thread_id, self.settings.database_timeout_seconds)
-        names = self.settings.max_thread_name_chars
-        cut = await self._guarded(branches.cut(self.engine, thread_id, step_id, keep_step, text, names))  # type: ignore[arg-type]
+        names = MAX_THREAD_NAME_CHARS
+        cut = await self._guarded(branches.cut(self.engine, thread_id, step_id, keep_step, text, names))  # type: ignore[arg-type]  # type: ignore[arg-type]
         return None if cut is FAILED else cut
 
     def notice_for(self, session: ChatSession) -> str | None:
@@ -202,7 +203,7 @@ class History:
         """
         rules = self._retention_rules()
         now = time.monotonic()
-        interval = self.settings.history_retention_interval_seconds
+        interval = conversations.HISTORY_RETENTION_INTERVAL_SECONDS
         due = self._retention_at is None or now - self._retention_at >= interval
         enabled = any(rule[0] for rule in rules) and self.available
         if not enabled or not (due or self._sweep_unfinished):

@@ -22,6 +22,12 @@ from typing import Any
 
 from chainlit.types import PageInfo, PaginatedResponse, Pagination, ThreadDict, ThreadFilter
 
+THREAD_LIST_PAGE_MAX = (
+    50  # conversations one sidebar request lists at most (the page asks for 35, its search 20)
+)
+# Longest conversation name: a rename to a longer one is refused (web/stored_text.py), the name Chainlit
+# makes from a conversation's first message is cut to it, and the sidebar lists no longer one.
+MAX_THREAD_NAME_CHARS = 200
 LAST_MESSAGE = 'COALESCE((SELECT MAX(s."createdAt") FROM steps s WHERE s."threadId" = t."id"), \'\')'
 # Metadata is JSON text written by json.dumps (and, on an old Chainlit PostgreSQL database, jsonb, whose
 # text has the same spacing): a text match needs no JSON functions, which differ by dialect and fail

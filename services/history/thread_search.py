@@ -24,12 +24,15 @@ from typing import Any
 
 from chainlit.types import Pagination, ThreadFilter
 
-from services.config import Settings
 from services.history.search_index import PG_CONFIGURATION
 from services.history.search_index_upgrade import OWNER_PREFIX
-from services.history.thread_list import FEEDBACK, LAST_MESSAGE, SHARED, page_size
+from services.history.thread_list import FEEDBACK, LAST_MESSAGE, MAX_THREAD_NAME_CHARS, SHARED
 
 MIN_PREFIX_CHARS = 2
+THREAD_SEARCH_MAX_CHARS = 200  # longest text searched for; a longer search is cut to it
+# Matching messages one search ranks at most (for words in more of a person's messages: their newest
+# this many), so a search's time is bounded however common its words (bench/history/search.py).
+THREAD_SEARCH_MAX_MATCHES = 1000
 WORD = re.compile(r"[^\W_]+")
 
 # The newest matches first (entries are numbered as they are stored), at most :matches; of those, the
@@ -139,15 +142,15 @@ def search_statement(dialect: str, words: list[str], pagination: Pagination, fil
 
 
 def search_parameters(
-    dialect: str, words: list[str], pagination: Pagination, filters: ThreadFilter, settings: Settings
+    dialect: str, words: list[str], pagination: Pagination, filters: ThreadFilter, size: int
 ) -> dict[str, Any]:
-    """The statement's values; `words` not empty (search_words), the page bounded by THREAD_LIST_PAGE_MAX."""
+    """The statement's values for a page of `size` (page_size); `words` not empty (search_words)."""
     assert filters.userId and words
     parameters: dict[str, Any] = {
         "user_id": filters.userId,
-        "name_chars": settings.max_thread_name_chars,
-        "limit": page_size(pagination, settings.thread_list_page_max) + 1,
-        "matches": settings.thread_search_max_matches,
+        "name_chars": MAX_THREAD_NAME_CHARS,
+        "limit": size + 1,
+        "matches": THREAD_SEARCH_MAX_MATCHES,
     }
     if dialect != "postgresql":  # PostgreSQL's words are in the statement (search_statement)
         parameters["match"] = fts5_query(words, filters.userId)

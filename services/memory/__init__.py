@@ -22,6 +22,7 @@ from services import lazy_exports
 
 # Each name outside code uses -> "module:attribute" inside this package.
 _EXPORTS = {
+    "ENGINE_MMAP_THRESHOLD_BYTES": "allocators:ENGINE_MMAP_THRESHOLD_BYTES",
     "PRELOAD_LIBRARIES": "allocators:PRELOAD_LIBRARIES",
     "PROBE_DIR": "allocators:PROBE_DIR",
     "app_memory_env": "allocators:app_memory_env",
@@ -38,6 +39,7 @@ _EXPORTS = {
     "start_probe": "probe.sitecustomize:start",
     "VLLM_PLUGIN_PATH": "vllm_plugins:PLUGIN_PATH",
     "register_vllm_plugins": "vllm_plugins:register",
+    "TOKENIZER_WORD_CACHE": "word_caches:TOKENIZER_WORD_CACHE",
     "WordCacheBound": "word_caches:WordCacheBound",
     "bound_tokenizer_word_cache": "word_caches:bound_tokenizer_word_cache",
 }

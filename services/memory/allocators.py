@@ -31,6 +31,10 @@ LAUNCHER_ENV_NAMES = (*PRELOAD_ENV_NAMES, "MALLOC_ARENA_MAX")
 LAUNCHER_SAVED_ENV = "APP_MALLOC_ENV_BEFORE"
 # The folder holding the probe's sitecustomize.py, put first on the engine processes' PYTHONPATH.
 PROBE_DIR = Path(__file__).resolve().parent / "probe"
+# glibc's MALLOC_MMAP_THRESHOLD_ in vLLM's processes (with ENGINE_ALLOCATOR=glibc): blocks this size and up
+# are mmapped and returned to the OS when freed. glibc's own threshold drifts up to 32 MB, after which
+# tensors of varying length pile up in a heap that never shrinks.
+ENGINE_MMAP_THRESHOLD_BYTES = 128 * 1024
 # Variables this module may set; the rest of the environment is left alone.
 MEMORY_ENV_NAMES = (
     "LD_PRELOAD",
@@ -114,8 +118,7 @@ def engine_memory_env(settings: Settings, environ: dict[str, str] | None = None)
         env["MALLOC_CONF"] = settings.engine_jemalloc_conf
     if name == "glibc":
         # Their glibc reads these at start (the app's own heap is unaffected).
-        if settings.engine_mmap_threshold_bytes:
-            env["MALLOC_MMAP_THRESHOLD_"] = str(settings.engine_mmap_threshold_bytes)
+        env["MALLOC_MMAP_THRESHOLD_"] = str(ENGINE_MMAP_THRESHOLD_BYTES)
         if settings.engine_malloc_arena_max:
             env["MALLOC_ARENA_MAX"] = str(settings.engine_malloc_arena_max)
     if settings.engine_memory_probe_dir:

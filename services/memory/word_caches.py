@@ -24,6 +24,10 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
+# Words the BPE model caches in each copy that encodes: tokenizers' own 10,000 (~4 MB a copy) fill slowly
+# for hours; 1,000 hold 0.4 MB for 0.3 ms more per 1,000 prompt tokens (BENCHMARKS.md, bounded caches).
+TOKENIZER_WORD_CACHE = 1000
+
 
 def bound_tokenizer_word_cache(tokenizer: Any, words: int) -> bool:
     """Bound one fast tokenizer's BPE word cache to `words` (0 = no cache); False if it has none."""

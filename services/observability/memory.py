@@ -28,6 +28,9 @@ PROCESS_KINDS = ("rss", "vms", "uss", "anon", "swap")
 LEAK_SLOPE_MIN_POINTS = 10
 LEAK_SLOPE_MIN_WINDOW_SHARE = 0.5
 LEAK_ALARM_REPEAT_SECONDS = 600.0  # while the alarm stays on, warn again this often
+MEMORY_SAMPLES_KEPT = 4320  # memory samples in the ring: 6 h at MEMORY_SAMPLE_SECONDS' 5 s, for /stats
+LEAK_WARMUP_SECONDS = 300.0  # start-up left out of the leak slope: memory filling then is not a leak
+LEAK_WINDOW_SECONDS = 3600.0  # sliding window of the leak slope (the alarm is in MB per hour)
 KV_CACHE_GAUGE = "vllm:kv_cache_usage_perc"
 SAMPLE_FIELDS = (
     "tree_rss",
@@ -178,12 +181,18 @@ def kv_cache_usage() -> float | None:
 class MemoryMonitor:
     """Memory samples in a preallocated ring, the growth slope after warm-up, and the alarm."""
 
-    def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, settings: Settings, clock: Callable[[], float] = time.monotonic, *,
+        samples_kept: int = MEMORY_SAMPLES_KEPT, warmup_seconds: float = LEAK_WARMUP_SECONDS,
+        window_seconds: float = LEAK_WINDOW_SECONDS,
+    ) -> None:  # fmt: skip
+        """`samples_kept`: the ring's rows; `warmup_seconds` and `window_seconds`: the leak slope's."""
         self.settings = settings
         self.started_at = clock()
         self._clock = clock
+        self.warmup_seconds, self.window_seconds = warmup_seconds, window_seconds
         columns = [f"p{slot}.{kind}" for slot in range(MAX_TRACKED_PROCESSES) for kind in PROCESS_KINDS]
-        self.ring = SampleRing(settings.memory_samples_kept, [*columns, *SAMPLE_FIELDS])
+        self.ring = SampleRing(samples_kept, [*columns, *SAMPLE_FIELDS])
         self.roles: list[str] = []  # slot -> process role; at most MAX_TRACKED_PROCESSES
         self.latest: MemorySample | None = None
         self.slope_mb_per_hour: float | None = None
@@ -218,13 +227,12 @@ class MemoryMonitor:
     def _window(self, now: float | None) -> np.ndarray:
         """Mask of the ring rows inside the leak window: after warm-up, within LEAK_WINDOW_SECONDS."""
         now = self._clock() if now is None else now
-        s = self.settings
-        since = max(self.started_at + s.leak_warmup_seconds, now - s.leak_window_seconds)
+        since = max(self.started_at + self.warmup_seconds, now - self.window_seconds)
         return self.ring.times() >= since
 
     def _enough(self, times: np.ndarray) -> bool:
         return len(times) >= LEAK_SLOPE_MIN_POINTS and (
-            times[-1] - times[0] >= LEAK_SLOPE_MIN_WINDOW_SHARE * self.settings.leak_window_seconds
+            times[-1] - times[0] >= LEAK_SLOPE_MIN_WINDOW_SHARE * self.window_seconds
         )
 
     def leak_slope_mb_per_hour(self, now: float | None = None) -> float | None:
@@ -280,7 +288,7 @@ class MemoryMonitor:
                     "memory leak alarm: the process tree grows %.1f MB/hour over the last %.0f min "
                     "(alarm at %.1f MB/hour); anon+swap now %.0f MB",
                     slope,
-                    self.settings.leak_window_seconds / 60,
+                    self.window_seconds / 60,
                     limit,
                     (latest.tree("anon_swap") if latest else 0) / MB,
                 )

@@ -60,6 +60,7 @@ TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 FINISH_REASONS = ("stop", "length", "abort", "error")  # anything else is counted as "other"
 LATENCY_COLUMNS = ("queue_seconds", "ttft_seconds", "inter_token_seconds", "e2e_seconds", "output_tokens")
 PERCENTILES = (50, 95, 99)
+LATENCY_SAMPLES_KEPT = 10_000  # recent requests in the ring for /stats percentiles and plots
 
 
 class RequestMetrics(Collector):
@@ -71,7 +72,7 @@ class RequestMetrics(Collector):
     receives the stream, so they include IPC and detokenisation.
     """
 
-    def __init__(self, samples_kept: int) -> None:
+    def __init__(self, samples_kept: int = LATENCY_SAMPLES_KEPT) -> None:
         def histogram(name: str, doc: str, buckets: tuple = LATENCY_BUCKETS) -> Histogram:
             return Histogram(name, doc, buckets=buckets, registry=None)
 

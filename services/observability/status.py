@@ -19,6 +19,9 @@ from services.memory import pymalloc_counters
 from services.observability.maintenance import malloc_info
 from services.observability.metrics import RunningParts
 
+# /healthz counts an engine that produced output this recently as answering, without a ping.
+HEALTH_RECENT_OUTPUT_SECONDS = 30.0
+
 
 class RunningService(RunningParts, Protocol):
     """The running parts /status and /healthz read besides those of the metrics."""
@@ -124,7 +127,7 @@ class ServiceStatus:
         except Exception as error:
             return False, {**detail, "error": f"engine check failed: {type(error).__name__}"}
         age = None if engine.last_output_at is None else time.monotonic() - engine.last_output_at
-        if age is not None and age <= self.settings.health_recent_output_seconds:
+        if age is not None and age <= HEALTH_RECENT_OUTPUT_SECONDS:
             return True, {**detail, "last_output_seconds_ago": round(age, 2)}
         if self._ping is None or self._ping.done():
             timeout = self.settings.health_ping_timeout_seconds

@@ -91,7 +91,7 @@ class PresetStore:
         """Keep a template (a new one, or a new text for a name the person has); refused past
         PRESETS_MAX_TEMPLATES."""
         template = Template(
-            clean_name(name, self.settings),
+            clean_name(name),
             clean_text(body, self.settings.presets_max_template_chars, "template text"),
         )
         async with self.engine.begin() as connection:
@@ -116,7 +116,7 @@ class PresetStore:
         return template
 
     async def delete_template(self, who: str, name: object) -> bool:
-        cleaned = clean_name(name, self.settings)
+        cleaned = clean_name(name)
         async with self.engine.begin() as connection:
             result = await connection.execute(
                 text("DELETE FROM prompt_templates WHERE user_identifier = :who AND name = :n"),

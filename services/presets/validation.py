@@ -15,6 +15,7 @@ from typing import Any
 from services.config import Settings
 
 ALLOWED_CONTROLS = {"\n", "\t", "\r"}
+PRESETS_MAX_NAME_CHARS = 60  # longest template name: a label on a starter button, not a text
 # The settings panel's numbers (services/web/chat_page.py), with the range each may take.
 NUMBER_RANGES: dict[str, tuple[float, float]] = {"temperature": (0.0, 2.0), "top_p": (0.01, 1.0)}
 
@@ -37,9 +38,9 @@ def clean_text(value: object, max_chars: int, what: str, *, allow_empty: bool = 
     return text
 
 
-def clean_name(value: object, settings: Settings) -> str:
+def clean_name(value: object) -> str:
     """A template's name: one line of at most PRESETS_MAX_NAME_CHARS, not starting with '/'."""
-    name = clean_text(value, settings.presets_max_name_chars, "template name")
+    name = clean_text(value, PRESETS_MAX_NAME_CHARS, "template name")
     if "\n" in name or "\r" in name or "\t" in name:
         raise PresetError("The template name must be one line.")
     if name.startswith("/"):

@@ -57,7 +57,6 @@ class Transfers:
             settings.import_max_conversations,
             settings.import_max_messages,
             settings.import_max_message_chars,
-            settings.max_json_depth,
         )
 
     async def export_one(self, thread_id: str, owner: str, format_name: str) -> ExportFile | None:

@@ -36,6 +36,12 @@ logger = logging.getLogger(__name__)
 
 PERSON_PREFIX = "user:"  # admission's key of a signed-in person (services/admission/limits.py: user_key)
 IDLE_SECONDS = 3600.0  # a person's running totals are dropped this long after their last check
+# Rows (person and day) counted in memory at most between writes; while the database is down beyond
+# this, new people's usage is dropped and counted in /metrics (usage_dropped).
+USAGE_PENDING_ROWS = 10_000
+# People whose running totals a process keeps for quota checks (the least recently used beyond it, and
+# anyone idle for IDLE_SECONDS, are read again on their next turn).
+USAGE_CACHE_ENTRIES = 10_000
 RETENTION_CHECK_SECONDS = 3600.0  # how often retention looks for an expired day (sooner while deleting)
 
 
@@ -72,10 +78,8 @@ class UsageLedger:
         self.available = available
         self.clock = clock
         self.monotonic = monotonic
-        self.batch = UsageBatch(settings.usage_pending_rows)
-        self.running: TTLCache[str, Running] = TTLCache(
-            settings.usage_cache_entries, IDLE_SECONDS, timer=monotonic
-        )
+        self.batch = UsageBatch(USAGE_PENDING_ROWS)
+        self.running: TTLCache[str, Running] = TTLCache(USAGE_CACHE_ENTRIES, IDLE_SECONDS, timer=monotonic)
         self.rows_written_total = 0
         self.write_failures_total = 0
         self.retention_deleted_total = 0

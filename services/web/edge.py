@@ -15,6 +15,7 @@ from typing import Any
 
 from services.accounts.sign_in import SignIn
 from services.admin.routes import install_admin
+from services.api.checks import MAX_JSON_DEPTH
 from services.chat.store import CHAT_SETTING_KINDS
 from services.runtime import Runtime
 from services.web.access import install_access_guards
@@ -35,7 +36,7 @@ from services.web.socket_events import guard_socket_events
 from services.web.socket_guard import install_socket_guard, socket_guard_for
 from services.web.stored_text import install_name_cap
 from services.web.transfer_routes import install_transfer_routes, with_import_limit
-from services.web.upload_guard import DEFAULT_UPLOAD_PATH, install_upload_guard
+from services.web.upload_guard import DEFAULT_UPLOAD_PATH, UPLOAD_LINGER_SECONDS, install_upload_guard
 
 
 def _install_app_routes(http_app: Any, runtime: Runtime, origins: OriginPolicy) -> None:
@@ -48,7 +49,7 @@ def _install_app_routes(http_app: Any, runtime: Runtime, origins: OriginPolicy) 
     install_session_routes(http_app)
     install_page_assets(http_app, runtime.settings.content_security_policy)
     install_http_errors(http_app)
-    install_name_cap(http_app, runtime.settings)
+    install_name_cap(http_app)
 
 
 def _install_body_limit(http_app: Any, runtime: Runtime) -> None:
@@ -62,7 +63,7 @@ def _install_body_limit(http_app: Any, runtime: Runtime) -> None:
         api_served=runtime.api is not None,
     )
     limits = with_import_limit(limits, settings.import_max_bytes)
-    install_body_limit(http_app, limits, linger_seconds=settings.upload_linger_seconds)
+    install_body_limit(http_app, limits, linger_seconds=UPLOAD_LINGER_SECONDS)
 
 
 def install_edge(
@@ -82,19 +83,17 @@ def install_edge(
         settings.socket_max_event_bytes,
     )
     guard_socket_events()  # replaces Engine.IO's message handler: the depth bound wraps it after
-    bound_socket_messages(settings.max_json_depth)
+    bound_socket_messages(MAX_JSON_DEPTH)
     install_upload_guard(
         http_app,
         settings.max_upload_bytes,
-        linger_seconds=settings.upload_linger_seconds,
         session_exists=page_connected,
-        session_wait_seconds=settings.upload_session_wait_seconds,
         on_reject=tell_uploader,
     )
     install_client_id_guards(http_app)
     install_origin_policy(http_app, origins)
     http_app.add_middleware(
-        JsonBodyGuard, max_body_bytes=settings.max_request_body_bytes, max_depth=settings.max_json_depth
+        JsonBodyGuard, max_body_bytes=settings.max_request_body_bytes, max_depth=MAX_JSON_DEPTH
     )
     install_local_access(http_app, sign_in)
     install_client_addresses(http_app, settings, sign_in.mode)

@@ -18,6 +18,7 @@ from chainlit.types import UpdateThreadRequest
 from fastapi import Depends, FastAPI, HTTPException, Request
 
 from services.config import Settings
+from services.history.thread_list import MAX_THREAD_NAME_CHARS
 from services.web.routes import move_to_front
 
 
@@ -30,12 +31,12 @@ def check_feedback_comment(comment: str | None, settings: Settings) -> None:
         )
 
 
-def install_name_cap(app: FastAPI, settings: Settings) -> None:
+def install_name_cap(app: FastAPI) -> None:
     """Put a check of the new name's length in front of Chainlit's rename route."""
     signed_in = Depends(get_current_user)  # a default value: FastAPI cannot resolve a local alias here
 
     async def rename_thread(request: Request, payload: UpdateThreadRequest, user: Any = signed_in) -> Any:
-        limit = settings.max_thread_name_chars
+        limit = MAX_THREAD_NAME_CHARS
         if len(payload.name) > limit:
             raise HTTPException(
                 400,

@@ -31,8 +31,10 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 DEFAULT_UPLOAD_PATH = "/project/file"  # Chainlit's upload route
-DEFAULT_LINGER_SECONDS = 5.0
-DEFAULT_SESSION_WAIT_SECONDS = 10.0
+# After refusing an upload, how long its unread rest is read and discarded: long enough for a client
+# still sending to see the refusal instead of a connection reset.
+UPLOAD_LINGER_SECONDS = 5.0
+UPLOAD_SESSION_WAIT_SECONDS = 10.0  # an upload waits for its page's connection (a file dropped as it opens)
 SESSION_POLL_SECONDS = 0.05
 EMPTY_UPLOAD_DETAIL = "The file is empty; please upload a file with some text in it."
 
@@ -69,7 +71,7 @@ class UploadSizeGuard:
         max_upload_bytes: int,
         path: str = DEFAULT_UPLOAD_PATH,
         on_reject: Callable[[Scope, str], Awaitable[None]] | None = None,
-        linger_seconds: float = DEFAULT_LINGER_SECONDS,
+        linger_seconds: float = UPLOAD_LINGER_SECONDS,
     ) -> None:
         if max_upload_bytes < 1:
             raise ValueError("max_upload_bytes must be at least 1")
@@ -188,7 +190,7 @@ class UploadWaitsForSession:
         self,
         app: ASGIApp,
         session_exists: Callable[[str], bool],
-        wait_seconds: float = DEFAULT_SESSION_WAIT_SECONDS,
+        wait_seconds: float = UPLOAD_SESSION_WAIT_SECONDS,
         path: str = DEFAULT_UPLOAD_PATH,
     ) -> None:
         self.app = app
@@ -216,9 +218,9 @@ def install_upload_guard(
     max_upload_bytes: int,
     path: str = DEFAULT_UPLOAD_PATH,
     on_reject: Callable[[Scope, str], Awaitable[None]] | None = None,
-    linger_seconds: float = DEFAULT_LINGER_SECONDS,
+    linger_seconds: float = UPLOAD_LINGER_SECONDS,
     session_exists: Callable[[str], bool] | None = None,
-    session_wait_seconds: float = DEFAULT_SESSION_WAIT_SECONDS,
+    session_wait_seconds: float = UPLOAD_SESSION_WAIT_SECONDS,
 ) -> None:
     """Put the guards in front of `fastapi_app` (call at import time, before it starts): the size
     guard first, so an oversized upload is refused at once, then (given `session_exists`) the wait

@@ -53,10 +53,10 @@ def settings(**changes) -> Settings:
     return Settings.from_env({}).replace(**changes)
 
 
-def line_with(limit: int, clock: Clock | None = None, **changes) -> WaitingLine:
+def line_with(limit: int, clock: Clock | None = None, max_prefilling: int = 0, **changes) -> WaitingLine:
+    """A line of `limit` slots; `max_prefilling` 0: no tokens stream here, unless a test sends them."""
     changes.setdefault("admission_max_wait_seconds", 1000)  # these tests queue turns on purpose
-    changes.setdefault("max_prefilling_requests", 0)  # no tokens stream here, unless a test sends them
-    return WaitingLine(settings(**changes), FixedCapacity(limit), clock or Clock())
+    return WaitingLine(settings(**changes), FixedCapacity(limit), clock or Clock(), max_prefilling)
 
 
 def priority(line: WaitingLine, ticket: Ticket) -> int:
@@ -140,7 +140,7 @@ async def test_document_parts_hold_only_their_share_and_chat_passes_the_rest() -
 @aio
 async def test_a_burst_is_read_a_few_prompts_at_a_time_and_documents_one_of_them() -> None:
     clock = Clock()
-    queue = Queue(line_with(8, clock, max_prefilling_requests=2, document_slot_share=0.5), clock)
+    queue = Queue(line_with(8, clock, max_prefilling=2, document_slot_share=0.5), clock)
     for name, kind in (("doc-1", DOCUMENT), ("doc-2", DOCUMENT), ("chat-1", CHAT), ("chat-2", CHAT)):
         await queue.submit(name, kind, after_seconds=0)
     assert queue.admitted == ["doc-1", "chat-1"], "two prompts read at once, one of them a document's"
@@ -167,7 +167,7 @@ async def test_other_replicas_document_parts_hold_the_documents_share_and_prefil
     """N replicas at one engine: their parts count against the one share and the one document
     prefill, so documents do not hold N times their share of the engine."""
     clock = Clock()
-    queue = Queue(line_with(8, clock, max_prefilling_requests=2, document_slot_share=0.25), clock)
+    queue = Queue(line_with(8, clock, max_prefilling=2, document_slot_share=0.25), clock)
     line = queue.line
     line.others = OtherReplicas(running=1, documents=1, documents_prefilling=1)
     await queue.submit("doc-1", DOCUMENT, after_seconds=0)
@@ -351,7 +351,7 @@ async def test_service_times_are_measured_per_kind_and_feed_the_estimate() -> No
 @aio
 async def test_turns_that_get_their_first_token_later_than_promised_make_estimates_longer() -> None:
     clock = Clock()
-    line = line_with(1, clock, admission_max_wait_seconds=40, max_prefilling_requests=4)
+    line = line_with(1, clock, admission_max_wait_seconds=40, max_prefilling=4)
     queue = Queue(line, clock)
     for index in range(3):  # turns measured: the estimate alone decides
         await queue.submit(f"m{index}", CHAT)
@@ -784,9 +784,9 @@ async def test_vllms_own_queue_limit_becomes_a_busy_message_counted_in_metrics()
 # --- one line for chat and the API -------------------------------------------------------------------
 def shared_admission(limit: int, **changes) -> Admission:
     changes.setdefault("admission_max_wait_seconds", 1000)  # these tests queue requests on purpose
-    changes.setdefault("max_prefilling_requests", 0)  # no tokens stream here
     admission = Admission(settings(**changes), EngineLoad(), max_running=64)
     admission.capacity = admission.line.capacity = FixedCapacity(limit)
+    admission.line.max_prefilling = 0  # no tokens stream here
     return admission
 
 

@@ -19,6 +19,7 @@ from services.accounts.keys import ApiKeyStore
 from services.accounts.sign_in import SignIn, SignInRequest, current_request
 from services.accounts.store import AccountStore
 from services.audit import actions
+from services.audit import log as audit_log
 from services.audit.details import MASK, clean, details_json, is_secret_name, masked_settings, scrub
 from services.audit.filters import AuditFilter, FilterError, parse_since, safe_cell, timestamp, to_csv
 from services.audit.log import COLUMNS, AuditEntry, AuditLog
@@ -30,8 +31,9 @@ KEY = "sk-vc-AbCdEf0123456789abcdefghijklmnopqrstuvwxyzABCDE"
 
 
 @pytest_asyncio.fixture(loop_scope="module")
-async def audit(tmp_path: Path) -> AsyncIterator[AuditLog]:
-    settings = Settings.from_env({"DATA_DIR": str(tmp_path), "AUDIT_DETAILS_MAX_BYTES": "512"})
+async def audit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[AuditLog]:
+    monkeypatch.setattr(audit_log, "AUDIT_DETAILS_MAX_BYTES", 512)
+    settings = Settings.from_env({"DATA_DIR": str(tmp_path)})
     engine = create_engine(settings)
     await migrate(engine)
     yield AuditLog(engine, settings)
@@ -149,7 +151,7 @@ async def test_retention_deletes_old_entries_and_the_oldest_beyond_the_cap(tmp_p
         await log.record("cli", actions.ACCOUNT_ADDED, f"p{number}")
     assert await log.retention_round() == 4  # the 31-day-old one, then the 3 oldest beyond 5
     assert [e.target for e in await log.entries(AuditFilter(), 10)] == [f"p{n}" for n in range(7, 2, -1)]
-    assert await log.retention_round() == 0  # not due again before HISTORY_RETENTION_INTERVAL_SECONDS
+    assert await log.retention_round() == 0  # not due again within RETENTION_INTERVAL_SECONDS
     await engine.dispose()
 
 

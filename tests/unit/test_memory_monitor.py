@@ -40,10 +40,12 @@ def fake_sample(at: float, anon_mb: float) -> MemorySample:
     return MemorySample(at=at, processes=(process,))
 
 
-def leak_settings(**changes) -> Settings:
-    base = {"leak_warmup_seconds": 300.0, "leak_window_seconds": 3600.0, "leak_alarm_mb_per_hour": 10.0,
-            "memory_samples_kept": 1000}  # fmt: skip
-    return Settings.from_env({}).replace(**{**base, **changes})
+def leak_monitor(clock: FakeClock, **changes: float) -> MemoryMonitor:
+    """A monitor alarmed at 10 MB/hour after a 300 s warm-up, over an hour's window, in 1,000 samples
+    (`changes`: MemoryMonitor's samples_kept, warmup_seconds or window_seconds instead)."""
+    options = {"warmup_seconds": 300.0, "window_seconds": 3600.0, "samples_kept": 1000, **changes}
+    settings = Settings.from_env({}).replace(leak_alarm_mb_per_hour=10.0)
+    return MemoryMonitor(settings, clock=clock, **options)  # type: ignore[arg-type]
 
 
 def feed(monitor: MemoryMonitor, clock: FakeClock, seconds: float, step: float, mb_at) -> None:
@@ -75,7 +77,7 @@ def test_ring_keeps_the_newest_rows_in_memory_allocated_once() -> None:
 
 def test_leak_alarm_fires_on_steady_growth_after_warm_up(caplog: pytest.LogCaptureFixture) -> None:
     clock = FakeClock()
-    monitor = MemoryMonitor(leak_settings(), clock=clock)
+    monitor = leak_monitor(clock)
     rng = np.random.default_rng(0)
 
     def memory(t: float) -> float:  # a warm-up jump, then 30 MB/hour with noise
@@ -94,7 +96,7 @@ def test_leak_alarm_fires_on_steady_growth_after_warm_up(caplog: pytest.LogCaptu
 
 def test_flat_memory_with_spikes_raises_no_alarm(caplog: pytest.LogCaptureFixture) -> None:
     clock = FakeClock()
-    monitor = MemoryMonitor(leak_settings(), clock=clock)
+    monitor = leak_monitor(clock)
     rng = np.random.default_rng(1)
 
     def memory(t: float) -> float:  # warm-up growth, then flat with noise and bursts of load
@@ -111,7 +113,7 @@ def test_flat_memory_with_spikes_raises_no_alarm(caplog: pytest.LogCaptureFixtur
 
 def test_alarm_clears_when_growth_stops() -> None:
     clock = FakeClock()
-    monitor = MemoryMonitor(leak_settings(leak_warmup_seconds=0.0, leak_window_seconds=600.0), clock=clock)
+    monitor = leak_monitor(clock, warmup_seconds=0.0, window_seconds=600.0)
     feed(monitor, clock, seconds=600, step=5, mb_at=lambda t: 1000 + t * 100 / 3600)
     assert monitor.alarm
     feed(monitor, clock, seconds=900, step=5, mb_at=lambda t: 1017)
@@ -121,7 +123,7 @@ def test_alarm_clears_when_growth_stops() -> None:
 
 def test_memory_ring_tracks_each_process_in_its_own_slot() -> None:
     clock = FakeClock()
-    monitor = MemoryMonitor(leak_settings(memory_samples_kept=20), clock=clock)
+    monitor = leak_monitor(clock, samples_kept=20)
     for i in range(30):
         processes = tuple(ProcessMemory(n, f"proc{n}", (n + 1) * MB, 0, None, None, None) for n in range(12))
         monitor.record(MemorySample(at=clock.now + i, processes=processes))

@@ -11,6 +11,7 @@ import pytest
 from services.chat.model_choice import chat_for, choose, model_of_thread
 from services.chat.session import ChatSession
 from services.config import Settings, SettingsError
+from services.config.engine import ENGINE_MODELS_MAX
 from services.engine import SamplingSettings, UnknownModelError, model_names
 from services.engine.models import model_settings
 
@@ -80,8 +81,11 @@ def test_models_are_named_by_their_folders() -> None:
         ({"MODELS": "/x/a,/y/a"}, "same folder name"),
         ({"MODELS": "/a,/b", "MODEL": "/a"}, "MODELS replaces MODEL"),
         (
-            {"MODELS": "a,b,c", "ENGINE_URLS": "http://h:8000", "ENGINE_MODELS_MAX": "2"},
-            "ENGINE_MODELS_MAX=2",
+            {
+                "MODELS": ",".join(f"m{i}" for i in range(ENGINE_MODELS_MAX + 1)),
+                "ENGINE_URLS": "http://h:8000",
+            },
+            f"at most {ENGINE_MODELS_MAX} with ENGINE_URLS",
         ),
         ({"MAX_IN_PROCESS_MODELS": "0"}, "at least 1"),
     ],

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from services.chat import prompt as prompt_module
 from services.chat.prompt import PromptBuilder
 from services.chat.session import ChatSession, SessionDocument
 from services.config import Settings
@@ -98,8 +99,10 @@ def session_with(document_words: int, path: str, history_pairs: int) -> ChatSess
 
 
 @pytest.fixture
-def builder() -> PromptBuilder:
-    settings = Settings.from_env({}).replace(max_model_len=1000, follow_up_turn_tokens=60, retrieval_top_k=2)
+def builder(monkeypatch: pytest.MonkeyPatch) -> PromptBuilder:
+    monkeypatch.setattr(prompt_module, "FOLLOW_UP_TURN_TOKENS", 60)
+    monkeypatch.setattr(prompt_module, "RETRIEVAL_TOP_K", 2)
+    settings = Settings.from_env({}).replace(max_model_len=1000)
     return PromptBuilder(WordEngine(), settings)  # type: ignore[arg-type]
 
 

@@ -10,9 +10,15 @@ import pytest
 
 from services.config import Settings
 from services.presets.commands import describe, is_preset_command, run_preset_command
-from services.presets.validation import PresetError, clean_defaults, clean_name, clean_text
+from services.presets.validation import (
+    PRESETS_MAX_NAME_CHARS,
+    PresetError,
+    clean_defaults,
+    clean_name,
+    clean_text,
+)
 
-SETTINGS = Settings.from_env({}).replace(presets_max_template_chars=50, presets_max_name_chars=10)
+SETTINGS = Settings.from_env({}).replace(presets_max_template_chars=50)
 
 
 def test_a_panel_default_is_kept_with_each_value_checked() -> None:
@@ -53,10 +59,10 @@ def test_texts_and_names_are_bounded_and_clean() -> None:
     for bad in (None, b"bytes", ["list"], "", "   ", "nul\x00", "del\x7f", "x" * 51):
         with pytest.raises(PresetError):
             clean_text(bad, 50, "text")
-    assert clean_name(" Translate ", SETTINGS) == "Translate"
-    for bad in ("two\nlines", "/stats", "x" * 11, 7, "tab\there"):
+    assert clean_name(" Translate ") == "Translate"
+    for bad in ("two\nlines", "/stats", "x" * (PRESETS_MAX_NAME_CHARS + 1), 7, "tab\there"):
         with pytest.raises(PresetError):
-            clean_name(bad, SETTINGS)
+            clean_name(bad)
 
 
 def test_preset_commands_are_told_apart_from_messages() -> None:

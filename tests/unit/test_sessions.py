@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from services.admission.refusals import Refused
+from services.chat import store as store_module
 from services.chat.service import ChatService
 from services.chat.store import SessionStore
 from services.config import Settings
@@ -127,9 +128,12 @@ async def test_a_page_that_went_away_makes_room_first_and_is_dropped_after_its_w
     assert store.dropped_total["not_reconnected"] == 1 and store.dropped_total["evicted"] == 1
 
 
-async def test_pages_awaited_are_bounded_and_the_longest_gone_are_dropped_first() -> None:
+async def test_pages_awaited_are_bounded_and_the_longest_gone_are_dropped_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(store_module, "MAX_SESSIONS_AWAITING_RECONNECT", 3)
     clock = Clock()
-    store, _, _ = make_store(clock, max_sessions=100, max_sessions_awaiting_reconnect=3)
+    store, _, _ = make_store(clock, max_sessions=100)
     for index in range(6):
         store.open(f"tab-{index}")
     dropped = []

@@ -46,8 +46,6 @@ def test_shared_limits_on_without_postgresql_or_an_unknown_mode_is_refused() -> 
         Settings.from_env({"SHARED_LIMITS": "on"})
     with pytest.raises(SettingsError, match="SHARED_LIMITS='yes' is not one of auto, on, off"):
         Settings.from_env({"SHARED_LIMITS": "yes"})
-    with pytest.raises(SettingsError, match="SHARED_LEASE_SECONDS"):
-        Settings.from_env({"SHARED_LEASE_SECONDS": "1"})
 
 
 def test_people_are_stored_as_digests_and_locked_by_a_32_bit_key() -> None:

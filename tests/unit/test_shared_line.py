@@ -12,7 +12,7 @@ import pytest
 from services.admission.capacity import DecodeCapacity
 from services.admission.pace import ADJUST_SECONDS
 from services.admission.shared_line import SharedLine, parsed_places, parsed_row
-from services.admission.waiting_line import CHAT, WaitingLine
+from services.admission.waiting_line import CHAT, MAX_PREFILLING_REQUESTS, WaitingLine
 from services.config import Settings
 
 
@@ -33,11 +33,12 @@ class SixSlots(DecodeCapacity):
 
 
 def replica(
-    monotonic: float, wall: float, slots: type[DecodeCapacity] = OneSlot, **changes: object
-) -> SharedLine:
+    monotonic: float, wall: float, slots: type[DecodeCapacity] = OneSlot,
+    max_prefilling: int = MAX_PREFILLING_REQUESTS, **changes: object,
+) -> SharedLine:  # fmt: skip
     """A replica's line with `slots`, and its sharing (no database)."""
     settings = Settings.from_env({}).replace(admission_max_wait_seconds=1000, **changes)
-    line = WaitingLine(settings, slots(5.0, 64), Clock(monotonic))
+    line = WaitingLine(settings, slots(5.0, 64), Clock(monotonic), max_prefilling)
     return SharedLine(settings, line, database=None, wall=Clock(wall))  # type: ignore[arg-type]
 
 
@@ -164,7 +165,7 @@ async def test_free_slots_are_split_between_replicas_until_the_next_exchange() -
     """A burst reaches two idle replicas at a limit of six: between two exchanges each starts its share
     of the free slots (three), not all six; a slot its own request frees is its own again, and what
     the other replica did not take comes at the next exchange."""
-    a = replica(monotonic=50.0, wall=1_000.0, slots=SixSlots, max_prefilling_requests=0)
+    a = replica(monotonic=50.0, wall=1_000.0, slots=SixSlots, max_prefilling=0)
     a.take([("[]", 0, None, None)])  # one other replica, idle
     burst = [asyncio.create_task(_wait(a.line)) for _ in range(6)]
     await asyncio.sleep(0)

@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from services.web.upload_guard import (
-    DEFAULT_LINGER_SECONDS,
+    UPLOAD_LINGER_SECONDS,
     UploadSizeGuard,
     UploadWaitsForSession,
     install_upload_guard,
@@ -47,7 +47,7 @@ class Recorder:
             ]
         )
 
-    def guarded(self, max_upload_bytes: int, linger_seconds: float = DEFAULT_LINGER_SECONDS) -> Any:
+    def guarded(self, max_upload_bytes: int, linger_seconds: float = UPLOAD_LINGER_SECONDS) -> Any:
         guard = UploadSizeGuard(self.app, max_upload_bytes=max_upload_bytes, linger_seconds=linger_seconds)
 
         async def outer(scope: Any, receive: Any, send: Any) -> None:

@@ -30,7 +30,9 @@ one per step size M (`ops.create_onednn_mm(weight, 32)` in
 Primitives for large steps are large, and the LRU evicts only when a new size
 arrives, so the worker steps up by MBs at its first peak of load and keeps them
 (BENCHMARKS.md, "The worker's step at a new peak"). The workaround caps the
-cache at ENGINE_ONEDNN_MM_CACHE primitives per weight (unset or 0: vLLM's own).
+cache at ENGINE_ONEDNN_MM_CACHE primitives per weight: the variable the app sets
+from its constant of that name (services/engine/backends/local/engine.py); unset
+or 0: vLLM's own.
 """
 
 from __future__ import annotations

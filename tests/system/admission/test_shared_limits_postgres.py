@@ -23,7 +23,7 @@ from services.accounts.shared_attempts import SharedAttempts, SignInAttempts
 from services.admission.capacity import DecodeCapacity
 from services.admission.refusals import Refused
 from services.admission.shared_database import SharedDatabase
-from services.admission.shared_limits import SharedLimits
+from services.admission.shared_limits import SHARED_LEASE_SECONDS, SharedLimits
 from services.admission.shared_line import SharedLine
 from services.admission.waiting_line import CHAT, DOCUMENT, WaitingLine
 from services.config import Settings
@@ -87,11 +87,11 @@ async def test_turns_sent_at_once_to_two_replicas_get_the_limit_once(engines: li
 @in_loop
 async def test_a_killed_replicas_turns_lapse_and_a_stopped_ones_are_freed(engines: list[AsyncEngine]) -> None:
     clock = Clock()
-    killed, alive = (limits(e, clock, user_max_concurrent_turns=1, shared_lease_seconds=30) for e in engines)
+    killed, alive = (limits(e, clock, user_max_concurrent_turns=1) for e in engines)
     assert await killed.open_turn("user:cid")
     with pytest.raises(Refused):
         await alive.open_turn("user:cid")
-    clock.now += 31  # the killed replica renews nothing: its lease expires
+    clock.now += SHARED_LEASE_SECONDS + 1  # the killed replica renews nothing: its lease expires
     assert await alive.open_turn("user:cid")
     await alive.stop()  # a replica that stops frees its leases at once
     assert await killed.open_turn("user:cid"), "the stopped replica's turn no longer counts"
@@ -137,7 +137,7 @@ async def test_documents_per_hour_are_counted_across_replicas(engines: list[Asyn
 @in_loop
 async def test_rows_past_their_window_are_deleted(engines: list[AsyncEngine]) -> None:
     clock = Clock()
-    shared = limits(engines[0], clock, shared_lease_seconds=10)
+    shared = limits(engines[0], clock)
     for person in range(50):
         await shared.count_message(f"user:p{person}")
         await shared.open_turn(f"user:p{person}")
@@ -204,8 +204,8 @@ class TwoSlots(DecodeCapacity):
 
 
 def line_replica(engine: AsyncEngine, wall: Clock, available: bool = True) -> SharedLine:
-    settings = Settings.from_env({}).replace(admission_max_wait_seconds=1000, max_prefilling_requests=0)
-    line = WaitingLine(settings, TwoSlots(5.0, 64))
+    settings = Settings.from_env({}).replace(admission_max_wait_seconds=1000)
+    line = WaitingLine(settings, TwoSlots(5.0, 64), max_prefilling=0)
     return SharedLine(settings, line, SharedDatabase(engine, 5, available=lambda: available), wall)
 
 

@@ -25,6 +25,7 @@ from services.chat.service import ChatService
 from services.chat.session import ChatSession
 from services.documents.echo import ngrams
 from services.documents.echo_guard import phrases_of
+from services.documents.summarizer import Summarizer
 from services.engine.chat_engine import ChatEngine, SamplingSettings
 from services.engine.errors import REPETITION_STOPPED, RepetitionError, report_failure
 from services.engine.loop_guard import LoopGuardConfig, RepetitionDetector
@@ -203,9 +204,11 @@ def eager_to_end(engine: ChatEngine, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def test_a_summary_is_never_shorter_than_its_minimum_unless_the_user_asked(
-    engine: ChatEngine, tiny_model_dir: Path, finished: list[StreamStats], eager_to_end: None
-) -> None:
-    chat = ChatService(engine, tiny_settings(tiny_model_dir, summary_max_tokens=64, summary_min_tokens=20))
+    engine: ChatEngine, tiny_model_dir: Path, finished: list[StreamStats], eager_to_end: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    monkeypatch.setattr(Summarizer, "min_summary_tokens", 20)
+    chat = ChatService(engine, tiny_settings(tiny_model_dir, summary_max_tokens=64))
     session = ChatSession("s-min", SamplingSettings(1.0, 1.0, 64), "Be brief.", deque(maxlen=20))
     folder = Path(tempfile.mkdtemp())
     (folder / "notes.txt").write_text(long_document(400, seed=2718))
@@ -213,7 +216,7 @@ async def test_a_summary_is_never_shorter_than_its_minimum_unless_the_user_asked
     folder.rmdir()
     assert result.document is not None and result.document.tokens >= 4 * 20
     [_ async for _ in chat.summarize(session, "", "min-summary")]
-    assert finished[-1].output_tokens >= 20, "the summary may not end before SUMMARY_MIN_TOKENS"
+    assert finished[-1].output_tokens >= 20, "the summary may not end before its minimum"
     [_ async for _ in chat.summarize(session, "In one line, please.", "min-request")]
     assert finished[-1].output_tokens <= 1, "a request of the user's is not padded"
     assert engine.unfinished_requests() == 0
@@ -233,7 +236,8 @@ async def test_a_summary_that_loops_early_goes_on_without_the_loop(
         return params
 
     monkeypatch.setattr(chat_engine_module, "_sampling_params", first_request_counts)
-    settings = tiny_settings(tiny_model_dir, summary_max_tokens=240, summary_min_tokens=120)
+    monkeypatch.setattr(Summarizer, "min_summary_tokens", 120)
+    settings = tiny_settings(tiny_model_dir, summary_max_tokens=240)
     chat = ChatService(engine, settings)
     session = ChatSession("s-relooped", SamplingSettings(0.0, 1.0, 240), "Be brief.", deque(maxlen=20))
     folder = Path(tempfile.mkdtemp())

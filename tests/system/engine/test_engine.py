@@ -14,12 +14,13 @@ import pytest
 from bench.memory.shapes import distinct_size_prompts, sweep, worker_rss_mb
 from services.config import Settings
 from services.engine.backends.local import RPC_DIR_PREFIX, engine_processes
+from services.engine.backends.local.engine import ENGINE_ONEDNN_CACHE_CAPACITY, ENGINE_ONEDNN_MM_CACHE
 from services.engine.chat_engine import ChatEngine, SamplingSettings
 from services.engine.errors import TokenBudgetError
 from services.engine.stream_stats import StreamStats
-from services.engine.warmup import BATCH_SIZES, KERNEL_FILL_ANSWER_TOKENS, warm_up
+from services.engine.warmup import BATCH_SIZES, KERNEL_FILL_ANSWER_TOKENS, READING_PACE_HEADROOM, warm_up
 from services.engine.warmup_record import WarmUpRecords, record_key
-from services.memory import PRELOAD_LIBRARIES
+from services.memory import ENGINE_MMAP_THRESHOLD_BYTES, PRELOAD_LIBRARIES
 from tests.conftest import tiny_settings
 
 # The engine is the package's (conftest.py), on the package's event loop.
@@ -139,15 +140,15 @@ async def test_engine_processes_start_with_the_configured_allocator(engine: Chat
     settings = Settings()
     processes = engine_processes()
     assert len(processes) >= 2, "EngineCore and a worker"
-    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(settings.engine_onednn_cache_capacity)
-    assert os.environ["ENGINE_ONEDNN_MM_CACHE"] == str(settings.engine_onednn_mm_cache)
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(ENGINE_ONEDNN_CACHE_CAPACITY)
+    assert os.environ["ENGINE_ONEDNN_MM_CACHE"] == str(ENGINE_ONEDNN_MM_CACHE)
     preloaded = PRELOAD_LIBRARIES.get(settings.engine_allocator)
     for process in processes:
         maps = Path(f"/proc/{process.pid}/maps").read_text()
         for name in PRELOAD_LIBRARIES.values():
             assert (name in maps) == (name == preloaded), f"{process.name()} maps {name}: {name in maps}"
     if settings.engine_allocator == "glibc":  # without it glibc's threshold drifts up to 32 MB
-        assert os.environ["MALLOC_MMAP_THRESHOLD_"] == str(settings.engine_mmap_threshold_bytes)
+        assert os.environ["MALLOC_MMAP_THRESHOLD_"] == str(ENGINE_MMAP_THRESHOLD_BYTES)
 
 
 async def test_vllm_s_temp_files_stay_in_the_engine_s_private_folder(engine: ChatEngine) -> None:
@@ -164,8 +165,8 @@ async def test_vllm_s_temp_files_stay_in_the_engine_s_private_folder(engine: Cha
 
 async def test_new_batch_sizes_do_not_grow_the_worker(engine: ChatEngine) -> None:
     # Every prefill below has a batch size the worker has not seen, and each compiles oneDNN
-    # primitives. With oneDNN's default cache (ENGINE_ONEDNN_CACHE_CAPACITY=1024) the worker grew
-    # 184 MB over these 160 sizes; with the capped cache it stays where the warm-up left it.
+    # primitives. With oneDNN's default cache (1024 primitives) the worker grew 184 MB over these 160
+    # sizes; with the capped cache (ENGINE_ONEDNN_CACHE_CAPACITY) it stays where the warm-up left it.
     prompts = distinct_size_prompts(engine, 200, first_words=600)
     await sweep(engine, prompts[:40], "sizes-warm")
     before = worker_rss_mb()
@@ -184,7 +185,7 @@ async def test_warm_up_doubles_its_batches_until_one_is_too_slow_for_the_reading
     sooner), so the engine's own warm-up is checked for the rule: every batch but the last kept the
     reading pace, and the last is the largest or the first that did not."""
     settings = tiny_settings(tiny_model_dir)
-    slowest = 1 / (settings.reading_pace_tokens_per_second * settings.reading_pace_headroom)
+    slowest = 1 / (settings.reading_pace_tokens_per_second * READING_PACE_HEADROOM)
     speeds = engine.warm_up_report.decode_seconds_per_token
     sizes, allowed = sorted(speeds), sorted({min(s, settings.max_num_seqs) for s in BATCH_SIZES})
     assert sizes == allowed[: len(sizes)], "doubling from one stream, no size skipped"

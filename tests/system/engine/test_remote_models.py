@@ -27,6 +27,7 @@ from harness.chat_client import ChatClient
 from harness.server import AppServer, VllmServer
 from harness.tiny_model import build_tiny_model
 from services.config import Settings
+from services.config.engine import ENGINE_MODELS_MAX
 from services.engine import SamplingSettings, ServedModels
 from services.engine.backends.remote import Server
 from services.engine.backends.remote.engine import remote_llm
@@ -227,7 +228,7 @@ async def test_a_model_listed_after_the_start_is_added_with_its_own_template_and
     settings = Settings.from_env({"ENGINE_URLS": first.url, "MAX_NEW_TOKENS": "4"})
     remote = remote_llm(settings, None)
     try:
-        await remote.connect(settings.engine_models_max)
+        await remote.connect(ENGINE_MODELS_MAX)
         catalogue = RemoteCatalogue(settings, remote)
         engine = await catalogue.engine_for(catalogue.offers()[FIRST], True)
         assert engine is not None

@@ -27,7 +27,7 @@ from harness.postgres import PostgresCluster
 from services.chat.session import SessionDocument
 from services.chat.store import SessionStore
 from services.config import Settings
-from services.history import conversations
+from services.history import conversations, database, thread_list
 from services.history.database import POOL_SIZE, sqlite_path
 from services.history.migrations import CHAINLIT_COLUMNS, MIGRATIONS, migrate
 from services.history.resume import ANSWER_METADATA
@@ -205,8 +205,9 @@ async def test_the_thread_list_pages_in_one_statement_without_messages(history: 
         Pagination(first=2, cursor=str(uuid.uuid4())), ThreadFilter(userId=user_id)
     )
     assert [t["id"] for t in unknown.data] == threads[:-3:-1], "an unknown cursor starts from the top"
-    layer.settings = layer.settings.replace(thread_list_page_max=4)
-    capped = await layer.list_threads(Pagination(first=10**6), ThreadFilter(userId=user_id))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(thread_list, "THREAD_LIST_PAGE_MAX", 4)
+        capped = await layer.list_threads(Pagination(first=10**6), ThreadFilter(userId=user_id))
     assert len(capped.data) == 4 and capped.pageInfo.hasNextPage
 
 
@@ -266,12 +267,13 @@ async def test_a_burst_of_statements_waits_its_turn_instead_of_opening_the_break
 
 
 @pytest.mark.asyncio(loop_scope="module")
-async def test_sqlite_page_caches_are_bounded_by_the_setting_and_their_bytes_are_reported(
-    tmp_path: Path,
+async def test_sqlite_page_caches_are_bounded_and_their_bytes_are_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each pooled SQLite connection caches at most SQLITE_CACHE_KIB of pages; /status shows what
     SQLite holds in this process, which stays under the pool's bound after reading a large table."""
-    settings = Settings.from_env({"DATA_DIR": str(tmp_path), "SQLITE_CACHE_KIB": "64"})
+    monkeypatch.setattr(database, "SQLITE_CACHE_KIB", 64)
+    settings = Settings.from_env({"DATA_DIR": str(tmp_path)})
     history = History(settings, keep_conversations=True, use_database=True)
     await history.start()
     try:
@@ -391,7 +393,7 @@ async def test_cap_keeps_each_users_most_recently_active_conversations(history: 
     assert all([await count(history, "threads", '"id" = :id', id=row) for row in ginas]), "others untouched"
     assert await history.retention_round() == 0, "a second round within the interval does nothing"
     await new_thread(history, frank)
-    history._retention_at -= history.settings.history_retention_interval_seconds  # type: ignore[operator]
+    history._retention_at -= conversations.HISTORY_RETENTION_INTERVAL_SECONDS  # type: ignore[operator]
     assert await history.retention_round() == 1, "the next interval's sweep keeps the cap"
     assert await conversations.delete_excess_threads(history.engine, keep=3) == 0  # type: ignore[arg-type]
 

@@ -17,7 +17,7 @@ from sqlalchemy import text
 
 from harness.postgres import PostgresCluster
 from services.config import Settings
-from services.history import conversations
+from services.history import conversations, thread_list, thread_search
 from services.history.migrations import migrate
 from services.history.service import History
 from services.history.thread_search import owner_token
@@ -137,13 +137,11 @@ async def test_search_results_page_without_gaps_or_repeats_and_are_bounded(histo
         listed += [t["id"] for t in page.data]
     assert sorted(listed) == sorted(threads) and len(listed) == len(set(listed))
     assert all(t["steps"] == [] for t in page.data), "no messages are loaded"
-    layer.settings = layer.settings.replace(thread_list_page_max=4)
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(thread_list, "THREAD_LIST_PAGE_MAX", 4)
         capped = await layer.list_threads(
             Pagination(first=10**6), ThreadFilter(userId=alice, search="meeting")
         )
-    finally:
-        layer.settings = history.settings
     assert len(capped.data) == 4 and capped.pageInfo.hasNextPage
 
 
@@ -234,10 +232,8 @@ async def test_a_word_in_very_many_messages_ranks_only_the_newest_matches(histor
     threads = [await conversation(history, alice, f"Day {i}", [f"weather report {i}"], i) for i in range(5)]
     layer = history.layer
     assert layer is not None
-    layer.settings = layer.settings.replace(thread_search_max_matches=2)
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(thread_search, "THREAD_SEARCH_MAX_MATCHES", 2)
         assert set(await found(history, alice, "weather")) == set(threads[-2:]), "the two newest matches"
         assert await found(history, alice, "weather 0") == [threads[0]], "a rarer search still finds old ones"
-    finally:
-        layer.settings = history.settings
     assert set(await found(history, alice, "weather")) == set(threads)

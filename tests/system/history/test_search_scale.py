@@ -16,7 +16,7 @@ from sqlalchemy import text
 
 from harness.postgres import PostgresCluster
 from services.config import Settings
-from services.history import conversations, migrations
+from services.history import conversations, migrations, thread_search
 from services.history.database import create_engine
 from services.history.service import History
 from services.history.thread_search import DENSE_OF_SAMPLE, owner_lexeme, owner_token
@@ -119,13 +119,10 @@ async def test_a_word_in_most_messages_and_a_rare_one_find_only_the_persons_newe
     assert set(await found(history, alice, "archipelago")) == {old, rare}, "the GIN index's way"
     assert set(await found(history, alice, "forecast archipelago")) == {old}
     assert await found(history, bob, "forecast") == [bobs] and await found(history, bob, "number") == []
-    assert history.layer is not None
-    history.layer.settings = history.layer.settings.replace(thread_search_max_matches=busy // 2)
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(thread_search, "THREAD_SEARCH_MAX_MATCHES", busy // 2)
         assert await found(history, alice, "forecast") == [chatty], "only the newest matches are ranked"
         assert set(await found(history, alice, "archipelago")) == {old, rare}
-    finally:
-        history.layer.settings = history.settings
 
 
 @in_loop

@@ -25,10 +25,12 @@ import pytest_asyncio
 
 from services.chat.service import ChatService
 from services.chat.store import SessionStore
+from services.engine import lifespan as engine_lifespan
 from services.engine.chat_engine import MAX_FINISH_CALLBACKS, ChatEngine, SamplingSettings
 from services.engine.stream_stats import StreamStats
 from services.observability.maintenance import Maintenance
 from services.observability.memory import kv_cache_usage
+from services.observability.status import HEALTH_RECENT_OUTPUT_SECONDS
 from services.runtime import Runtime, Serving
 from tests.conftest import tiny_settings
 
@@ -62,14 +64,16 @@ TRACEMALLOC_SECOND_HALF_LIMIT_BYTES = 96 * 1024
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def runtime(tiny_model_dir: Path) -> AsyncIterator[Runtime]:
-    # The answer-ids cache is bounded (~1 MB by default, full after ~2,000 of these 4-token
-    # answers); sized here to fill within the warm-up, so the traced halves see it full.
     settings = tiny_settings(
         tiny_model_dir, max_new_tokens=6, max_history_messages=MAX_HISTORY, max_sessions=MAX_SESSIONS,
-        memory_sample_seconds=0.5, answer_token_cache_tokens=16_384,
+        memory_sample_seconds=0.5,
     )  # fmt: skip
     runtime = Runtime(settings)
-    await runtime.start()
+    with pytest.MonkeyPatch.context() as patch:
+        # The answer-ids cache is bounded (ANSWER_TOKEN_CACHE_TOKENS, ~1 MB, full after ~2,000 of these
+        # 4-token answers); sized here to fill within the warm-up, so the traced halves see it full.
+        patch.setattr(engine_lifespan, "ANSWER_TOKEN_CACHE_TOKENS", 16_384)
+        await runtime.start()
     engine = serving_of(runtime).engine
     yield runtime
     await runtime.stop()
@@ -385,19 +389,13 @@ async def test_health_ping_answers_without_counting_as_a_chat_request(
     await wait_until_idle(engine)
 
 
-async def test_health_counts_recent_output_as_answering_within_the_setting(
-    runtime: Runtime, engine: ChatEngine
-) -> None:
+async def test_health_counts_recent_output_as_answering(runtime: Runtime, engine: ChatEngine) -> None:
     engine.last_output_at = time.monotonic() - 0.5
     healthy, detail = await runtime.status.health()
     assert healthy and "last_output_seconds_ago" in detail, detail  # within 30 s: no ping
-    default = runtime.status.settings
-    runtime.status.settings = default.replace(health_recent_output_seconds=0.1)
-    try:
-        healthy, detail = await runtime.status.health()
-    finally:
-        runtime.status.settings = default
-    assert healthy and detail["ping_seconds"] > 0, detail  # older than the setting: ask the engine
+    engine.last_output_at = time.monotonic() - HEALTH_RECENT_OUTPUT_SECONDS - 1
+    healthy, detail = await runtime.status.health()
+    assert healthy and detail["ping_seconds"] > 0, detail  # older than that: ask the engine
     await wait_until_idle(engine)
 
 

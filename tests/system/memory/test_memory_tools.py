@@ -25,6 +25,7 @@ import pytest
 from services.config import Settings, SettingsError
 from services.memory import allocators
 from services.memory.allocators import (
+    ENGINE_MMAP_THRESHOLD_BYTES,
     PROBE_DIR,
     app_memory_env,
     apply_engine_memory_env,
@@ -84,8 +85,9 @@ def sample(at: float, requests: int, app_mb: float, worker_mb: float) -> MemoryS
 
 
 def test_growth_per_process_in_mb_per_hour_and_bytes_per_request() -> None:
-    settings = Settings.from_env({}).replace(leak_warmup_seconds=0.0, leak_window_seconds=3600.0)
-    monitor = MemoryMonitor(settings, clock=lambda: 0.0)
+    monitor = MemoryMonitor(
+        Settings.from_env({}), clock=lambda: 0.0, warmup_seconds=0.0, window_seconds=3600.0
+    )
     for minute in range(61):  # 10 requests a second; the worker keeps 3,500 B of each
         requests = minute * 600
         monitor.record(sample(minute * 60.0, requests, 700.0, 2000.0 + requests * 3500 / MB))
@@ -96,8 +98,9 @@ def test_growth_per_process_in_mb_per_hour_and_bytes_per_request() -> None:
 
 
 def test_bytes_per_request_waits_for_enough_requests() -> None:
-    settings = Settings.from_env({}).replace(leak_warmup_seconds=0.0, leak_window_seconds=3600.0)
-    monitor = MemoryMonitor(settings, clock=lambda: 0.0)
+    monitor = MemoryMonitor(
+        Settings.from_env({}), clock=lambda: 0.0, warmup_seconds=0.0, window_seconds=3600.0
+    )
     for minute in range(61):  # idle: 60 requests in an hour
         monitor.record(sample(minute * 60.0, minute, 700.0, 2000.0 + minute * 0.1))
     growth = monitor.process_growth(now=3600.0)
@@ -124,7 +127,7 @@ def test_glibc_keeps_the_pinned_mmap_threshold_and_can_cap_arenas() -> None:
     settings = Settings.from_env({}).replace(engine_allocator="glibc", engine_malloc_arena_max=2)
     env = engine_memory_env(settings, {})
     assert env == {
-        "MALLOC_MMAP_THRESHOLD_": str(settings.engine_mmap_threshold_bytes),
+        "MALLOC_MMAP_THRESHOLD_": str(ENGINE_MMAP_THRESHOLD_BYTES),
         "MALLOC_ARENA_MAX": "2",
     }
 

@@ -52,6 +52,14 @@ NONE_WHEN_ZERO = ("block_size", "max_num_queued_reqs", "max_num_queued_tokens", 
 RPC_DIR_PREFIX = "vllm-chat-rpc-"
 ENGINE_TEMP_ENV_NAMES = ("TMPDIR", "VLLM_RPC_BASE_PATH")
 ALL_CORES_UP_TO = 2  # the worker gets every core on machines this small (worker_thread_bind)
+# oneDNN's global primitive cache in vLLM's CPU processes (ONEDNN_PRIMITIVE_CACHE_CAPACITY). Each new
+# batch size compiles 4 matmul primitives (~1.2 MB with the default model); oneDNN's default keeps 1024
+# (~300 MB), filled slowly as traffic brings new sizes. vLLM keeps its own sizes per layer in front of it.
+ENGINE_ONEDNN_CACHE_CAPACITY = 16
+# oneDNN matmul primitives vLLM's CPU linear layers keep per weight, one per step size (vLLM's own: 32;
+# 0 = vLLM's). Large steps' primitives are large and its LRU keeps them after a peak of load: 8 kept
+# ~25 MB less in the worker and no step at a burst (BENCHMARKS.md).
+ENGINE_ONEDNN_MM_CACHE = 8
 
 
 def engine_args(settings: Settings) -> Any:
@@ -139,9 +147,9 @@ def prepare_process_env(settings: Settings) -> None:
     # Our workarounds for vLLM, which its processes load as a general plugin (services/memory/vllm_plugins).
     register_vllm_plugins()
     # Read by the oneDNN inside vLLM's CPU kernels when its cache is first used (in the worker).
-    os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = str(settings.engine_onednn_cache_capacity)
+    os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = str(ENGINE_ONEDNN_CACHE_CAPACITY)
     # vLLM's own LRU in front of it, per weight: capped by our plugin when the worker loads the model.
-    os.environ["ENGINE_ONEDNN_MM_CACHE"] = str(settings.engine_onednn_mm_cache)
+    os.environ["ENGINE_ONEDNN_MM_CACHE"] = str(ENGINE_ONEDNN_MM_CACHE)
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+import services.engine.backends.remote.routing as routing
 from services.config import Settings
 from services.engine.backends import LLMBackend
 from services.engine.backends.local import prepare_default_model
@@ -278,7 +279,7 @@ def remote_llm(settings: Settings, tokenizer: Any) -> RemoteLLM:
         connect_timeout=settings.engine_connect_timeout_seconds,
         idle_timeout=settings.engine_stream_timeout_seconds,
         max_connections=settings.engine_max_connections,
-        affinity_slack=settings.engine_affinity_slack if settings.engine_affinity_on else None,
+        affinity_slack=routing.ENGINE_AFFINITY_SLACK if settings.engine_affinity_on else None,
         router=settings.engine_router,
     )
 

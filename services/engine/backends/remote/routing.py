@@ -20,6 +20,9 @@ from services.engine.backends.remote.listing import Card
 
 BLOCK_TOKENS = 64  # prefix granularity (vLLM's CPU KV blocks hold 16-128 tokens)
 PREFIX_BLOCKS_KEPT = 16_384  # per server: ~1M prompt tokens, more than a CPU server's KV cache holds
+# A server counts as overloaded for affinity once it has this many more of our requests in flight than
+# the least busy one: the request then goes by load.
+ENGINE_AFFINITY_SLACK = 4
 
 
 def prefix_hashes(token_ids: Sequence[int], block_tokens: int = BLOCK_TOKENS) -> list[int]:
