@@ -30,14 +30,34 @@ apt_install() {
 }
 missing_debs() { for pkg in "$@"; do dpkg -s "$pkg" >/dev/null 2>&1 || echo "$pkg"; done; }
 
-# The malloc of vLLM's processes (ENGINE_ALLOCATOR) preloads one of these; jeprof reads jemalloc's
-# heap profiles (memory probe, tests).
+# Debian packages, all in one apt call that runs in the background while pip installs: the
+# malloc of vLLM's processes (ENGINE_ALLOCATOR preloads one of these); for tests, jeprof (heap
+# profiles), Debian's chromium and the emoji font (the browser tests: people's browsers have one),
+# postgresql (the tests start throwaway clusters), slapd and ldap-utils (a throwaway directory),
+# haproxy (the scale-out tests) and npm when the machine has none.
 debs=$(missing_debs libjemalloc2 libtcmalloc-minimal4)
-[[ "$WITH_TEST" == 1 ]] && debs="$debs $(missing_debs libjemalloc-dev)"
-if [[ -n "${debs// /}" ]]; then
-  echo "[setup] installing Debian's $debs"
-  apt_install $debs
+if [[ "$WITH_TEST" == 1 ]]; then
+  debs="$debs $(missing_debs libjemalloc-dev fonts-noto-color-emoji slapd ldap-utils haproxy)"
+  command -v chromium >/dev/null 2>&1 || debs="$debs chromium"
+  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || debs="$debs postgresql"
+  command -v npm >/dev/null 2>&1 || debs="$debs npm"
 fi
+apt_pid=""
+if [[ -n "${debs// /}" ]]; then
+  echo "[setup] installing Debian's" $debs "(in the background)"
+  apt_install $debs &
+  apt_pid=$!
+fi
+# Waits for the apt call; Debian's postinst starts slapd and haproxy as system services, which the
+# tests never use (they start their own on free ports): stop them.
+apt_done() {
+  [[ -n "$apt_pid" ]] || return 0
+  wait "$apt_pid"
+  apt_pid=""
+  if command -v invoke-rc.d >/dev/null 2>&1; then
+    for service in slapd haproxy; do invoke-rc.d "$service" stop >/dev/null 2>&1 || true; done
+  fi
+}
 
 if [[ ! -x "$VENV/bin/python" ]]; then
   "$PY" -m venv "$VENV"
@@ -61,6 +81,7 @@ fi
 # registry, at the versions of assets/package-lock.json (once per lock file).
 assets_stamp="assets/node_modules/.stamp-$(stamp_of assets/package-lock.json)"
 if [[ ! -e "$assets_stamp" ]]; then
+  command -v npm >/dev/null 2>&1 || apt_done  # npm may be in the apt call
   if command -v npm >/dev/null 2>&1; then
     echo "[setup] installing the page's font and styles (npm)"
     (cd assets && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error >/dev/null)
@@ -77,38 +98,8 @@ if [[ "$WITH_TEST" == 1 ]]; then
     pip_quiet install --no-deps -r requirements-test.txt
     touch "$test_stamp"
   fi
-  # The emoji font: people's browsers have one, and the screenshots should show what they see.
-  browser_debs=$( (command -v chromium >/dev/null 2>&1 || echo chromium); missing_debs fonts-noto-color-emoji)
-  if [[ -n "${browser_debs// /}" ]]; then
-    echo "[setup] installing Debian's" $browser_debs "for the browser test"
-    apt_install $browser_debs
-  fi
-  # The PostgreSQL tests start a throwaway cluster of their own (initdb on a free port).
-  if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
-    echo "[setup] installing Debian's postgresql for the database tests"
-    apt_install postgresql
-  fi
-  # The LDAP sign-in tests start a throwaway slapd of their own (harness/slapd.py, a private config
-  # on a free port). Debian's postinst may start the system's slapd: stop it, the tests never use it.
-  ldap_debs=$(missing_debs slapd ldap-utils)
-  if [[ -n "${ldap_debs// /}" ]]; then
-    echo "[setup] installing Debian's" $ldap_debs "for the LDAP sign-in tests"
-    apt_install $ldap_debs
-    if command -v invoke-rc.d >/dev/null 2>&1; then invoke-rc.d slapd stop >/dev/null 2>&1 || true; fi
-  fi
-  # The scale-out test puts Debian's HAProxy in front of the app replicas (deploy/topology.py).
-  if [[ -n "$(missing_debs haproxy)" ]]; then
-    echo "[setup] installing Debian's haproxy for the scale-out test"
-    apt_install haproxy
-    if command -v invoke-rc.d >/dev/null 2>&1; then invoke-rc.d haproxy stop >/dev/null 2>&1 || true; fi
-  fi
-  if ! command -v npm >/dev/null 2>&1; then
-    echo "[setup] installing Debian's npm for the page's font and styles"
-    apt_install npm
-    (cd assets && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error >/dev/null)
-    touch "$assets_stamp"
-  fi
 fi
 
 # Convert the bundled GGUF into a folder vLLM loads (once; atomic).
 "$VENV/bin/python" -m services.engine.backends.local.model_prep
+apt_done

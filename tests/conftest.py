@@ -1,8 +1,8 @@
 """Shared fixtures: models built once, one engine and one server per model.
 
-Every test that needs a model (and so an engine or a server) is marked `slow`
-here by its fixtures: `pytest -m "not slow"` runs the pure-logic tests in seconds.
-The session leaves the temp folder as it found it: engines and servers clean up.
+Tests are marked by tier from their fixtures (tests/tiers.py): `-m "not engine"` runs the
+pure-logic tests in seconds, `-m "not long"` is the per-commit tier. The session leaves the temp
+folder as it found it: engines and servers clean up, and its summary says how many engines started.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from harness.tiny_model import build_tiny_model
 from services.config import Settings
 from services.config.engine import default_cache_dir
 from services.engine.backends.local import ensure_default_model
+from tests.tiers import EngineCensus, mark_tiers, register_hypothesis_profiles
 
 ARTIFACTS = ROOT / "artifacts"
 TINY_MAX_MODEL_LEN = 4096
@@ -213,21 +214,23 @@ def pytest_configure(config: pytest.Config) -> None:
     # Hypothesis (the fuzz tests) keeps caches in ./.hypothesis unless told otherwise: they go with
     # the session's folder (its example database is off: tests/system/security/fuzzing.py).
     os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(SESSION_TEMP / HYPOTHESIS_HOME))
+    register_hypothesis_profiles(ARTIFACTS / "hypothesis-examples")
+    config.stash[ENGINES] = EngineCensus().start()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    if census := config.stash.get(ENGINES, None):
+        census.stop()
     shutil.rmtree(SESSION_TEMP, ignore_errors=True)
 
 
-MODEL_FIXTURES = {"default_model_dir", "tiny_model_dir"}
+ENGINES = pytest.StashKey[EngineCensus]()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark `slow` every test that needs a model (it starts an engine or a server); order the
-    modules so that each pooled server's tests run together."""
-    for item in items:
-        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.slow)
+    """Mark each test's tiers (tests/tiers.py); order the modules so that each pooled server's
+    tests run together."""
+    mark_tiers(items)
     items[:] = order_by_server(items)
 
 
@@ -277,9 +280,11 @@ def order_by_server(items: list[pytest.Item]) -> list[pytest.Item]:
     return [item for path in sorted(modules, key=keys.__getitem__) for item in modules[path]]
 
 
-def pytest_terminal_summary(terminalreporter) -> None:
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     if STARTED:
         terminalreporter.write_line(f"servers started: {len(STARTED)} ({', '.join(STARTED)})")
+    if census := config.stash.get(ENGINES, None):
+        terminalreporter.write_line(f"vLLM engines started: {census.stop()}")
 
 
 # pytest's own tmp_path root, and torch's compile cache: torch writes part of it under

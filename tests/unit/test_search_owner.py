@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from services.history.thread_search import owner_lexeme, owner_literal, search_words, tsquery
@@ -13,7 +13,6 @@ from services.history.thread_search import owner_lexeme, owner_literal, search_w
 LITERAL = re.compile(r"'''@[0-9a-f]*'''")
 
 
-@settings(max_examples=300, deadline=None)
 @given(st.text(max_size=80), st.text(min_size=1, max_size=200))
 def test_no_search_reaches_the_owner_lexeme(user_id: str, typed: str) -> None:
     assert LITERAL.fullmatch(owner_literal(user_id)), "a quoted lexeme: nothing to escape"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from services.history.thread_search import fts5_query, owner_token, search_words, tsquery, tsquery_literal
@@ -36,7 +36,6 @@ def test_the_last_word_is_a_prefix_from_two_letters() -> None:
     assert owner_token(USER) == USER.encode().hex().upper()
 
 
-@settings(max_examples=300, deadline=None)
 @given(st.text(min_size=1, max_size=300))
 def test_any_text_becomes_words_only(text: str) -> None:
     words = search_words(text, 200)

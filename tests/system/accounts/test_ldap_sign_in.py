@@ -21,6 +21,9 @@ from harness.slapd import ADMINS_GROUP, PEOPLE, READER_DN, Slapd, user_dn
 from tests.conftest import LDAP_PEOPLE, LDAP_READER_PASSWORD, ServerPool, pooled
 from tests.system.conftest import accounts, tiny_env
 
+# a server of its own: per commit, test_ldap_directory.py against the same slapd
+pytestmark = pytest.mark.long
+
 in_loop = pytest.mark.asyncio(loop_scope="module")
 
 SIGN_IN_CHECK_SECONDS = 1

@@ -16,6 +16,9 @@ from harness.server import AppServer
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
 from tests.system.accounts.test_people import ADMIN, LONG_TURN_WORDS, prompt_tokens_of, stored_thread
 
+# two replicas on PostgreSQL: per commit, test_history.py and test_shared_limits_postgres.py in process
+pytestmark = pytest.mark.topology
+
 in_loop = pytest.mark.asyncio(loop_scope="module")
 
 

@@ -182,6 +182,7 @@ async def test_a_database_that_is_down_is_skipped_and_the_process_counts_alone()
     await engine.dispose()
 
 
+@pytest.mark.long  # a latency percentile: bench/overhead holds the verdict
 @in_loop
 async def test_the_added_latency_of_one_admission(engines: list[AsyncEngine]) -> None:
     """What sharing adds to a turn's start (open_turn) and to a message (count_message), on loopback."""

@@ -277,6 +277,9 @@ async def test_over_the_per_user_limit_gets_429_with_retry_after(api_server: App
     await api_server.poll(lambda s: s["engine_unfinished_requests"] == 0, timeout=5)
 
 
+# spends a minute's token budget: per commit, test_over_the_per_user_limit_gets_429_with_retry_after and
+# tests/unit/test_api_gate.py
+@pytest.mark.long
 def test_api_answers_count_toward_the_per_user_token_limit(api_server: AppServer) -> None:
     """USER_TOKENS_PER_MINUTE=2000 (the fixture): streamed answers without a usage report are counted
     from their text, and the owner is refused with Retry-After once over the limit."""

@@ -25,6 +25,9 @@ from tests.conftest import ARTIFACTS
 from tests.system.conftest import ADMIN
 from tests.system.presets.conftest import models_server, other_model_dir  # noqa: F401  (shared fixtures)
 
+# two models in one server: per commit, test_presets_store.py and tests/unit/test_presets.py
+pytestmark = pytest.mark.long
+
 SCREENSHOTS = ARTIFACTS / "screenshots"
 PROMPT = "Answer like a ship's captain."
 

@@ -39,6 +39,7 @@ async def first_token_seconds(server: AppServer, question: str) -> float:
 
 
 # First in this module: it needs the first question the server ever gets.
+@pytest.mark.long  # a ratio of first-token times: bench/engine and BENCHMARKS.md hold the verdict
 async def test_the_first_question_after_start_is_close_to_a_warm_one(
     default_server: AppServer, server_pool: ServerPool
 ) -> None:

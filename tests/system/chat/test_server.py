@@ -126,6 +126,8 @@ async def test_new_message_replaces_the_running_answer(tiny_server: AppServer) -
         await tiny_server.poll(idle, timeout=2)
 
 
+# a server of its own: per commit, engine/test_answer_quality.py stops loops on the real engine
+@pytest.mark.long
 async def test_an_answer_that_loops_is_cut_back_to_what_the_history_keeps(tiny_model_dir) -> None:
     """Greedy and without the penalties, the random tiny model falls into a loop: the page replaces
     what streamed with the text before the repetition and says why it stopped."""

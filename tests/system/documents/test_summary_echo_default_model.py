@@ -21,7 +21,8 @@ from services.config import Settings
 from services.documents.echo import ECHO_THRESHOLD, echo_of, instruction_texts
 from services.documents.prompts import SummaryPrompts
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+# a quality statistic on the default model: per commit, tests/unit/test_summary_echo.py
+pytestmark = [pytest.mark.long, pytest.mark.asyncio(loop_scope="module")]
 
 LICENSE_DISTRIBUTION = "numpy"
 

@@ -129,8 +129,17 @@ async def test_prompt_beyond_context_is_refused(engine: ChatEngine) -> None:
 
 
 async def test_answer_budget_is_capped_by_context(engine: ChatEngine, finished: list[StreamStats]) -> None:
-    prompt_tokens = len(engine.encode_chat(QUESTION))
-    await collect(engine, "capped", SamplingSettings(1.0, 1.0, max_new_tokens=100_000))
+    """A prompt that leaves about 40 tokens of the context: the answer may take those, never more."""
+    def asking(words: int) -> list[dict[str, str]]:
+        return [{"role": "user", "content": "word " * words}]
+
+    fixed = len(engine.encode_chat(asking(0)))
+    per_word = (len(engine.encode_chat(asking(1000))) - fixed) / 1000
+    near_full = asking(int((engine.max_model_len - fixed - 40) / per_word))
+    prompt_tokens = len(engine.encode_chat(near_full))
+    assert 0 < engine.max_model_len - prompt_tokens <= 100, prompt_tokens
+    stream = engine.generate(near_full, SamplingSettings(1.0, 1.0, max_new_tokens=100_000), "capped")
+    "".join([delta async for delta in stream])
     assert finished[-1].output_tokens <= engine.max_model_len - prompt_tokens
 
 
@@ -163,6 +172,7 @@ async def test_vllm_s_temp_files_stay_in_the_engine_s_private_folder(engine: Cha
     assert "VLLM_RPC_BASE_PATH" not in os.environ
 
 
+@pytest.mark.long  # the worker's growth over 160 batch sizes: bench/memory/shapes.py is the verdict
 async def test_new_batch_sizes_do_not_grow_the_worker(engine: ChatEngine) -> None:
     # Every prefill below has a batch size the worker has not seen, and each compiles oneDNN
     # primitives. With oneDNN's default cache (1024 primitives) the worker grew 184 MB over these 160
@@ -176,6 +186,8 @@ async def test_new_batch_sizes_do_not_grow_the_worker(engine: ChatEngine) -> Non
     assert engine.unfinished_requests() == 0
 
 
+# three warm-ups: per commit, every server start warms up and tests/unit/test_warmup_record.py
+@pytest.mark.long
 async def test_warm_up_doubles_its_batches_until_one_is_too_slow_for_the_reading_pace(
     engine: ChatEngine, tiny_model_dir: Path
 ) -> None:
@@ -197,6 +209,7 @@ async def test_warm_up_doubles_its_batches_until_one_is_too_slow_for_the_reading
     assert max(unpaced.decode_seconds_per_token) == min(max(BATCH_SIZES), settings.max_num_seqs)
 
 
+@pytest.mark.long  # two warm-ups: per commit, tests/unit/test_warmup_record.py
 async def test_a_restart_takes_the_kept_speeds_and_still_runs_every_batch_size(
     engine: ChatEngine, tiny_model_dir: Path, tmp_path: Path, finished: list[StreamStats]
 ) -> None:

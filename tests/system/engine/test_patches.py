@@ -38,6 +38,7 @@ def kept_per_notification(patched: bool) -> float:
     return float(run_python(code))
 
 
+@pytest.mark.long  # counts over seconds of a busy engine
 def test_vllm_readers_still_pile_up_wake_ups_while_busy() -> None:
     """When this fails, vLLM (or libzmq) no longer keeps a command per wake-up in a busy reader:
     remove drain_busy_readers from services/memory/vllm_plugins/vllm_chat_patches.py and this test."""
@@ -45,6 +46,7 @@ def test_vllm_readers_still_pile_up_wake_ups_while_busy() -> None:
     assert kept > 15, f"{kept:.1f} B per wake-up: the workaround is no longer needed"
 
 
+@pytest.mark.long  # counts over seconds of a busy engine
 def test_the_workaround_keeps_nothing_per_wake_up() -> None:
     kept = kept_per_notification(patched=True)
     assert kept < 5, f"{kept:.1f} B per wake-up are still kept"
@@ -91,6 +93,7 @@ HAS_ONEDNN = bool(getattr(vllm_ops, "_supports_onednn", False))
 onednn = pytest.mark.skipif(not HAS_ONEDNN, reason="this vLLM build has no oneDNN matmul (CUDA)")
 
 
+@pytest.mark.long  # oneDNN's cache over many shapes
 @onednn
 def test_vllm_still_keeps_many_large_primitives_per_weight() -> None:
     """When this fails, vLLM keeps few primitives per linear layer (or makes it a setting of its own):
@@ -100,6 +103,7 @@ def test_vllm_still_keeps_many_large_primitives_per_weight() -> None:
     assert kept > 5e6, f"{kept / 1e6:.1f} MB kept after {len(ONEDNN_SIZES)} step sizes"
 
 
+@pytest.mark.long  # oneDNN's cache over many shapes
 @onednn
 def test_the_cap_keeps_fewer_primitives_per_weight() -> None:
     capped, uncapped = kept_by_onednn_handler(4), kept_by_onednn_handler(0)

@@ -23,6 +23,9 @@ from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
 from tests.system.api.test_api import HELLO, accounts
 from tests.system.chat.test_server import idle
 
+# vllm serve + an app: per commit, tests/unit/test_remote_engine.py against fake servers
+pytestmark = pytest.mark.topology
+
 LONG_ANSWER_TOKENS = 3000
 STOP_ROUNDS = 4
 NOT_AVAILABLE = "The model is not available right now"

@@ -36,6 +36,9 @@ from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
 from tests.system.accounts.test_people import stored_thread
 from tests.system.conftest import ADMIN, ALICE, accounts, add_alice_and_bob
 
+# two vllm serve + an app: per commit, tests/unit/test_remote_models.py
+pytestmark = pytest.mark.topology
+
 in_loop = pytest.mark.asyncio(loop_scope="module")
 FIRST, SECOND = "tiny-llama", "tiny-templated"
 SECOND_CONTEXT = 2048  # the second model's own context (its server's --max-model-len)

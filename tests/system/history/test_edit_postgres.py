@@ -16,6 +16,9 @@ from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
 from tests.system.accounts.test_people import ADMIN
 from tests.system.chat.test_edit_regenerate import answers, done, said, thread_when
 
+# a server on PostgreSQL: per commit, chat/test_edit_regenerate.py on SQLite and test_history.py on both
+pytestmark = pytest.mark.long
+
 in_loop = pytest.mark.asyncio(loop_scope="module")
 
 

@@ -15,6 +15,8 @@ import asyncio
 import json
 from pathlib import Path
 
+import pytest
+
 from bench.memory.churn import (
     ChurnOptions,
     default_model_pool_blocks,
@@ -22,6 +24,10 @@ from bench.memory.churn import (
     run,
 )
 from tests.conftest import tiny_settings
+
+# bytes kept per request over 3,000 requests, a slope: per commit, test_leaks.py's churn smoke and
+# test_vanishing_pages.py
+pytestmark = pytest.mark.long
 
 CI_REQUESTS = 3000
 CI_SAMPLE_EVERY = 250

@@ -294,6 +294,57 @@ async def churn(store: SessionStore, chat: ChatService, indices: range) -> Count
     return ended
 
 
+SMOKE_REQUESTS = 300  # the per-commit churn: what is left behind, no statistics
+
+
+class Leftovers:
+    """What a churn may leave behind, taken before it: sessions, engine requests, tasks, listeners,
+    rings; `check` after it asserts that nothing of it is left and every request was counted once."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        serving = serving_of(runtime)
+        self.store, self.engine = serving.sessions, serving.engine
+        self.listeners = len(self.engine._on_finish)
+        self.ring_bytes = serving.requests.ring.nbytes + serving.maintenance.memory.ring.nbytes
+        self.closed = self.store.dropped_total["closed"]
+        self.finished = _finished(runtime)
+        self.tasks = len(asyncio.all_tasks())
+
+    async def check(self, requests: int, ended: Counter) -> None:
+        serving = serving_of(self.runtime)
+        await wait_until_idle(self.engine)
+        assert ended["error"] == 0
+        assert ended["cancelled"] >= requests // 6, "a quarter of the users left mid-answer"
+        # Engine requests and per-session state after disconnect: nothing is left.
+        assert self.engine.unfinished_requests() == 0
+        assert len(self.store) == 0 and self.store.turns_in_flight() == 0
+        assert self.store.dropped_total["closed"] - self.closed == requests
+        deadline = time.monotonic() + 10
+        while len(asyncio.all_tasks()) > self.tasks:
+            assert time.monotonic() < deadline, "turn tasks outlived their sessions"
+            await asyncio.sleep(0.01)
+        # Every request was observed once; no listener and no ring grew.
+        finished = _finished(self.runtime) - self.finished
+        assert sum(finished.values()) == requests, finished
+        assert finished["abort"] >= requests // 6
+        assert len(self.engine._on_finish) == self.listeners
+        assert serving.requests.ring.nbytes + serving.maintenance.memory.ring.nbytes == self.ring_bytes
+
+
+async def test_a_short_churn_with_disconnects_leaves_no_sessions_requests_or_tasks(
+    runtime: Runtime, store: SessionStore, chat: ChatService, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The per-commit smoke of the churn below: the same users and checks, without tracemalloc."""
+    caplog.set_level(logging.WARNING, logger="services")
+    leftovers = Leftovers(runtime)
+    ended = await churn(store, chat, range(SMOKE_REQUESTS))
+    await leftovers.check(SMOKE_REQUESTS, ended)
+
+
+# 2,200 requests, two of them traced: bytes kept per request, a statistic (bench/memory/churn.py is
+# the verdict); the smoke above checks the leftovers per commit.
+@pytest.mark.long
 async def test_churn_with_disconnects_leaves_no_sessions_requests_or_growth(
     runtime: Runtime,
     store: SessionStore,
@@ -301,15 +352,11 @@ async def test_churn_with_disconnects_leaves_no_sessions_requests_or_growth(
     engine: ChatEngine,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    requests, maintenance = serving_of(runtime).requests, serving_of(runtime).maintenance
+    maintenance = serving_of(runtime).maintenance
     # pytest keeps every captured log record: INFO lines per cancelled turn would be
     # the test's own growth, not the app's.
     caplog.set_level(logging.WARNING, logger="services")
-    listeners = len(engine._on_finish)
-    ring_bytes = requests.ring.nbytes + maintenance.memory.ring.nbytes
-    closed_before = store.dropped_total["closed"]
-    finished_before = _finished(runtime)
-    tasks_before = len(asyncio.all_tasks())
+    leftovers = Leftovers(runtime)
     memory_before = await maintenance.sample_memory()
     started = time.monotonic()
 
@@ -346,22 +393,7 @@ async def test_churn_with_disconnects_leaves_no_sessions_requests_or_growth(
         "\n".join(map(str, top)),
     )  # fmt: skip
 
-    assert ended["error"] == 0
-    assert ended["cancelled"] >= CHURN_REQUESTS // 6, "a quarter of the users left mid-answer"
-    # Engine requests and per-session state after disconnect: nothing is left.
-    assert engine.unfinished_requests() == 0
-    assert len(store) == 0 and store.turns_in_flight() == 0
-    assert store.dropped_total["closed"] - closed_before == CHURN_REQUESTS
-    deadline = time.monotonic() + 2
-    while len(asyncio.all_tasks()) > tasks_before:
-        assert time.monotonic() < deadline, "turn tasks outlived their sessions"
-        await asyncio.sleep(0.01)
-    # Every request was observed once; no listener and no ring grew.
-    finished = _finished(runtime) - finished_before
-    assert sum(finished.values()) == CHURN_REQUESTS, finished
-    assert finished["abort"] >= CHURN_REQUESTS // 6
-    assert len(engine._on_finish) == listeners
-    assert requests.ring.nbytes + maintenance.memory.ring.nbytes == ring_bytes
+    await leftovers.check(CHURN_REQUESTS, ended)
     kept = f"{grown / 1024:.0f} KiB kept:\n" + "\n".join(map(str, top))
     assert grown < TRACEMALLOC_GROWTH_LIMIT_BYTES, kept
     assert grown - grown_first_half < TRACEMALLOC_SECOND_HALF_LIMIT_BYTES, "growth did not stop: " + kept

@@ -83,6 +83,7 @@ def test_a_filled_numpy_buffer_cache_does_not_grow_with_new_array_lengths():
     assert settled < 32_000, f"numpy's filled cache still grew {settled} B"
 
 
+@pytest.mark.long  # fills every tokenizer copy's cache: per commit, the other tests here
 def test_every_copy_of_the_pooled_tokenizer_is_bounded(default_model_dir: Path):
     """vLLM encodes through a pool of deep copies that forget the bound; WordCacheBound reaches them.
 

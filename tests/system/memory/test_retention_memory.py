@@ -10,7 +10,12 @@ import argparse
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from bench.history.retention import SETTLING_ROUNDS, run
+
+# heap growth over rounds: per commit, test_history.py's retention sweeps
+pytestmark = pytest.mark.long
 
 
 def test_retention_rounds_do_not_ratchet_the_heap(tmp_path: Path) -> None:

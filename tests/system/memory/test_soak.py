@@ -13,7 +13,8 @@ import pytest
 from bench.memory.soak import SoakOptions, run_soak
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN
 
-pytestmark = pytest.mark.timeout(900)
+# a one-minute soak: per commit, test_vanishing_pages.py checks the same leftovers
+pytestmark = [pytest.mark.long, pytest.mark.timeout(900)]
 
 SOAK_OUT = ARTIFACTS / "soak-ci"
 USERS = 10

@@ -18,6 +18,9 @@ from harness.chat_client import ChatClient
 from harness.server import AppServer
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
 
+# a server of its own: per commit, test_leaks.py's maintenance round in process
+pytestmark = pytest.mark.long
+
 SHORT_TTL_SECONDS = 5
 LONG_ANSWER_TOKENS = 3000
 

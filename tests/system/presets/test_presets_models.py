@@ -24,6 +24,10 @@ from tests.system.accounts.test_people import stored_thread
 from tests.system.conftest import ALICE, BOB, accounts
 from tests.system.presets.conftest import OTHER_MODEL_CONTEXT, restart
 
+# two models in one server and a restart: per commit, test_presets_store.py and
+# tests/unit/test_model_choice.py
+pytestmark = pytest.mark.long
+
 in_loop = pytest.mark.asyncio(loop_scope="module")
 LAST_ON_ITS_SERVER = True  # the restart test ends this module; the browser tests run before it
 MODELS = ["tiny-llama", "tiny-other"]

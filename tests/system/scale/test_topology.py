@@ -22,6 +22,9 @@ from harness.server import AppServer, VllmServer
 from services.history.resume import CUT_ANSWER_NOTICE
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN
 
+# the whole deployment on one machine
+pytestmark = pytest.mark.topology
+
 NOT_AVAILABLE = "The model is not available right now"
 CONVERSATIONS = 12  # all of them on one server by chance: 2 in 2**12
 REPLICA_COOKIE = "CHAT_REPLICA"  # deploy/haproxy.cfg's sticky cookie; its values are app1, app2

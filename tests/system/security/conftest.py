@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,7 +25,7 @@ import httpx
 import pytest
 
 from harness.chat_client import ChatClient, sign_in
-from harness.fake_github import FakeGitHub
+from harness.fake_github import FakeGitHub, GitHubPerson, sign_in_with_github
 from harness.server import ROOT, AppServer
 from tests.conftest import ServerPool, pooled, tiny_server_env
 from tests.system.accounts.test_people import stored_thread
@@ -133,6 +134,21 @@ def alice_cookie(target: AppServer) -> str:
     cookie = asyncio.run(sign_in(target.base_url, *ALICE))
     assert cookie
     return cookie
+
+
+@pytest.fixture(scope="package")
+def new_person(target: AppServer, fake_github: FakeGitHub) -> Callable[[], str]:
+    """Signs someone new in (a member of the allowed GitHub organisation) and returns their cookie:
+    fuzz tests send each example as a new person, so per-person limits (messages per minute) never
+    run out, whatever the profile's number of examples, and never reach the other tests' people."""
+
+    def sign_in_someone_new() -> str:
+        person = GitHubPerson(f"fuzz-{uuid.uuid4().hex[:12]}", orgs={GITHUB_ORG: "active"})
+        signed = asyncio.run(sign_in_with_github(target.base_url, fake_github.register(person)))
+        assert signed.cookie, signed.location
+        return signed.cookie
+
+    return sign_in_someone_new
 
 
 @pytest.fixture(scope="package")

@@ -20,19 +20,12 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 
 
-def fuzz_settings(max_examples: int) -> settings:
-    """Bounded, deterministic runs: the same examples every run (derandomize), no example database
-    written anywhere, no deadline (a real server's latency varies), and no shrinking: each example
-    costs requests to a real server, and a failure message already names the exact input."""
-    return settings(
-        max_examples=max_examples,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        phases=(Phase.explicit, Phase.generate),
-        suppress_health_check=list(HealthCheck),
-        print_blob=False,
-    )
+def fuzz_settings() -> settings:
+    """The loaded profile's budget (tests/tiers.py: `ci` the same small draw every run, `long` ten
+    times more, random), every health check off (drawing a hostile value may be slow), and no
+    shrinking: each example costs requests to a real server, and a failure message already names
+    the exact input."""
+    return settings(phases=(Phase.explicit, Phase.generate), suppress_health_check=list(HealthCheck))
 
 
 # --- hostile values ------------------------------------------------------------------------------

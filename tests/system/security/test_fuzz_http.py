@@ -246,7 +246,7 @@ def leaks(response: bytes, sent: str, bob: BobsConversation) -> list[str]:
     ]
 
 
-@fuzz_settings(max_examples=150)
+@fuzz_settings()
 @given(request=requests)
 @example(request=Request(ROUTES[3], {}, 0, {}, {"threadId": "{bob_thread}", "name": "Mine"}, None, "alice"))
 @example(request=Request(ROUTES[0], {}, 0, {}, Deep(50_000), "application/json", "alice"))

@@ -13,6 +13,7 @@ import contextlib
 import json
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -215,7 +216,7 @@ def settle(server: AppServer, timeout: float = 15) -> None:
     time.sleep(0.2)
 
 
-@fuzz_settings(max_examples=30)
+@fuzz_settings()
 @given(auth=handshakes, signed_in=st.booleans())
 @example(auth={**PAGE_AUTH, "threadId": "{bob_thread}"}, signed_in=True)
 @example(auth={**PAGE_AUTH, "userEnv": "not json"}, signed_in=True)
@@ -237,7 +238,7 @@ def test_any_handshake_is_refused_cleanly_or_works(
     assert not intact.problems(mark), (shown, intact.problems(mark))
 
 
-@fuzz_settings(max_examples=40)
+@fuzz_settings()
 @given(sequence=events)
 @example(sequence=[("client_message", {"message": {**user_message_payload("Mine now.")["message"],
                                                     "id": "{bob_step}"}})])  # fmt: skip
@@ -257,11 +258,16 @@ def test_any_handshake_is_refused_cleanly_or_works(
 @example(sequence=[("client_message", {"message": {**user_message_payload("Hi \ud800")["message"]}})])
 @example(sequence=[("client_message", Deep(50_000)), ("window_message", {"a": "\x00"})])
 def test_any_event_leaves_the_server_bob_and_the_disk_intact(
-    target: AppServer, alice_cookie: str, victims: Victims, intact: Intact, sequence: list[tuple[str, Any]]
+    target: AppServer,
+    new_person: Callable[[], str],
+    victims: Victims,
+    intact: Intact,
+    sequence: list[tuple[str, Any]],
 ) -> None:
     sequence = render(sequence, victims)
+    attacker = new_person()
     mark = intact.mark()
-    works = asyncio.run(event_attack(target, alice_cookie, sequence))
+    works = asyncio.run(event_attack(target, attacker, sequence))
     settle(target)
     shown = repr(sequence)[:400]
     # A raw packet may end the socket (a close, a namespace disconnect): then only the server's side
@@ -309,16 +315,17 @@ def settings_problems(stored: dict[str, Any]) -> list[str]:
     ] + [f"unknown key {key[:80]!r}" for key in stored if key not in expected]
 
 
-@fuzz_settings(max_examples=8)
+@fuzz_settings()
 @given(changes=st.lists(st.one_of(chat_settings, hostile_value), min_size=1, max_size=3))
 @example(changes=[{"temperature": "1e400", "top_p": [1], "max_new_tokens": 10**30,
                    "system_prompt": "x" * 200_000, "junk": {"nested": ["garbage"]}}])  # fmt: skip
 def test_chat_settings_of_any_shape_are_stored_as_in_effect(
-    target: AppServer, alice_cookie: str, victims: Victims, intact: Intact, changes: list[Any]
+    target: AppServer, new_person: Callable[[], str], victims: Victims, intact: Intact, changes: list[Any]
 ) -> None:
     changes = render(changes, victims)
+    attacker = new_person()
     mark = intact.mark()
-    stored = asyncio.run(settings_attack(target, alice_cookie, changes))
+    stored = asyncio.run(settings_attack(target, attacker, changes))
     settle(target)
     shown = repr(changes)[:400]
     assert stored, f"no chat settings stored after {shown}"

@@ -12,6 +12,9 @@ from harness.chat_client import COOKIE_NAME, ChatClient
 from harness.server import AppServer
 from tests.system.security.conftest import PROXY_ADDRESS, PROXY_USER_HEADER
 
+# a server of its own: per commit, tests/unit/test_sign_in_trust.py
+pytestmark = pytest.mark.long
+
 in_loop = pytest.mark.asyncio(loop_scope="package")
 
 UNTRUSTED_ADDRESS = "127.0.0.3"  # a client of its own on this machine, not a proxy the app trusts

@@ -114,6 +114,8 @@ async def test_share_in_the_chat_shows_the_link_once_and_revokes(password_server
         await alice.close()
 
 
+# a server of its own: per commit, security/test_sharing.py checks the same on the tiny server
+@pytest.mark.long
 @in_loop
 async def test_share_routes_answer_404_while_sharing_is_off(tiny_server: AppServer) -> None:
     local = ChatClient(tiny_server.base_url)

@@ -15,6 +15,9 @@ from harness.server import AppServer
 from tests.system.security.test_sizes import collect_replies, refusals, until
 from tests.system.usage.test_quotas_postgres import command
 
+# two replicas: per commit, test_shared_limits_postgres.py in process
+pytestmark = pytest.mark.topology
+
 in_loop = pytest.mark.asyncio(loop_scope="module")
 PASSWORD = "limits-password-1"
 MESSAGES_PER_MINUTE, SIGN_IN_MAX_FAILURES = 30, 5  # the defaults

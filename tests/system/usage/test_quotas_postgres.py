@@ -26,6 +26,9 @@ from harness.server import ROOT, AppServer
 from tests.conftest import ARTIFACTS
 from tests.system.usage.conftest import DAY_BUDGET, FLUSH_SECONDS, REFRESH_SECONDS
 
+# replicas and a restart: per commit, tests/unit/test_usage.py and the admin page's budget
+pytestmark = pytest.mark.topology
+
 in_loop = pytest.mark.asyncio(loop_scope="module")
 SHARED_WITHIN_SECONDS = FLUSH_SECONDS + REFRESH_SECONDS + 3  # the stated bound, plus a turn's time
 LONG = "Remember these words: " + " ".join(f"word{i}" for i in range(200))  # ~600 tokens

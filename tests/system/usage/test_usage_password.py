@@ -21,6 +21,9 @@ from harness.chat_client import ChatClient
 from harness.server import ROOT, AppServer
 from tests.system.conftest import accounts
 
+# a server of its own: per commit, tests/unit/test_usage.py and the admin page's usage
+pytestmark = pytest.mark.long
+
 in_loop = pytest.mark.asyncio(loop_scope="module")
 HOSTILE = ("=o'neil", "oneil-password-1")  # a quote and a leading '=': SQL and spreadsheets must cope
 OTHER = ("victor", "victor-password-1")
