@@ -130,6 +130,7 @@ async def test_prompt_beyond_context_is_refused(engine: ChatEngine) -> None:
 
 async def test_answer_budget_is_capped_by_context(engine: ChatEngine, finished: list[StreamStats]) -> None:
     """A prompt that leaves about 40 tokens of the context: the answer may take those, never more."""
+
     def asking(words: int) -> list[dict[str, str]]:
         return [{"role": "user", "content": "word " * words}]
 

@@ -289,7 +289,8 @@ async def settings_attack(server: AppServer, cookie: str, changes: list[Any]) ->
         await client.sio.call("window_message", "ping", timeout=15)  # handled after the changes
     finally:
         await client.close()  # Chainlit stores the session's chat settings with the conversation
-    for _ in range(50):
+    deadline = time.monotonic() + 30  # a failure bound: stored within a second on a quiet machine
+    while time.monotonic() < deadline:
         thread = (await client.http("GET", f"/project/thread/{client.thread_id}")).json()
         if stored := chat_settings_of(thread):
             return stored
