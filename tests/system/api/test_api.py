@@ -160,7 +160,10 @@ def test_api_paths_come_before_the_chat_page(api_server: AppServer, key: str) ->
 
 @in_loop
 async def test_disconnect_mid_stream_aborts_the_engine_request(api_server: AppServer, key: str) -> None:
+    """Closing the stream aborts the engine request: it ends far short of the 2,000 tokens it asked for
+    (vLLM's own count of generated tokens tells, not a clock), and the gate stops counting it."""
     api = openai.AsyncOpenAI(base_url=api_server.base_url + "/v1", api_key=key, max_retries=0)
+    generated_before = await asyncio.to_thread(metric, api_server, "vllm:generation_tokens_total")
     stream = await api.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2000, stream=True,
                                                temperature=1.0, extra_body={"ignore_eos": True})  # fmt: skip
     received = 0
@@ -170,17 +173,16 @@ async def test_disconnect_mid_stream_aborts_the_engine_request(api_server: AppSe
             break
     assert (await api_server.astatus())["engine_unfinished_requests"] == 1
     await stream.close()
-    closed_at = time.monotonic()
-    await api_server.poll(lambda s: s["engine_unfinished_requests"] == 0, timeout=1.0, interval=0.02)
-    assert time.monotonic() - closed_at < 1.0
+    # Waits for the end, aborted or not: a request left running ends at 2,000 tokens (or times out).
+    await api_server.poll(lambda s: s["engine_unfinished_requests"] == 0, timeout=120, interval=0.02)
+    generated = await asyncio.to_thread(metric, api_server, "vllm:generation_tokens_total") - generated_before
+    assert 3 <= generated < 1000, f"{generated:.0f} tokens generated: the request ran on after the close"
     # the gate saw the request end, and the engine goes on serving
     route = "/v1/chat/completions"
-    for _ in range(50):
-        if await asyncio.to_thread(metric, api_server, "api_requests_in_flight", route=route) == 0:
-            break
-        await asyncio.sleep(0.02)
-    else:
-        raise AssertionError("the gate still counts the closed stream in flight")
+    deadline = time.monotonic() + 30
+    while await asyncio.to_thread(metric, api_server, "api_requests_in_flight", route=route) != 0:
+        assert time.monotonic() < deadline, "the gate still counts the closed stream in flight"
+        await asyncio.sleep(0.05)
     answer = await api.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=4)
     assert answer.choices[0].message.content
     await api.close()
@@ -265,7 +267,7 @@ async def test_over_the_per_user_limit_gets_429_with_retry_after(api_server: App
         for stream in streams:
             await stream.close()
         await api.close()
-    await api_server.poll(lambda s: s["engine_unfinished_requests"] == 0, timeout=5)
+    await api_server.poll(lambda s: s["engine_unfinished_requests"] == 0, timeout=30)
 
 
 # spends a minute's token budget: per commit, test_over_the_per_user_limit_gets_429_with_retry_after and
