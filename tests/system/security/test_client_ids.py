@@ -17,7 +17,8 @@ from tests.system.security.conftest import ALICE
 
 in_loop = pytest.mark.asyncio(loop_scope="package")
 
-HOSTILE_SESSION_IDS = ("{victim}", "{victim}/x", "../../../../{victim_name}", "..", "not-a-uuid", "a" * 5000)
+# An absolute path (the folder Chainlit would delete) and a relative climb to it.
+HOSTILE_SESSION_IDS = ("{victim}", "../../../../{victim_name}")
 
 
 def victim_folder(tmp_path: Path) -> Path:
@@ -49,6 +50,9 @@ async def attack_with_session_id(server: AppServer, session_id: str) -> bool:
 async def test_a_session_id_that_is_a_path_is_refused_and_nothing_is_deleted(
     target: AppServer, tmp_path: Path, template: str
 ) -> None:
+    """The real socket refuses a session id that is a path, and the folder it names is left whole.
+    Every hostile id (these two, "{victim}/x", "..", "not-a-uuid", 5,000 characters) is a unit test:
+    tests/unit/security/test_handshake.py::test_a_session_id_that_is_a_path_is_refused."""
     victim = victim_folder(tmp_path)
     session_id = template.format(victim=victim, victim_name=victim.relative_to(victim.anchor))
     accepted = await attack_with_session_id(target, session_id)
