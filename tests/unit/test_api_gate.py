@@ -1,11 +1,14 @@
 """The API's door without a model: keys in a real SQLite database, the request checks, OpenAI's error
-shape, the /key chat command, and the gate's refusals over ASGI (before anything reaches vLLM)."""
+shape, the /key chat command, the gate's refusals over ASGI (before anything reaches vLLM), and the
+bad requests of tests/system/api/test_api.py, each answered by what its server calls."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -22,19 +25,27 @@ from services.api.checks import check_request, parse_body
 from services.api.errors import ApiError, normalize_error
 from services.api.gate import ApiGate, ApiRoute, SharedAdmission
 from services.api.metrics import ApiMetrics
-from services.api.server import OpenAiServer, model_name
+from services.api.server import OpenAiServer, model_name, vllm_args
 from services.api.usage import AnswerMeter
 from services.config import Settings
 from services.engine.load import EngineLoad
 from services.history.database import create_engine
 from services.history.migrations import migrate
 from services.history.resume import is_command
+from tests.conftest import TINY_MAX_MODEL_LEN
 
 in_loop = pytest.mark.asyncio(loop_scope="module")
 SETTINGS = Settings.from_env(
     {"API_MAX_MESSAGES": "4", "API_MAX_BODY_BYTES": "2000", "API_KEYS_PER_USER": "2"}
 )
 CHAT = "/v1/chat/completions"
+# The API settings of tests/system/api/test_api.py's server, on a model folder named like its model.
+API_SERVER = Settings.from_env({
+    "MODEL": "/models/tiny-llama", "MAX_MODEL_LEN": str(TINY_MAX_MODEL_LEN), "API_MAX_MESSAGES": "64",
+    "API_MAX_BODY_BYTES": "200000",
+})  # fmt: skip
+MODEL = "tiny-llama"
+HELLO = [{"role": "user", "content": "Say hello."}]
 
 
 @pytest_asyncio.fixture(loop_scope="module")
@@ -275,3 +286,102 @@ async def test_the_answer_meter_counts_streamed_text_and_trusts_vllms_usage() ->
     ).tokens(chars) == 3
     error = [_start(b"application/json", 400), _body(b'{"usage": {"completion_tokens": 50}}', more=False)]
     assert (await _metered(error)).tokens(chars) == 0, "an error carries no answer"
+
+
+# tests/system/api/test_api.py's bad requests that the gate or vLLM's request validation answers
+# (no engine needed); its system test keeps "body over the limit" and "unknown model".
+BAD_INPUT = [
+    # (name, body or raw bytes, status, error code or None, words in the message)
+    ("malformed JSON", b'{"messages": [', 400, "invalid_json", "not valid JSON"),
+    ("not an object", b"[1, 2]", 400, "invalid_json", "JSON object"),
+    ("too many messages", {"model": MODEL, "messages": HELLO * 65}, 400, "too_many_messages", "at most 64"),
+    ("n > 1", {"model": MODEL, "messages": HELLO, "n": 3}, 400, "unsupported_value", "n=3"),
+    ("unsupported parameter", {"model": MODEL, "messages": HELLO, "frobnicate": 1}, 400,
+     "unrecognized_argument", "frobnicate"),
+    ("priority is the service's", {"model": MODEL, "messages": HELLO, "priority": -100}, 400,
+     "unrecognized_argument", "priority"),
+    ("no messages", {"model": MODEL}, 400, None, "messages"),
+    ("messages not a list", {"model": MODEL, "messages": "hi"}, 400, None, "messages"),
+    ("body over the limit", {"model": MODEL, "messages": [{"role": "user", "content": "x" * 250_000}]}, 413,
+     "request_too_large", "200,000 bytes"),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def api_server_args() -> argparse.Namespace:
+    """vLLM's arguments for API_SERVER: what `OpenAiServer.start` puts in vLLM's app state first (its
+    exception handlers read them), with the served model's name and context."""
+    return vllm_args(API_SERVER)
+
+
+@in_loop
+@pytest.mark.parametrize(
+    ("name", "body", "status", "code", "words"), BAD_INPUT, ids=[b[0] for b in BAD_INPUT]
+)
+async def test_bad_input_gets_openai_errors(
+    stores, api_server_args: argparse.Namespace, name: str, body, status: int, code: str | None, words: str
+) -> None:
+    """Through the gate and vLLM's own route function, request validation and exception handlers, as
+    the server runs them, with vLLM's serving state left unbuilt (it needs an engine)."""
+    _, keys = stores
+    server = OpenAiServer(API_SERVER)
+    server.app.state.args = api_server_args
+    server.ready = True
+    gate = ApiGate(API_SERVER, server, ApiMetrics(CollectorRegistry()), keys)
+    headers = {"Authorization": f"Bearer {await keys.create('alice')}", "Content-Type": "application/json"}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=gate), base_url="http://api") as http:
+        if isinstance(body, bytes):
+            response = await http.post(CHAT, content=body, headers=headers)
+        else:
+            response = await http.post(CHAT, json=body, headers=headers)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) >= {"message", "type", "code"}, error
+    assert words in error["message"], error
+    if code is not None:
+        assert error["code"] == code
+
+
+@in_loop
+async def test_vllm_refuses_an_unknown_model_and_max_tokens_past_the_context(
+    api_server_args: argparse.Namespace,
+) -> None:
+    """tests/system/api/test_api.py's "unknown model" and "max_tokens past the context": vLLM's serving
+    state answers them, built over an engine there; here the same vLLM functions get the same
+    requests, the served name and context from API_SERVER's arguments, and the gate's translation."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.models.protocol import BaseModelPath
+    from vllm.entrypoints.openai.models.serving import OpenAIModelRegistry
+    from vllm.entrypoints.serve.engine.serving import BaseServing
+    from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
+    from vllm.exceptions import VLLMValidationError
+
+    def answered(error) -> dict:  # vLLM's JSONResponse of an ErrorResponse, through the gate's send
+        return json.loads(normalize_error(error.error.code, json.dumps(error.model_dump()).encode()))["error"]
+
+    served = [
+        BaseModelPath(name=name, model_path=api_server_args.model)
+        for name in api_server_args.served_model_name
+    ]
+    serving = BaseServing(OpenAIModelRegistry(model_config=None, base_model_paths=served), model_config=None)  # type: ignore[arg-type]
+    # what OpenAIServingChat.render_chat_request checks first
+    unknown = await serving._check_model(
+        ChatCompletionRequest.model_validate({"model": "gpt-9", "messages": HELLO})
+    )
+    assert unknown is not None and unknown.error.code == 404
+    assert answered(unknown)["code"] == "model_not_found" and "gpt-9" in answered(unknown)["message"]
+    assert (
+        await serving._check_model(ChatCompletionRequest.model_validate({"model": MODEL, "messages": HELLO}))
+        is None
+    )
+    # what vLLM's renderer does first with a chat request (preprocess_chat); its handlers answer the error
+    too_long = ChatCompletionRequest.model_validate(
+        {"model": MODEL, "messages": HELLO, "max_tokens": 100_000}
+    )
+    with pytest.raises(VLLMValidationError) as refused:
+        too_long.build_tok_params(SimpleNamespace(max_model_len=api_server_args.max_model_len))  # type: ignore[arg-type]
+    error = create_error_response(refused.value)
+    assert error.error.code == 400 and refused.value.parameter == "max_tokens"
+    assert (
+        "max_model_len" in answered(error)["message"] and answered(error)["type"] == "invalid_request_error"
+    )

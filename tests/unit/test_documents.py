@@ -7,10 +7,15 @@ import io
 import time
 import tracemalloc
 import zipfile
+from collections import deque
+from pathlib import Path
 
 import pytest
 
 from harness import documents as build
+from services.chat.attachments import Attachments
+from services.chat.session import ChatSession
+from services.config import Settings
 from services.documents import errors as messages
 from services.documents.cache import SummaryCache, summary_key
 from services.documents.chunking import split_into_chunks
@@ -20,6 +25,8 @@ from services.documents.prompts import SummaryPrompts, without_repeated_sentence
 from services.documents.ranking import rank_chunks
 from services.documents.sniff import sniff_kind
 from services.documents.word import inflate_bounded
+from services.engine import SamplingSettings
+from tests.conftest import TINY_MAX_UPLOAD_BYTES
 
 MIB = build.MIB
 LIMITS = {"max_pages": 50, "max_docx_uncompressed_bytes": 20 * MIB, "max_chars": 1_000_000}
@@ -260,6 +267,35 @@ def test_every_bad_file_gets_a_different_message(zip_bomb: bytes) -> None:
     messages = [failure(data, name, max_docx_uncompressed_bytes=2 * MIB) for data, name in cases]
     assert len(set(messages)) == len(cases), messages
     assert all(message.endswith(".") and len(message) < 200 for message in messages)
+
+
+# tests/system/documents/test_documents_server.py's bad uploads: (name, content, words in the message)
+BAD_UPLOADS = [
+    ("blank.txt", lambda: b" \n\t \n", "contains no text"),
+    ("photo.pdf", build.png_bytes, "PNG image"),
+    ("noise.pdf", lambda: build.random_bytes(8192), "not a valid PDF"),
+    ("locked.pdf", lambda: build.make_encrypted_pdf(["secret plans"]), "password-protected"),
+    ("scan.pdf", build.make_scanned_pdf, "no text layer"),
+    ("broken.docx", build.make_corrupt_docx, "damaged"),
+    ("bomb.docx", lambda: build.make_docx_zip_bomb(200 * MIB), "suspiciously heavily"),
+]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("name", "make", "words"), BAD_UPLOADS, ids=[upload[0] for upload in BAD_UPLOADS])
+async def test_a_bad_upload_is_refused_with_its_message(tmp_path: Path, name: str, make, words: str) -> None:
+    """What the chat service does with an upload (`Attachments.attach`, with the tiny server's
+    settings): the error the page shows names the file and what is wrong with it, nothing becomes the
+    session's document, and the uploaded file is deleted."""
+    upload = tmp_path / "upload"
+    upload.write_bytes(make())
+    settings = Settings.from_env({"MAX_UPLOAD_BYTES": str(TINY_MAX_UPLOAD_BYTES)})
+    session = ChatSession("tab", SamplingSettings(0.2, 0.9, 16), "system", deque())
+    result = await Attachments(None, settings).attach(session, [(str(upload), name)])  # type: ignore[arg-type]
+    [error] = result.errors
+    assert error.startswith(f"**{name}**: ") and words in error, error
+    assert result.document is None and session.document is None
+    assert not upload.exists()
 
 
 # --- chunking ---------------------------------------------------------------------

@@ -14,6 +14,7 @@ import pytest_asyncio
 import uvicorn
 from chainlit.auth.jwt import create_jwt
 from chainlit.user import User
+from starlette.datastructures import Headers
 
 from services.accounts.addresses import forwarded_client, networks
 from services.accounts.local import (
@@ -127,6 +128,31 @@ def test_a_local_sign_in_is_a_browser_on_this_machine_without_a_proxy() -> None:
     ):
         assert sign_in_problem("127.0.0.1", {**here, header: "203.0.113.9"}), header
     assert origin_problem({"host": "localhost:8000"}) is None, "no Origin: not a browser's cross-site request"
+
+
+# tests/system/security/test_local_mode.py's proxy headers, each alone on a request from this machine
+PROXY_HEADERS = [
+    ("X-Forwarded-For", "203.0.113.9"),
+    ("CF-Connecting-IP", "203.0.113.9"),
+    ("True-Client-IP", "203.0.113.9"),
+    ("X-Forwarded-Host", "chat.public.example"),
+    ("X-Forwarded-Proto", "https"),
+    ("Forwarded", "for=203.0.113.9"),
+    ("X-Real-IP", "203.0.113.9"),
+    ("Via", "1.1 edge-proxy"),
+]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("name", "value"), PROXY_HEADERS, ids=[name for name, _ in PROXY_HEADERS])
+async def test_a_proxied_request_is_not_signed_in_locally(name: str, value: str) -> None:
+    """What /auth/header calls in local mode (`SignIn.header`, with the request's headers as Starlette
+    gives them): the same request without the header signs in as the local user."""
+    local = SignIn(Settings.from_env({}), "local", None)
+    current_request.set(SignInRequest(address="127.0.0.1", peer="127.0.0.1"))
+    here = {"host": "127.0.0.1:8000"}
+    assert await local.header(Headers(headers=here)) is not None
+    assert await local.header(Headers(headers={**here, name: value})) is None, name
 
 
 @pytest.mark.asyncio

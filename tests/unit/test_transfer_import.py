@@ -8,9 +8,11 @@ from datetime import UTC, datetime
 
 import pytest
 
+from services.config import Settings
 from services.transfer.archive import BadImport, Conversation, ImportLimits, Message, archive_text
 from services.transfer.markdown import to_markdown
 from services.transfer.reading import read_conversations
+from services.transfer.service import Transfers
 
 LIMITS = ImportLimits(max_conversations=5, max_messages=6, max_message_chars=1000, max_depth=16)
 
@@ -164,3 +166,34 @@ def test_markdown_with_too_many_messages_is_refused() -> None:
     text = to_markdown(Conversation("x", None, [Message("user", "hi")] * 7))
     with pytest.raises(BadImport, match="more than 6 messages"):
         read_conversations(text.encode(), LIMITS)
+
+
+GOOD = {"title": "good", "messages": [{"role": "user", "content": "fine"}]}
+BAD = {"title": "bad", "messages": [{"role": "user", "content": 7}]}
+# tests/system/transfer/test_export_import.py's bad files (its server keeps the first and the sizes)
+SERVER_BAD_FILES = {
+    "bad last conversation": (
+        json.dumps(
+            {"format": "vllm-chat-archive", "version": 1, "conversations": [GOOD, GOOD, BAD]}
+        ).encode(),
+        "Conversation 3, message 1: the content must be text",
+    ),
+    "nested past the parser": (b"[" * 100_000 + b"]" * 100_000, "nested deeper"),
+    "an image": (b"\x89PNG\r\n\x1a\n not a conversation", "not JSON"),
+    "empty": (b"", "empty"),
+    "a cycle": (
+        json.dumps([{"mapping": {"a": {"parent": "b"}, "b": {"parent": "a"}}, "current_node": "a"}]).encode(),
+        "cycle",
+    ),
+}
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("data", "words"), SERVER_BAD_FILES.values(), ids=SERVER_BAD_FILES.keys())
+async def test_the_servers_bad_files_are_refused_before_anything_is_stored(data: bytes, words: str) -> None:
+    """What the import route calls (`Transfers.import_file`, with the default import limits): the
+    file is refused with its message before the database is touched (there is none here)."""
+    transfers = Transfers(None, Settings.from_env({}))  # type: ignore[arg-type]
+    with pytest.raises(BadImport) as refused:
+        await transfers.import_file("bob", data, "Assistant")
+    assert words in str(refused.value)

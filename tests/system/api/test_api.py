@@ -119,23 +119,13 @@ def test_no_key_bad_key_and_revoked_key_get_401(api_server: AppServer) -> None:
         client(api_server, doomed).models.list()
 
 
+# One request the gate refuses off the real socket (413 before the body is read), one that only vLLM's
+# serving state over the engine answers.
 BAD_INPUT = [
-    # (name, body or raw bytes, status, error code or None, words in the message)
-    ("malformed JSON", b'{"messages": [', 400, "invalid_json", "not valid JSON"),
-    ("not an object", b"[1, 2]", 400, "invalid_json", "JSON object"),
-    ("unknown model", {"model": "gpt-9", "messages": HELLO}, 404, None, "gpt-9"),
-    ("max_tokens past the context", {"model": MODEL, "messages": HELLO, "max_tokens": 100_000}, 400, None,
-     "max_model_len"),
-    ("too many messages", {"model": MODEL, "messages": HELLO * 65}, 400, "too_many_messages", "at most 64"),
-    ("n > 1", {"model": MODEL, "messages": HELLO, "n": 3}, 400, "unsupported_value", "n=3"),
-    ("unsupported parameter", {"model": MODEL, "messages": HELLO, "frobnicate": 1}, 400,
-     "unrecognized_argument", "frobnicate"),
-    ("priority is the service's", {"model": MODEL, "messages": HELLO, "priority": -100}, 400,
-     "unrecognized_argument", "priority"),
-    ("no messages", {"model": MODEL}, 400, None, "messages"),
-    ("messages not a list", {"model": MODEL, "messages": "hi"}, 400, None, "messages"),
+    # (name, body, status, error code or None, words in the message)
     ("body over the limit", {"model": MODEL, "messages": [{"role": "user", "content": "x" * 250_000}]}, 413,
      "request_too_large", "200,000 bytes"),
+    ("unknown model", {"model": "gpt-9", "messages": HELLO}, 404, None, "gpt-9"),
 ]  # fmt: skip
 
 
@@ -145,17 +135,18 @@ BAD_INPUT = [
 def test_bad_input_gets_openai_errors(
     api_server: AppServer, key: str, name, body, status, code, words
 ) -> None:
+    """Bad requests on the real server are answered in OpenAI's error shape, by the gate or by vLLM,
+    and the service goes on answering. Every case (these two too) is a unit test:
+    tests/unit/test_api_gate.py::test_bad_input_gets_openai_errors (the gate and vLLM's request
+    validation) and ::test_vllm_refuses_an_unknown_model_and_max_tokens_past_the_context."""
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
-    url = api_server.base_url + "/v1/chat/completions"
-    response = (httpx.post(url, content=body, headers=headers) if isinstance(body, bytes)
-                else httpx.post(url, json=body, headers=headers))  # fmt: skip
+    response = httpx.post(api_server.base_url + "/v1/chat/completions", json=body, headers=headers)
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert set(error) >= {"message", "type", "code"}, error
     assert words in error["message"], error
     if code is not None:
         assert error["code"] == code
-    # ... and the service goes on answering
     assert client(api_server, key).chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2).choices
 
 
@@ -169,7 +160,10 @@ def test_api_paths_come_before_the_chat_page(api_server: AppServer, key: str) ->
 
 @in_loop
 async def test_disconnect_mid_stream_aborts_the_engine_request(api_server: AppServer, key: str) -> None:
+    """Closing the stream aborts the engine request: it ends far short of the 2,000 tokens it asked for
+    (vLLM's own count of generated tokens tells, not a clock), and the gate stops counting it."""
     api = openai.AsyncOpenAI(base_url=api_server.base_url + "/v1", api_key=key, max_retries=0)
+    generated_before = await asyncio.to_thread(metric, api_server, "vllm:generation_tokens_total")
     stream = await api.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2000, stream=True,
                                                temperature=1.0, extra_body={"ignore_eos": True})  # fmt: skip
     received = 0
@@ -179,17 +173,16 @@ async def test_disconnect_mid_stream_aborts_the_engine_request(api_server: AppSe
             break
     assert (await api_server.astatus())["engine_unfinished_requests"] == 1
     await stream.close()
-    closed_at = time.monotonic()
-    await api_server.poll(lambda s: s["engine_unfinished_requests"] == 0, timeout=1.0, interval=0.02)
-    assert time.monotonic() - closed_at < 1.0
+    # Waits for the end, aborted or not: a request left running ends at 2,000 tokens (or times out).
+    await api_server.poll(lambda s: s["engine_unfinished_requests"] == 0, timeout=120, interval=0.02)
+    generated = await asyncio.to_thread(metric, api_server, "vllm:generation_tokens_total") - generated_before
+    assert 3 <= generated < 1000, f"{generated:.0f} tokens generated: the request ran on after the close"
     # the gate saw the request end, and the engine goes on serving
     route = "/v1/chat/completions"
-    for _ in range(50):
-        if await asyncio.to_thread(metric, api_server, "api_requests_in_flight", route=route) == 0:
-            break
-        await asyncio.sleep(0.02)
-    else:
-        raise AssertionError("the gate still counts the closed stream in flight")
+    deadline = time.monotonic() + 30
+    while await asyncio.to_thread(metric, api_server, "api_requests_in_flight", route=route) != 0:
+        assert time.monotonic() < deadline, "the gate still counts the closed stream in flight"
+        await asyncio.sleep(0.05)
     answer = await api.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=4)
     assert answer.choices[0].message.content
     await api.close()
@@ -274,7 +267,7 @@ async def test_over_the_per_user_limit_gets_429_with_retry_after(api_server: App
         for stream in streams:
             await stream.close()
         await api.close()
-    await api_server.poll(lambda s: s["engine_unfinished_requests"] == 0, timeout=5)
+    await api_server.poll(lambda s: s["engine_unfinished_requests"] == 0, timeout=30)
 
 
 # spends a minute's token budget: per commit, test_over_the_per_user_limit_gets_429_with_retry_after and

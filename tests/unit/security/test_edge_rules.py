@@ -9,12 +9,13 @@ import json
 
 import pytest
 
-from services.api.checks import JsonTooDeep, parse_body, parse_json
+from services.api.checks import MAX_JSON_DEPTH, JsonTooDeep, check_request, parse_body, parse_json
 from services.api.errors import ApiError
 from services.config import Settings, SettingsError
 from services.observability.ops_access import operator_refusal, require_ops_token
 from services.web.headers import SecurityHeaders, page_policy, secure_cookie
 from services.web.origins import OriginPolicy, origin_policy
+from tests.system.security.fuzzing import NESTING_DEPTHS, Deep
 
 DEEP = b"[" * 100_000 + b"]" * 100_000
 
@@ -100,6 +101,21 @@ def test_parse_json_bounds_the_nesting() -> None:
     with pytest.raises(ValueError):
         parse_json(b"{not json", max_depth=64)
     assert parse_json(json.dumps([[]] * 10_000).encode(), max_depth=2) == [[]] * 10_000
+
+
+@pytest.mark.parametrize("depth", NESTING_DEPTHS)
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_deeply_nested_api_bodies_are_a_clean_400(path: str, depth: int) -> None:
+    """tests/system/security/test_fuzz_api.py's nested bodies, as the gate reads them (parse_body at
+    MAX_JSON_DEPTH, then check_request for the path, with the default settings of its server): one
+    at the bound parses and is no object; deeper ones, past Python's parser too, are too deep."""
+    with pytest.raises(ApiError) as refused:
+        check_request(path, parse_body(Deep(depth).text.encode(), MAX_JSON_DEPTH), Settings.from_env({}))
+    error = json.loads(refused.value.body())["error"]
+    assert refused.value.status == 400 and error["type"] == "invalid_request_error", error
+    assert error["code"] == "invalid_json", error
+    words = "must be a JSON object" if depth <= MAX_JSON_DEPTH else f"nested deeper than {MAX_JSON_DEPTH}"
+    assert words in error["message"], error
 
 
 def test_allowed_origins_must_be_origins() -> None:
