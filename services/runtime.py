@@ -167,6 +167,8 @@ class Runtime:
     async def start(self) -> None:
         """Start the history, the engine (warmed up) and everything that needs it."""
         logger.info("settings differing from defaults: %s", self.settings.non_default() or "none")
+        for name in Settings.retired_in():
+            logger.warning("%s is no longer a setting (a constant of the code now): ignored", name)
         if self.history is not None:
             await self.history.start()
             self._stack.push_async_callback(self.history.stop)

@@ -45,6 +45,58 @@ SENSITIVE_SUFFIXES = ("_TOKEN", "_SECRET", "PASSWORD", "_KEY")
 SENSITIVE_NAMES = ("DATABASE_URL",)  # may carry a password
 
 
+# Former settings, now constants of the code next to their use (docs/settings.md names none of them):
+# a deployment that still sets one is told at start that it has no effect. (ENGINE_ONEDNN_MM_CACHE is
+# not here: the app sets it itself for vLLM's processes.)
+RETIRED_SETTINGS = (
+    "ADMIN_LIST_MAX_ROWS",
+    "ANSWER_TOKEN_CACHE_TOKENS",
+    "AUDIT_DETAILS_MAX_BYTES",
+    "ENGINE_AFFINITY_SLACK",
+    "ENGINE_MMAP_THRESHOLD_BYTES",
+    "ENGINE_MODELS_MAX",
+    "ENGINE_ONEDNN_CACHE_CAPACITY",
+    "FOLLOW_UP_TURNS",
+    "FOLLOW_UP_TURN_TOKENS",
+    "HEALTH_RECENT_OUTPUT_SECONDS",
+    "HISTORY_RETENTION_INTERVAL_SECONDS",
+    "LATENCY_SAMPLES_KEPT",
+    "LEAK_WARMUP_SECONDS",
+    "LEAK_WINDOW_SECONDS",
+    "LOOP_GUARD_ECHO_SENTENCE_SHARE",
+    "LOOP_GUARD_ECHO_SHARE",
+    "LOOP_GUARD_ECHO_WINDOW",
+    "LOOP_GUARD_MAX_PERIOD_TOKENS",
+    "LOOP_GUARD_MIN_REPEATS",
+    "MAX_JSON_DEPTH",
+    "MAX_PREFILLING_REQUESTS",
+    "MAX_SESSIONS_AWAITING_RECONNECT",
+    "MAX_THREAD_NAME_CHARS",
+    "MEMORY_SAMPLES_KEPT",
+    "PRESETS_MAX_NAME_CHARS",
+    "PROGRESS_INTERVAL_SECONDS",
+    "READING_PACE_HEADROOM",
+    "RETRIEVAL_TOP_K",
+    "SHARED_LEASE_SECONDS",
+    "SQLITE_CACHE_KIB",
+    "SUMMARY_CACHE_BYTES",
+    "SUMMARY_CACHE_ENTRIES",
+    "SUMMARY_CACHE_TTL_SECONDS",
+    "SUMMARY_LOOP_RECOVERIES",
+    "SUMMARY_MAP_TOKENS",
+    "SUMMARY_MIN_TOKENS",
+    "THREAD_LIST_PAGE_MAX",
+    "THREAD_SEARCH_MAX_CHARS",
+    "THREAD_SEARCH_MAX_MATCHES",
+    "TOKENIZER_WORD_CACHE",
+    "UPLOAD_LINGER_SECONDS",
+    "UPLOAD_SESSION_WAIT_SECONDS",
+    "USAGE_CACHE_ENTRIES",
+    "USAGE_PENDING_ROWS",
+    "USER_TABLE_ENTRIES",
+)
+
+
 # The sections in reading order, with their headings in docs/settings.md.
 SECTIONS: tuple[Section, ...] = (
     Section("Engine", EngineSettings),
@@ -197,6 +249,12 @@ class Settings(
                 secret = env.endswith(SENSITIVE_SUFFIXES) or env in SENSITIVE_NAMES
                 changed[env] = "***" if secret else value
         return changed
+
+    @staticmethod
+    def retired_in(environ: Mapping[str, str] | None = None) -> list[str]:
+        """The RETIRED_SETTINGS that `environ` (the process's by default) still sets."""
+        environ = os.environ if environ is None else environ
+        return [name for name in RETIRED_SETTINGS if name in environ]
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with some fields changed (tests and benchmarks)."""

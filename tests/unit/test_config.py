@@ -9,7 +9,7 @@ import pytest
 from services.config import Settings, SettingsError
 from services.config.fields import TIERS
 from services.config.reference import README_FILE, REFERENCE_FILE, essential_table, settings_reference
-from services.config.settings import SECTIONS
+from services.config.settings import RETIRED_SETTINGS, SECTIONS
 
 
 def test_defaults_need_no_environment() -> None:
@@ -109,3 +109,11 @@ def test_diagnostics_counters_never_trace_and_all_traces_everything() -> None:
 def test_an_unknown_diagnostics_level_is_refused() -> None:
     with pytest.raises(SettingsError, match="DIAGNOSTICS='verbose' is not one of off, counters, memory, all"):
         Settings.from_env({"DIAGNOSTICS": "verbose"})
+
+
+def test_a_retired_setting_still_set_is_named_and_a_current_one_is_not() -> None:
+    assert Settings.retired_in({"LOOP_GUARD_MIN_REPEATS": "4", "MAX_SESSIONS": "10"}) == [
+        "LOOP_GUARD_MIN_REPEATS"
+    ]
+    current = {f.metadata["env"] for f in dataclasses.fields(Settings)}
+    assert not current & set(RETIRED_SETTINGS), "a retired name is a setting again"
