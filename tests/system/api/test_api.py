@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,11 +21,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from harness.chat_client import ChatClient
 from harness.server import ROOT, AppServer
+from services.config import Settings
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, TINY_OPS_TOKEN, server_env
 
 in_loop = pytest.mark.asyncio(loop_scope="module")
 MODEL = "tiny-llama"  # the model folder's name (API_MODEL_NAME unset)
 HELLO = [{"role": "user", "content": "Say hello."}]
+LIMITS = Settings.from_env({})  # the shared tiny server leaves the API's limits at their defaults
 
 
 def accounts(server: AppServer, *args: str) -> str:
@@ -36,21 +39,22 @@ def accounts(server: AppServer, *args: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def api_server(tiny_model_dir: Path) -> Iterator[AppServer]:
-    env = server_env(
-        MODEL=tiny_model_dir, MAX_MODEL_LEN=TINY_MAX_MODEL_LEN, MAX_NUM_BATCHED_TOKENS=4096,
-        MAX_NEW_TOKENS=16, OPS_TOKEN=TINY_OPS_TOKEN, API_MAX_MESSAGES=64, API_MAX_BODY_BYTES=200_000,
-        USER_MAX_CONCURRENT_TURNS=3, USER_TOKENS_PER_MINUTE=2000,
-    )  # fmt: skip
-    server = AppServer(env, ARTIFACTS / "logs" / "api-server.log").start()
-    accounts(server, "add", "alice", "--generate")
-    yield server
-    assert not server.stop(), "engine processes outlived the server"
+def api_server(tiny_server: AppServer) -> AppServer:
+    """The shared tiny server (tests/conftest.py): the API runs with the default limits."""
+    return tiny_server
 
 
 @pytest.fixture(scope="module")
-def key(api_server: AppServer) -> str:
-    return accounts(api_server, "key", "create", "alice").split()[0]
+def person(api_server: AppServer) -> str:
+    """An account of this module's own on the shared server, so its limits are the module's alone."""
+    name = f"api-{uuid.uuid4().hex[:8]}"
+    accounts(api_server, "add", name, "--generate")
+    return name
+
+
+@pytest.fixture(scope="module")
+def key(api_server: AppServer, person: str) -> str:
+    return accounts(api_server, "key", "create", person).split()[0]
 
 
 def client(server: AppServer, key: str) -> openai.OpenAI:
@@ -100,7 +104,7 @@ def test_completions_streamed_and_not(api_server: AppServer, key: str) -> None:
     assert "".join(parts)
 
 
-def test_no_key_bad_key_and_revoked_key_get_401(api_server: AppServer) -> None:
+def test_no_key_bad_key_and_revoked_key_get_401(api_server: AppServer, person: str) -> None:
     response = httpx.post(api_server.base_url + "/v1/chat/completions", json={"messages": HELLO})
     assert response.status_code == 401
     assert (
@@ -110,10 +114,10 @@ def test_no_key_bad_key_and_revoked_key_get_401(api_server: AppServer) -> None:
     with pytest.raises(openai.AuthenticationError) as refused:
         client(api_server, "sk-vc-not-a-key").chat.completions.create(model=MODEL, messages=HELLO)
     assert refused.value.status_code == 401 and refused.value.body["type"] == "authentication_error"
-    doomed = accounts(api_server, "key", "create", "alice").split()[0]
+    doomed = accounts(api_server, "key", "create", person).split()[0]
     assert client(api_server, doomed).models.list().data
-    assert doomed[:12] in accounts(api_server, "key", "list", "alice")
-    assert doomed not in accounts(api_server, "key", "list", "alice")  # prefixes only
+    assert doomed[:12] in accounts(api_server, "key", "list", person)
+    assert doomed not in accounts(api_server, "key", "list", person)  # prefixes only
     accounts(api_server, "key", "revoke", doomed[:12])
     with pytest.raises(openai.AuthenticationError):
         client(api_server, doomed).models.list()
@@ -121,10 +125,11 @@ def test_no_key_bad_key_and_revoked_key_get_401(api_server: AppServer) -> None:
 
 # One request the gate refuses off the real socket (413 before the body is read), one that only vLLM's
 # serving state over the engine answers.
+OVER_THE_LIMIT = LIMITS.api_max_body_bytes + 1
 BAD_INPUT = [
     # (name, body, status, error code or None, words in the message)
-    ("body over the limit", {"model": MODEL, "messages": [{"role": "user", "content": "x" * 250_000}]}, 413,
-     "request_too_large", "200,000 bytes"),
+    ("body over the limit", {"model": MODEL, "messages": [{"role": "user", "content": "x" * OVER_THE_LIMIT}]},
+     413, "request_too_large", f"{LIMITS.api_max_body_bytes:,} bytes"),
     ("unknown model", {"model": "gpt-9", "messages": HELLO}, 404, None, "gpt-9"),
 ]  # fmt: skip
 
@@ -196,7 +201,10 @@ async def test_chat_and_api_are_served_together(api_server: AppServer, key: str)
     try:
         chat_reply, *answers = await asyncio.gather(
             chat.ask("Hello there", timeout=60),
-            *(api.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=12) for _ in range(3)),
+            *(
+                api.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=12)
+                for _ in range(LIMITS.user_max_concurrent_turns)  # as many as one person may run
+            ),
         )
         assert chat_reply.final and not chat_reply.final.startswith("⚠️")
         assert all(answer.choices[0].message.content for answer in answers)
@@ -250,10 +258,11 @@ def test_metrics_are_labelled_by_route(api_server: AppServer, key: str) -> None:
 
 @in_loop
 async def test_over_the_per_user_limit_gets_429_with_retry_after(api_server: AppServer, key: str) -> None:
-    """USER_MAX_CONCURRENT_TURNS=3 (the fixture): a fourth request while three stream is refused."""
+    """USER_MAX_CONCURRENT_TURNS (the default): one request more while that many stream is refused."""
     api = openai.AsyncOpenAI(base_url=api_server.base_url + "/v1", api_key=key, max_retries=0)
     long_answer = {"model": MODEL, "messages": HELLO, "max_tokens": 2000, "extra_body": {"ignore_eos": True}}
-    streams = [await api.chat.completions.create(stream=True, **long_answer) for _ in range(3)]
+    running = LIMITS.user_max_concurrent_turns
+    streams = [await api.chat.completions.create(stream=True, **long_answer) for _ in range(running)]
     try:
         for stream in streams:
             async for chunk in stream:
@@ -270,14 +279,32 @@ async def test_over_the_per_user_limit_gets_429_with_retry_after(api_server: App
     await api_server.poll(lambda s: s["engine_unfinished_requests"] == 0, timeout=30)
 
 
-# spends a minute's token budget: per commit, test_over_the_per_user_limit_gets_429_with_retry_after and
-# tests/unit/test_api_gate.py
+@pytest.fixture(scope="module")
+def budget_server(tiny_model_dir: Path) -> Iterator[AppServer]:
+    """A server of its own with a small per-minute token budget (the long test below only)."""
+    env = server_env(
+        MODEL=tiny_model_dir,
+        MAX_MODEL_LEN=TINY_MAX_MODEL_LEN,
+        MAX_NUM_BATCHED_TOKENS=4096,
+        OPS_TOKEN=TINY_OPS_TOKEN,
+        USER_TOKENS_PER_MINUTE=TOKENS_PER_MINUTE,
+    )
+    server = AppServer(env, ARTIFACTS / "logs" / "api-budget-server.log").start()
+    yield server
+    assert not server.stop(), "engine processes outlived the server"
+
+
+TOKENS_PER_MINUTE = 2000
+
+
+# spends a minute's token budget on a server of its own: per commit,
+# test_over_the_per_user_limit_gets_429_with_retry_after and tests/unit/test_api_gate.py
 @pytest.mark.long
-def test_api_answers_count_toward_the_per_user_token_limit(api_server: AppServer) -> None:
+def test_api_answers_count_toward_the_per_user_token_limit(budget_server: AppServer) -> None:
     """USER_TOKENS_PER_MINUTE=2000 (the fixture): streamed answers without a usage report are counted
     from their text, and the owner is refused with Retry-After once over the limit."""
-    accounts(api_server, "add", "carol", "--generate")
-    api = client(api_server, accounts(api_server, "key", "create", "carol").split()[0])
+    accounts(budget_server, "add", "carol", "--generate")
+    api = client(budget_server, accounts(budget_server, "key", "create", "carol").split()[0])
     long_answer = {"model": MODEL, "messages": HELLO, "max_tokens": 1200, "extra_body": {"ignore_eos": True}}
     answered = 0
     with pytest.raises(openai.RateLimitError) as refused:
