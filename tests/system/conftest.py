@@ -9,18 +9,22 @@ client addresses of its own, so the tests stay independent on the one server."""
 
 from __future__ import annotations
 
+import gc
 import os
 import secrets
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 
 from harness.fake_github import FakeGitHub
 from harness.server import ROOT, AppServer
-from tests.conftest import TINY_MAX_MODEL_LEN, ServerPool, pooled, server_env
+from services.engine import lifespan as engine_lifespan
+from services.runtime import Runtime, Serving
+from tests.conftest import TINY_MAX_MODEL_LEN, ServerPool, pooled, server_env, tiny_settings
 
 ADMIN = ("admin", "admin-password-1")
 ALICE = ("alice", "alice-password-1")
@@ -101,3 +105,42 @@ def password_server(
     fake_github: FakeGitHub,
 ) -> AppServer:
     return shared_password_server(server_pool, tiny_model_dir, tmp_path_factory, fake_github)
+
+
+# The in-process runtime's settings that the tests of the session layer count on.
+IN_PROCESS_MAX_HISTORY = 6
+IN_PROCESS_MAX_SESSIONS = 64
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def in_process_runtime(tiny_model_dir: Path) -> AsyncIterator[Runtime]:
+    """The app's composition root in this process on the tiny model, started once for every test
+    that drives the engine or the session layer directly (engine/, memory/test_leaks.py), on the
+    session's event loop: one engine start for all of them. Its settings are the leak tests' (short
+    answers, a small history and session cache, memory sampled every 0.5 s)."""
+    settings = tiny_settings(
+        tiny_model_dir,
+        max_new_tokens=6,
+        max_history_messages=IN_PROCESS_MAX_HISTORY,
+        max_sessions=IN_PROCESS_MAX_SESSIONS,
+        memory_sample_seconds=0.5,
+    )
+    runtime = Runtime(settings)
+    with pytest.MonkeyPatch.context() as patch:
+        # The answer-ids cache is bounded (ANSWER_TOKEN_CACHE_TOKENS, ~1 MB, full after ~2,000 of the
+        # leak tests' 4-token answers); sized to fill within their churn's warm-up, so its traced
+        # halves see it full.
+        patch.setattr(engine_lifespan, "ANSWER_TOKEN_CACHE_TOKENS", 16_384)
+        await runtime.start()
+    engine = serving_of(runtime).engine
+    yield runtime
+    await runtime.stop()
+    assert engine._on_finish == [], "stop unregisters the metrics listener"
+    assert gc.get_freeze_count() == 0, "stop unfreezes the start-up heap"
+
+
+def serving_of(runtime: Runtime) -> Serving:
+    """The running parts of a started runtime."""
+    serving = runtime.running()
+    assert serving is not None
+    return serving

@@ -1,19 +1,15 @@
-"""One in-process engine on the tiny model for the engine tests of this package (test_engine.py,
-test_answer_quality.py): the same settings, so one start, on the package's event loop."""
+"""The engine tests of this package (test_engine.py, test_answer_quality.py) use the engine of the
+session's in-process runtime (tests/system/conftest.py), on the session's event loop."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
-import pytest_asyncio
+import pytest
 
 from services.engine.chat_engine import ChatEngine
-from services.engine.lifespan import engine_lifespan
-from tests.conftest import tiny_settings
+from services.runtime import Runtime
+from tests.system.conftest import serving_of
 
 
-@pytest_asyncio.fixture(scope="package", loop_scope="package")
-async def engine(tiny_model_dir: Path) -> AsyncIterator[ChatEngine]:
-    async with engine_lifespan(tiny_settings(tiny_model_dir)) as engine:
-        yield engine
+@pytest.fixture(scope="package")
+def engine(in_process_runtime: Runtime) -> ChatEngine:
+    return serving_of(in_process_runtime).engine

@@ -34,8 +34,8 @@ from services.engine.stream_stats import StreamStats
 from tests.conftest import tiny_settings
 from tests.unit.test_loop_guard import LEGITIMATE, LOOPS
 
-# The engine is the package's (conftest.py), on the package's event loop.
-pytestmark = pytest.mark.asyncio(loop_scope="package")
+# The engine is the session's in-process runtime's (conftest.py), on the session's event loop.
+pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 QUESTION = [{"role": "user", "content": "Tell me a long story."}]
 LONG = SamplingSettings(temperature=0.0, top_p=1.0, max_new_tokens=2000)

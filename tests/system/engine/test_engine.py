@@ -23,8 +23,8 @@ from services.engine.warmup_record import WarmUpRecords, record_key
 from services.memory import ENGINE_MMAP_THRESHOLD_BYTES, PRELOAD_LIBRARIES
 from tests.conftest import tiny_settings
 
-# The engine is the package's (conftest.py), on the package's event loop.
-pytestmark = pytest.mark.asyncio(loop_scope="package")
+# The engine is the session's in-process runtime's (conftest.py), on the session's event loop.
+pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 QUESTION = [{"role": "user", "content": "Tell me a long story."}]
 LONG = SamplingSettings(temperature=1.0, top_p=1.0, max_new_tokens=3000)

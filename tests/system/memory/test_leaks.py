@@ -17,27 +17,23 @@ import logging
 import time
 import tracemalloc
 from collections import Counter
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
 from services.chat.service import ChatService
 from services.chat.store import SessionStore
-from services.engine import lifespan as engine_lifespan
 from services.engine.chat_engine import MAX_FINISH_CALLBACKS, ChatEngine, SamplingSettings
 from services.engine.stream_stats import StreamStats
 from services.observability.maintenance import Maintenance
 from services.observability.memory import kv_cache_usage
 from services.observability.status import HEALTH_RECENT_OUTPUT_SECONDS
-from services.runtime import Runtime, Serving
-from tests.conftest import tiny_settings
+from services.runtime import Runtime
+from tests.system.conftest import IN_PROCESS_MAX_HISTORY, IN_PROCESS_MAX_SESSIONS, serving_of
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = pytest.mark.asyncio(loop_scope="session")
 
-MAX_HISTORY = 6
-MAX_SESSIONS = 64
+MAX_HISTORY = IN_PROCESS_MAX_HISTORY
+MAX_SESSIONS = IN_PROCESS_MAX_SESSIONS
 LONG = 3000  # tokens: an answer that is still running when the test intervenes
 
 CHURN_REQUESTS = 2200
@@ -62,29 +58,10 @@ TRACEMALLOC_GROWTH_LIMIT_BYTES = 256 * 1024
 TRACEMALLOC_SECOND_HALF_LIMIT_BYTES = 96 * 1024
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def runtime(tiny_model_dir: Path) -> AsyncIterator[Runtime]:
-    settings = tiny_settings(
-        tiny_model_dir, max_new_tokens=6, max_history_messages=MAX_HISTORY, max_sessions=MAX_SESSIONS,
-        memory_sample_seconds=0.5,
-    )  # fmt: skip
-    runtime = Runtime(settings)
-    with pytest.MonkeyPatch.context() as patch:
-        # The answer-ids cache is bounded (ANSWER_TOKEN_CACHE_TOKENS, ~1 MB, full after ~2,000 of these
-        # 4-token answers); sized here to fill within the warm-up, so the traced halves see it full.
-        patch.setattr(engine_lifespan, "ANSWER_TOKEN_CACHE_TOKENS", 16_384)
-        await runtime.start()
-    engine = serving_of(runtime).engine
-    yield runtime
-    await runtime.stop()
-    assert engine._on_finish == [], "stop unregisters the metrics listener"
-    assert gc.get_freeze_count() == 0, "stop unfreezes the start-up heap"
-
-
-def serving_of(runtime: Runtime) -> Serving:
-    serving = runtime.running()
-    assert serving is not None
-    return serving
+@pytest.fixture
+def runtime(in_process_runtime: Runtime) -> Runtime:
+    """The session's in-process runtime (tests/system/conftest.py), shared with the engine tests."""
+    return in_process_runtime
 
 
 @pytest.fixture
