@@ -1,9 +1,11 @@
 """A real headless Chromium (Debian's) for the browser tests: launching it with only loopback reachable,
-signing in on the page, sending a message and waiting for the chat session."""
+signing in on the page, sending a message, waiting for the chat session, and for what a reload shows."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import sqlite3
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -99,3 +101,21 @@ def wait_for_answer(page: Any, timeout_ms: int = 60_000) -> str:
     page.locator(ANSWER).first.wait_for(timeout=timeout_ms)
     page.locator("#chat-submit").wait_for(timeout=timeout_ms)
     return page.locator(ANSWER).last.inner_text()
+
+
+STORED_MESSAGES = """
+    SELECT "type", "output" FROM steps
+    WHERE "type" IN ('user_message', 'assistant_message')
+      AND "threadId" IN (SELECT "threadId" FROM steps WHERE "type" = 'user_message' AND "output" = ?)
+    ORDER BY "createdAt"
+"""
+
+
+def stored_messages(server: AppServer, text: str) -> list[tuple[str, str]]:
+    """(type, output) of the messages stored in the conversation holding the user message `text`, oldest
+    first: what a reload shows. The page shows an answer before the data layer's write lands (in a task
+    of its own, later still with a core busy elsewhere), so a test polls this before it reloads."""
+    path = Path(server.env["DATA_DIR"]) / "chat.db"
+    with contextlib.closing(sqlite3.connect(path, timeout=10)) as db:
+        rows = db.execute(STORED_MESSAGES, (text,)).fetchall()
+    return [(kind, output or "") for kind, output in rows]

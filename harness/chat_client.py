@@ -28,6 +28,8 @@ from typing import Any
 import httpx
 import socketio
 
+from harness.waiting import WAIT_SECONDS
+
 SOCKET_PATH = "/ws/socket.io"
 COOKIE_NAME = "access_token"  # Chainlit's sign-in cookie
 _addresses = itertools.count(1)
@@ -419,10 +421,11 @@ class ChatClient:
 
         The page emits clear_session and disconnects straight away, and the server may handle the
         disconnect first (then it keeps the conversation for session_timeout); waiting for the
-        event's acknowledgement makes the ending deterministic.
+        event's acknowledgement makes the ending deterministic (as long as the wait is not cut
+        short: a busy server acknowledges late, hence a bound far past what it takes).
         """
         with contextlib.suppress(Exception):
-            await self.sio.call("clear_session", timeout=5)
+            await self.sio.call("clear_session", timeout=WAIT_SECONDS)
         await self.sio.disconnect()
 
     async def leave(self) -> None:

@@ -372,7 +372,7 @@ def test_hundred_thousand_words_chunk_in_linear_time() -> None:
     started = time.perf_counter()
     chunks = split_into_chunks(text, counting, 500)
     elapsed_seconds = time.perf_counter() - started
-    assert elapsed_seconds < 2.0
+    assert elapsed_seconds < 3.0, "0.02 s, 0.3 s at worst here with a core busy elsewhere"
     assert counted_chars <= 2.1 * len(text), "each piece and each chunk should be counted about once"
     assert words(" ".join(chunks)) == words(text)
 

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from harness.waiting import until
 from services.chat import prompt as prompt_module
 from services.chat.prompt import PromptBuilder
 from services.chat.session import ChatSession, SessionDocument
@@ -163,23 +164,28 @@ def test_the_last_report_gives_the_real_numbers() -> None:
     assert parts == "Read 20,000 tokens in 10 parts in 95 s."
 
 
-async def slow_then_fast(first_after_seconds: float) -> AsyncIterator[str]:
-    await asyncio.sleep(first_after_seconds)
+async def slow_then_fast(first_after: asyncio.Event) -> AsyncIterator[str]:
+    await first_after.wait()
     for word in ("one", "two", "three"):
         yield word
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.1)  # two ticks' time: a ticker still running would tick again
 
 
 @pytest.mark.asyncio
 async def test_the_ticker_ticks_only_until_the_first_words() -> None:
+    """The first word comes right after the third tick (an event, not a time: a busy machine wakes
+    the ticker late), then the words take longer than a tick: no tick comes after the first word."""
     ticks: list[float] = []
+    third_tick = asyncio.Event()
 
     async def tick() -> None:
         ticks.append(asyncio.get_running_loop().time())
+        if len(ticks) == 3:
+            third_tick.set()
 
-    words = [w async for w in tick_until_first(slow_then_fast(0.35), tick, interval_seconds=0.1)]
+    words = [w async for w in tick_until_first(slow_then_fast(third_tick), tick, interval_seconds=0.05)]
     assert words == ["one", "two", "three"]
-    assert 2 <= len(ticks) <= 4
+    assert len(ticks) == 3
     assert not [t for t in asyncio.all_tasks() if t.get_name() == "reading-progress"]
 
 
@@ -194,7 +200,11 @@ async def test_cancelling_the_reader_stops_the_ticker_and_the_stream() -> None:
         finally:
             closed.set()
 
+    ticks = 0
+
     async def tick() -> None:
+        nonlocal ticks
+        ticks += 1
         raise RuntimeError("a broken progress report is logged, not raised")
 
     async def read() -> None:
@@ -202,7 +212,7 @@ async def test_cancelling_the_reader_stops_the_ticker_and_the_stream() -> None:
             pass
 
     task = asyncio.create_task(read())
-    await asyncio.sleep(0.2)
+    await until(lambda: ticks >= 2, "a tick after a broken one")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
+from harness.waiting import until
 from services.admission.service import Admission
 from services.admission.waiting_line import CHAT
 from services.chat import branch, rewinds
@@ -59,6 +60,11 @@ def make_turns(**changes: Any) -> tuple[ChatTurns, PromptEngine]:
 
 def new_id() -> str:
     return str(uuid.uuid4())
+
+
+async def streaming(engine: PromptEngine, earlier: int) -> None:
+    """Return once a request after the `earlier` ones has sent its first word."""
+    await until(lambda: len(engine.streamed) > earlier, "the answer streams")
 
 
 def session_with(*messages: tuple[str, str, str | None], maxlen: int = 10) -> ChatSession:
@@ -146,8 +152,9 @@ async def test_an_edit_of_an_id_this_session_never_sent_changes_nothing() -> Non
     other = FakePage()
     other.session_id = "tab-2"
     theirs = await answered(turns, other, "theirs")
+    earlier = len(engine.streamed)
     running = asyncio.create_task(turns.answer(page, "still answering", [], new_id()))
-    await asyncio.sleep(0.05)
+    await streaming(engine, earlier)
     for hostile in (theirs, new_id()):
         await rewinds.edit(turns, page, hostile, "taken over")
     assert page.shown.count(("error", rewinds.NOT_YOURS)) == 2
@@ -165,7 +172,7 @@ async def test_an_edit_while_an_answer_streams_aborts_it_first() -> None:
     page = FakePage()
     message_id = new_id()
     running = asyncio.create_task(turns.answer(page, "long question", [], message_id))
-    await asyncio.sleep(0.1)
+    await streaming(engine, 0)
     await rewinds.edit(turns, page, message_id, "short question")
     with pytest.raises(asyncio.CancelledError):
         await running
@@ -207,14 +214,14 @@ async def test_regenerate_of_the_answer_being_streamed_aborts_it() -> None:
     turns, engine = make_turns(max_new_tokens=200)
     page = FakePage()
     running = asyncio.create_task(turns.answer(page, "question", [], new_id()))
-    await asyncio.sleep(0.1)
-    streaming = page.replies[-1].id
-    await rewinds.regenerate(turns, page, streaming)
+    await streaming(engine, 0)
+    streamed = page.replies[-1].id
+    await rewinds.regenerate(turns, page, streamed)
     await asyncio.gather(running, return_exceptions=True)
     assert len(engine.aborted) == 1 and len(engine.prompts) == 2
     session = turns.sessions.get(page.session_id)
     assert session is not None and [m["role"] for m in session.history] == ["user", "assistant"]
-    assert session.history_ids[1] == page.replies[-1].id != streaming
+    assert session.history_ids[1] == page.replies[-1].id != streamed
 
 
 async def names(engine) -> dict[str, str]:
@@ -300,11 +307,13 @@ async def test_an_edit_and_a_regenerate_wait_in_line_like_any_turn_and_are_told_
         lambda: rewinds.regenerate(turns, page, page.replies[-1].id),
     )
     for rewind in again:
+        earlier = len(engine.streamed)
         engine_busy = asyncio.create_task(turns.answer(busy, "a long one", [], new_id()))  # 2.5 s
-        await asyncio.sleep(0.05)
+        await streaming(engine, earlier)
         waiting = asyncio.create_task(rewind())
-        await asyncio.sleep(2.0)  # the first status comes after feedback.QUIET_SECONDS
-        assert not waiting.done() and any(kind == "status" and text for kind, text in page.shown), page.shown
+        # The first status comes after feedback.QUIET_SECONDS, a second before the busy answer ends.
+        await until(lambda: any(kind == "status" and text for kind, text in page.shown), "a status")
+        assert not waiting.done(), page.shown
         await asyncio.gather(engine_busy, waiting)
         page.shown.clear()
     session = turns.sessions.get(page.session_id)

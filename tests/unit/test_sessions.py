@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from harness.waiting import WAIT_SECONDS, until
 from services.admission.refusals import Refused
 from services.chat import store as store_module
 from services.chat.service import ChatService
@@ -28,6 +29,7 @@ class WordEngine:
 
     def __init__(self) -> None:
         self.aborted: list[str] = []
+        self.streamed: list[str] = []  # the requests that sent their first word
 
     def encode_chat(self, messages: list[Message]) -> list[int]:
         return [0] * sum(len(m["content"].split()) + 1 for m in messages)
@@ -40,8 +42,10 @@ class WordEngine:
 
     async def generate(self, messages, sampling: SamplingSettings, request_id: str) -> AsyncIterator[str]:
         try:
-            for _ in range(sampling.max_new_tokens):
+            for index in range(sampling.max_new_tokens):
                 await asyncio.sleep(0.01)
+                if index == 0:
+                    self.streamed.append(request_id)
                 yield "word "
         except BaseException:
             self.aborted.append(request_id)
@@ -70,18 +74,19 @@ async def run_turn(store: SessionStore, chat: ChatService, session_id: str, text
 
 
 async def start_turn(store: SessionStore, chat: ChatService, session_id: str) -> asyncio.Task:
+    """A turn that streams until it is cancelled, returned once its first word is out."""
     session = store.open(session_id)
     session.sampling = SamplingSettings(1.0, 1.0, 10_000)
+    engine = chat.engine
+    earlier = len(engine.streamed)
     task = asyncio.create_task(run_turn(store, chat, session_id))
-    while session.turn_task is not task:
-        await asyncio.sleep(0.005)
-    await asyncio.sleep(0.03)
+    await until(lambda: session.turn_task is task and len(engine.streamed) > earlier, "the turn streams")
     return task
 
 
 async def assert_cancelled(task: asyncio.Task) -> None:
     with pytest.raises(asyncio.CancelledError):
-        await asyncio.wait_for(task, 1)
+        await asyncio.wait_for(task, WAIT_SECONDS)
 
 
 async def test_session_pressure_evicts_the_idle_session_never_a_running_turn() -> None:

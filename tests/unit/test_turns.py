@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from harness.waiting import until
 from services.admission.refusals import Refused
 from services.admission.service import Admission
 from services.chat.service import ChatService
@@ -135,7 +136,7 @@ async def test_stop_cancels_the_running_turn_and_aborts_its_engine_request() -> 
     turns, engine = make_turns()
     page = FakePage()
     answering = asyncio.create_task(turns.answer(page, "hello", []))
-    await asyncio.sleep(0.05)
+    await until(lambda: engine.streamed, "the answer streams")
     turns.stop(page.session_id)
     with pytest.raises(asyncio.CancelledError):
         await answering
@@ -144,10 +145,10 @@ async def test_stop_cancels_the_running_turn_and_aborts_its_engine_request() -> 
 
 
 async def test_a_refused_turn_says_when_to_retry_in_its_reply() -> None:
-    turns, _ = make_turns(user_max_concurrent_turns=1)
+    turns, engine = make_turns(user_max_concurrent_turns=1)
     page = FakePage()
     first = asyncio.create_task(turns.answer(page, "hello", []))
-    await asyncio.sleep(0.05)
+    await until(lambda: engine.streamed, "the first turn streams")
     other = FakePage()
     other.session_id = "tab-2"
     await turns.answer(other, "hello too", [])

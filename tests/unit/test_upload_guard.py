@@ -289,7 +289,8 @@ async def test_an_upload_waits_for_its_page_to_connect_and_no_longer_than_the_bo
         waited = time.monotonic() - started
         unnamed = await client.post(UPLOAD, content=b"c")  # nothing to wait for
         other = await client.post("/other", params={"session_id": "no-such-page"}, content=b"d")
-    assert never.status_code == 200 and 0.5 <= waited < 2, "then Chainlit's route answers it"
+    # At most its bound and a little (0.98 s here with a core busy elsewhere), then Chainlit's route.
+    assert never.status_code == 200 and 0.5 <= waited < 5, "then Chainlit's route answers it"
     assert unnamed.status_code == other.status_code == 200 and recorder.handler_calls == 4
 
 

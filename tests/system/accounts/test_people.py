@@ -8,6 +8,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -15,9 +16,18 @@ import pytest
 from playwright.sync_api import sync_playwright
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness.browser import ANSWER, USER_STEP, browser_page, send_message, sign_in_on_page, wait_for_session
+from harness.browser import (
+    ANSWER,
+    USER_STEP,
+    browser_page,
+    send_message,
+    sign_in_on_page,
+    stored_messages,
+    wait_for_session,
+)
 from harness.chat_client import ChatClient, SignInError, sign_in
 from harness.server import ROOT, AppServer
+from harness.waiting import WAIT_SECONDS, until_sync
 from services.config import Settings
 from tests.conftest import ARTIFACTS
 from tests.system.conftest import ADMIN, ALICE, BOB, accounts
@@ -25,6 +35,7 @@ from tests.system.conftest import ADMIN, ALICE, BOB, accounts
 in_loop = pytest.mark.asyncio(loop_scope="module")
 
 LONG_TURN_WORDS = 300  # an earlier turn big enough to show in the next prompt's token count
+FIRST_MESSAGE = "A conversation worth keeping."  # the browser test's, found again after a reload
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +67,8 @@ async def prompt_tokens_of(server: AppServer, client: ChatClient, text: str) -> 
     """Prompt tokens the engine received for this one message (vLLM's own counter, from /metrics)."""
     before = await asyncio.to_thread(metric, server, "vllm:prompt_tokens_total")
     assert (await client.ask(text)).final is not None
-    for _ in range(30):  # vLLM records a request's stats as its outputs are processed
+    deadline = time.monotonic() + WAIT_SECONDS  # vLLM records a request's stats after its outputs
+    while time.monotonic() < deadline:
         after = await asyncio.to_thread(metric, server, "vllm:prompt_tokens_total")
         if after > before:
             return after - before
@@ -65,7 +77,11 @@ async def prompt_tokens_of(server: AppServer, client: ChatClient, text: str) -> 
 
 
 async def stored_thread(
-    client: ChatClient, thread_id: str, steps: int, timeout: float = 10, containing: str | None = None
+    client: ChatClient,
+    thread_id: str,
+    steps: int,
+    timeout: float = WAIT_SECONDS,
+    containing: str | None = None,
 ) -> dict:
     """The conversation as the sidebar loads it, once `steps` messages (and one whose output is
     `containing`, if given) are stored: writes are async, and notices are steps too."""
@@ -131,7 +147,7 @@ async def test_a_reconnecting_page_continues_with_what_the_model_knew(people_ser
         await page.ask("Remember: " + " ".join(f"item{i}" for i in range(LONG_TURN_WORDS)))
     ).final is not None
     await page.drop()  # a network blip: the page keeps its session id and reconnects
-    status = await people_server.poll(lambda s: s["sessions_awaiting_reconnect"] >= 1, timeout=5)
+    status = await people_server.poll(lambda s: s["sessions_awaiting_reconnect"] >= 1, timeout=WAIT_SECONDS)
     assert status["turns_in_flight"] == 0
     back = ChatClient(people_server.base_url, cookie=page.cookie, session_id=page.session_id)
     await back.connect()
@@ -241,18 +257,19 @@ async def test_a_locked_database_degrades_cleanly_and_saving_resumes(people_serv
     try:
         first = await alice.ask("During the trouble.")
         assert first.final, "chat keeps working"
-        # the reply's write fails within DATABASE_TIMEOUT_SECONDS
-        await asyncio.sleep(settings_of(people_server).database_timeout_seconds + 1)
+        # The reply's write fails after DATABASE_TIMEOUT_SECONDS (and once it has started: later
+        # than that with a core busy elsewhere).
+        timeout = settings_of(people_server).database_timeout_seconds + WAIT_SECONDS
+        status = await people_server.poll(lambda s: s["history"]["available"] is False, timeout=timeout)
+        assert status["history"]["reason"] == "locked"
         second = await alice.ask("Still in trouble.")
         assert second.final
         assert any("not being saved" in text for text in alice.notices()), alice.notices()
-        status = await people_server.astatus()
-        assert status["history"]["available"] is False and status["history"]["reason"] == "locked"
     finally:
         locker.rollback()
         locker.close()
     retry = settings_of(people_server).history_retry_seconds  # how often the database is tried again
-    await people_server.poll(lambda s: s["history"]["available"], timeout=2 * retry + 5)
+    await people_server.poll(lambda s: s["history"]["available"], timeout=retry + WAIT_SECONDS)
     assert (await alice.ask("After the trouble.")).final is not None
     assert any("saved again" in text for text in alice.notices())
     thread = await stored_thread(alice, thread_id, steps=4)  # type: ignore[arg-type]
@@ -290,15 +307,15 @@ def test_browser_signs_in_chats_reloads_and_continues(people_server: AppServer) 
             page.screenshot(path=str(screenshots / "sign-in-refused.png"))
             sign_in_on_page(page, people_server, BOB)
             wait_for_session(page)
-            send_message(page, "A conversation worth keeping.")
+            send_message(page, FIRST_MESSAGE)
             page.locator(ANSWER).first.wait_for(timeout=60_000)
             page.locator("#chat-submit").wait_for(timeout=60_000)
-            page.wait_for_timeout(1000)  # the messages are written to the database as they go
+            until_sync(lambda: len(stored_messages(people_server, FIRST_MESSAGE)) >= 2, "the chat stored")
             page.reload()
             listed = page.locator('[id^="thread-"]:not(#thread-history)').first  # in the sidebar
             listed.wait_for(timeout=30_000)
             listed.click()
-            earlier = page.locator(USER_STEP, has_text="A conversation worth keeping.")
+            earlier = page.locator(USER_STEP, has_text=FIRST_MESSAGE)
             earlier.wait_for(timeout=30_000)  # reopened: the stored messages are on the page again
             page.screenshot(path=str(screenshots / "reopened.png"))
             send_message(page, "And it goes on.")

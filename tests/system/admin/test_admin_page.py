@@ -23,6 +23,8 @@ from playwright.sync_api import expect, sync_playwright
 from harness.browser import browser_page, sign_in_on_page, wait_for_session
 from harness.chat_client import ChatClient, SignInError, new_address, sign_in
 from harness.server import ROOT, AppServer
+from harness.waiting import WAIT_SECONDS, until_sync
+from services.config import Settings
 from tests.conftest import ARTIFACTS
 from tests.system.accounts.test_people import stored_thread
 from tests.system.conftest import ADMIN, ALICE, BOB, OPS_TOKEN, accounts
@@ -240,12 +242,15 @@ def test_usage_per_person_per_day_and_a_budget_set_on_the_page(server: AppServer
     asyncio.run(chat())
     admin = AdminClient(server)
     listed = ""
-    for _ in range(40):  # usage is written every USAGE_FLUSH_SECONDS (5)
+
+    def usage_listed() -> bool:
+        nonlocal listed
         listed = admin.http.get("/admin/usage", params={"person": name, "days": "1"}).text
-        if f"<td>{name}</td>" in listed:
-            break
-        asyncio.run(asyncio.sleep(0.5))
-    assert f"<td>{name}</td>" in listed and "Per day" in listed, listed[-2000:]
+        return f"<td>{name}</td>" in listed
+
+    flush_seconds = Settings.from_env(server.env).usage_flush_seconds  # how often usage is written
+    until_sync(usage_listed, "the person's usage listed", flush_seconds + WAIT_SECONDS, interval=0.5)
+    assert "Per day" in listed, listed[-2000:]
     exported = admin.http.get("/admin/usage.csv", params={"person": name})
     assert exported.status_code == 200 and exported.text.splitlines()[0].startswith("person,day")
     assert any(line.startswith(f"{name},") for line in exported.text.splitlines()), exported.text

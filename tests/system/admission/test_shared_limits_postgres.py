@@ -18,6 +18,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from harness.postgres import PostgresCluster
+from harness.waiting import WAIT_SECONDS, until
 from services.accounts.limits import SignInLimiter
 from services.accounts.shared_attempts import SharedAttempts, SignInAttempts
 from services.admission.capacity import DecodeCapacity
@@ -227,6 +228,15 @@ class Held:
         await self.task
 
 
+async def placed(line: WaitingLine, *requests: Held) -> None:
+    """Return once each of `requests` (all `line` holds) runs or waits: their tasks took their places."""
+
+    def taken() -> bool:
+        return sum(r.started.is_set() for r in requests) + len(line.waiting) == len(requests)
+
+    await until(taken, "the requests take their places")
+
+
 @in_loop
 async def test_a_turn_waiting_on_one_replica_goes_before_a_later_one_on_another(
     engines: list[AsyncEngine],
@@ -236,7 +246,8 @@ async def test_a_turn_waiting_on_one_replica_goes_before_a_later_one_on_another(
     a1, b1 = Held(a.line), Held(b.line)
     a.line.foreign = b.line.foreign = 1  # each one's running turn, seen by the other at the engine
     a2 = Held(a.line)  # the engine is full: it waits
-    await asyncio.sleep(0.05)
+    await placed(a.line, a1, a2)
+    await placed(b.line, b1)
     assert a1.started.is_set() and b1.started.is_set() and not a2.started.is_set()
     await a.exchange()
     await b.exchange()
@@ -244,15 +255,15 @@ async def test_a_turn_waiting_on_one_replica_goes_before_a_later_one_on_another(
     await b1.end()  # a slot frees; b sees it first
     later = object()
     b2 = Held(b.line, owner=later)
-    await asyncio.sleep(0.05)
+    await placed(b.line, b2)
     assert not b2.started.is_set(), "the slot is kept for the turn that waited on the other replica"
     assert b.line.place_of(later)[0] == 1, "its person is told of the turn ahead on the other replica"
     a.line.foreign = 0  # a reads the engine: b's turn ended
     await a.exchange()  # the free slot is split between the replicas at an exchange: b's turn waits
-    await asyncio.wait_for(a2.started.wait(), 1)
+    await asyncio.wait_for(a2.started.wait(), WAIT_SECONDS)
     await a.exchange()  # nobody waits on a any more
     await b.exchange()
-    await asyncio.wait_for(b2.started.wait(), 1)
+    await asyncio.wait_for(b2.started.wait(), WAIT_SECONDS)
     for held in (a1, a2, b2):
         await held.end()
     await a.stop()
@@ -267,19 +278,19 @@ async def test_replicas_share_their_stream_pace_and_the_lowest_cap_holds_for_all
     wall = Clock()
     a, b = (line_replica(engine, wall) for engine in engines)
     a1 = Held(a.line)
-    await asyncio.sleep(0.05)
+    await placed(a.line, a1)
     a.line.pace.cap = 1  # a's streams were too slow at two
     await a.exchange()
     await b.exchange()
     assert b.status()["others_running"] == 1 and b.status()["others_cap"] == 1
     b.line.foreign = 1  # the engine holds a's request
     b1 = Held(b.line)
-    await asyncio.sleep(0.05)
+    await placed(b.line, b1)
     assert not b1.started.is_set(), "a's cap is the engine's: b's turn waits though the model allows two"
     a.line.pace.cap = None  # a's stream keeps the pace again: the cap goes
     await a.exchange()
     await b.exchange()
-    await asyncio.wait_for(b1.started.wait(), 1)
+    await asyncio.wait_for(b1.started.wait(), WAIT_SECONDS)
     await b.exchange()
     await a.exchange()
     assert a.status()["others_running"] == 1 and a.line.others.running == 1
@@ -296,7 +307,7 @@ async def test_a_document_part_on_one_replica_holds_the_documents_share_and_lets
     wall = Clock()
     a, b = (line_replica(engine, wall) for engine in engines)
     part = Held(a.line, kind=DOCUMENT)
-    await asyncio.sleep(0.05)
+    await placed(a.line, part)
     a.line.pace.cap = 1  # the engine's limit is 1, and the part holds it
     await a.exchange()
     await b.exchange()
@@ -304,7 +315,7 @@ async def test_a_document_part_on_one_replica_holds_the_documents_share_and_lets
     b.line.foreign = 1
     b_part = Held(b.line, kind=DOCUMENT)
     chat, second = Held(b.line), Held(b.line)
-    await asyncio.sleep(0.05)
+    await placed(b.line, b_part, chat, second)
     assert not b_part.started.is_set(), "the documents' share is the engine's: a's part holds it"
     assert chat.started.is_set(), "one chat turn runs beside the other replica's part"
     assert not second.started.is_set(), "the rest wait for the limit"
@@ -327,7 +338,7 @@ async def test_a_killed_replicas_places_lapse_and_a_database_down_counts_none(
     wall = Clock()
     killed, alive = (line_replica(engine, wall) for engine in engines)
     held = [Held(killed.line) for _ in range(3)]  # two run, one waits
-    await asyncio.sleep(0.05)
+    await placed(killed.line, *held)
     await killed.exchange()
     await alive.exchange()
     assert alive.line.others.waiting and await rows(engines[0], "line_places") == 1

@@ -13,10 +13,12 @@ from harness.browser import (
     browser_page,
     send_message,
     sign_in_on_page,
+    stored_messages,
     wait_for_answer,
     wait_for_session,
 )
 from harness.server import AppServer
+from harness.waiting import until_sync
 from tests.conftest import ARTIFACTS
 from tests.system.conftest import ALICE
 
@@ -32,6 +34,14 @@ def edit_on_page(page: Any, old: str, new: str) -> None:
     sent.locator(".edit-message").click()
     page.locator("#edit-chat-input").fill(new)
     page.locator(".confirm-edit").click()
+
+
+def branch_stored(server: AppServer) -> bool:
+    """The edited message and one answer to it are stored: what a reload will show."""
+    stored = stored_messages(server, EDITED)
+    asked = [text for kind, text in stored if kind == "user_message"]
+    answered = [text for kind, text in stored if kind == "assistant_message"]
+    return asked == [EDITED] and len(answered) == 1
 
 
 def test_edit_and_regenerate_on_the_page_and_after_a_reload(password_server: AppServer) -> None:
@@ -52,7 +62,7 @@ def test_edit_and_regenerate_on_the_page_and_after_a_reload(password_server: App
             expect(page.locator(USER_STEP, has_text=FIRST)).to_have_count(0)
             expect(page.locator(ANSWER)).to_have_count(1)
             page.screenshot(path=str(SCREENSHOTS / "edit-after.png"))
-            page.wait_for_timeout(1000)  # the messages are written to the database as they go
+            until_sync(lambda: branch_stored(password_server), "the new branch stored")
             page.reload()
             listed = page.locator('[id^="thread-"]:not(#thread-history)').first  # in the sidebar
             listed.wait_for(timeout=30_000)

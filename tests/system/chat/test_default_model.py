@@ -9,6 +9,7 @@ import pytest
 
 from harness.chat_client import ChatClient
 from harness.server import AppServer
+from harness.waiting import WAIT_SECONDS
 from tests.conftest import ServerPool
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -65,5 +66,5 @@ async def test_default_model_knows_the_capital_of_france(default_server: AppServ
     assert "Paris" in reply.final
     assert "<|im_end|>" not in reply.final, "generation stops at the end-of-turn token"
     assert reply.streamed_text == reply.final
-    status = await default_server.poll(lambda s: s["sessions"] == 0, timeout=5)
+    status = await default_server.poll(lambda s: s["sessions"] == 0, timeout=WAIT_SECONDS)
     assert status["engine_unfinished_requests"] == 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+import time
 from collections import deque
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from prometheus_client import REGISTRY
 
 import services.engine.chat_engine as chat_engine_module
 from harness.documents import long_document
+from harness.waiting import WAIT_SECONDS
 from services.chat.service import ChatService
 from services.chat.session import ChatSession
 from services.documents.echo import ngrams
@@ -72,6 +74,15 @@ def counter(name: str, **labels: str) -> float:
         for sample in metric.samples
         if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
     )
+
+
+async def gained(name: str, before: float, expected: float) -> float:
+    """How far counter `name` rose from `before`, once it rose by `expected` or WAIT_SECONDS passed:
+    vLLM's stat logger records a step after it hands out the step's outputs."""
+    deadline = time.monotonic() + WAIT_SECONDS
+    while counter(name) - before < expected and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return counter(name) - before
 
 
 async def test_a_repeating_stream_is_stopped_and_its_request_aborted(
@@ -145,9 +156,8 @@ async def test_a_follow_up_reuses_the_whole_document_from_the_prefix_cache(
     prompt = chat.build_prompt(session, "Which figures does the report mention?")
     assert prompt.messages[0]["content"].endswith("</document>"), "the whole document, first"
     assert "".join([d async for d in chat.reply(session, prompt, "cache-follow-up")])
-    await asyncio.sleep(0.2)  # the stat logger records the step after it hands out its outputs
-    gained = counter("vllm:prefix_cache_hits_total") - hits_before
-    assert gained >= document.tokens, f"the follow-up reused {gained:.0f} cached tokens of {document.tokens}"
+    reused = await gained("vllm:prefix_cache_hits_total", hits_before, document.tokens)
+    assert reused >= document.tokens, f"the follow-up reused {reused:.0f} cached tokens of {document.tokens}"
 
 
 async def test_a_follow_up_reuses_the_previous_answer_in_the_ids_the_engine_wrote(
@@ -179,11 +189,11 @@ async def test_a_follow_up_reuses_the_previous_answer_in_the_ids_the_engine_wrot
     follow_up_ids = engine.encode_chat(follow_up.messages)
     assert follow_up_ids[: len(first_ids) + len(generated)] == first_ids + generated
     assert "".join([d async for d in chat.reply(session, follow_up, f"ids-{attempt}-next")])
-    await asyncio.sleep(0.2)  # the stat logger records the step after it hands out its outputs
-    gained = counter("vllm:prefix_cache_hits_total") - hits_before
     block = engine.backend.vllm_config.cache_config.block_size
-    assert gained >= len(first_ids) + len(generated) - block, (
-        f"the follow-up reused {gained:.0f} cached tokens; re-encoding would have kept "
+    expected = len(first_ids) + len(generated) - block
+    reused = await gained("vllm:prefix_cache_hits_total", hits_before, expected)
+    assert reused >= expected, (
+        f"the follow-up reused {reused:.0f} cached tokens; re-encoding would have kept "
         f"{len(first_ids) + same} at most"
     )
 

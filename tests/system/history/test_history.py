@@ -24,6 +24,7 @@ from chainlit.user import User
 from sqlalchemy import event, inspect, text
 
 from harness.postgres import PostgresCluster
+from harness.waiting import until
 from services.chat.session import SessionDocument
 from services.chat.store import SessionStore
 from services.config import Settings
@@ -313,11 +314,7 @@ async def test_locked_database_degrades_then_saving_resumes(tmp_path: Path) -> N
         assert "not being saved" in history.health.message
         locker.rollback()
         locker.close()
-        for _ in range(40):
-            if history.available:
-                break
-            await asyncio.sleep(0.1)
-        assert history.available, "the probe noticed the database is back"
+        await until(lambda: history.available, "the probe noticed the database is back")  # every 0.5 s
         after = await new_thread(history, user_id)
         thread = await history.layer.get_thread(before)  # type: ignore[union-attr]
         assert thread is not None and len(thread["steps"]) == 2, "what was stored is intact"
@@ -344,11 +341,7 @@ async def test_postgres_going_away_degrades_and_recovers(postgres: PostgresClust
             assert not history.available and history.health.reason == "unreachable"
         finally:
             postgres.start()
-        for _ in range(60):
-            if history.available:
-                break
-            await asyncio.sleep(0.1)
-        assert history.available
+        await until(lambda: history.available, "the probe noticed PostgreSQL is back")  # every 0.5 s
         again = await new_thread(history, user_id)
         assert await history.layer.get_thread(again) is not None  # type: ignore[union-attr]
         assert len((await history.layer.get_thread(kept))["steps"]) == 2  # type: ignore[index, union-attr]

@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from harness.chat_client import ChatClient
 from harness.server import AppServer
+from harness.waiting import until
 from tests.conftest import TINY_OPS_TOKEN
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -151,7 +152,7 @@ async def test_stats_command_shows_the_numbers_and_a_plot(tiny_server: AppServer
     await client.connect()
     try:
         reply = await client.ask("/stats", timeout=60)
-        await asyncio.sleep(0.5)  # the image element follows the message
+        await until(lambda: elements, "the image element, which follows the message")
     finally:
         await client.close()
     assert "Service stats" in reply.final and "Time to first token" in reply.final, reply.final

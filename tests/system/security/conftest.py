@@ -27,6 +27,8 @@ import pytest
 from harness.chat_client import ChatClient, sign_in
 from harness.fake_github import FakeGitHub, GitHubPerson, sign_in_with_github
 from harness.server import ROOT, AppServer
+from harness.waiting import until_sync
+from services.history.resume import chat_settings_of
 from tests.conftest import ServerPool, pooled, tiny_server_env
 from tests.system.accounts.test_people import stored_thread
 from tests.system.conftest import (
@@ -102,6 +104,12 @@ class BobsConversation:
         steps = sorted((s["id"], s["type"], s.get("output"), s.get("threadId")) for s in thread["steps"])
         return {"name": thread.get("name"), "steps": steps, "listed": sorted(t["id"] for t in listed["data"])}
 
+    def settings_stored(self) -> bool:
+        """Chainlit stores the session's metadata (its chat settings) as it handles the disconnect:
+        from then on, nothing of Bob's changes unless an attack changes it."""
+        with httpx.Client(base_url=self.base_url, headers={"Cookie": self.cookie}, timeout=30) as http:
+            return bool(chat_settings_of(http.get(f"/project/thread/{self.thread_id}").json()))
+
     def changes(self) -> list[str]:
         now = self.snapshot()
         return [
@@ -117,7 +125,6 @@ async def _bobs_conversation(server: AppServer) -> BobsConversation:
     assert bob.thread_id
     stored = await stored_thread(bob, bob.thread_id, steps=2)
     await bob.close()
-    await asyncio.sleep(1)  # Chainlit stores the session's metadata after the disconnect
     step_ids = [s["id"] for s in stored["steps"]]
     return BobsConversation(server.base_url, bob.cookie or "", bob.thread_id, step_ids, secret)
 
@@ -125,6 +132,7 @@ async def _bobs_conversation(server: AppServer) -> BobsConversation:
 @pytest.fixture(scope="package")
 def bob(target: AppServer) -> BobsConversation:
     conversation = asyncio.run(_bobs_conversation(target))
+    until_sync(conversation.settings_stored, "Bob's chat settings stored at his disconnect")
     conversation.before = conversation.snapshot()
     return conversation
 

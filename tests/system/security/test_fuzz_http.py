@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from harness.chat_client import SOCKET_PATH, client_headers, handshake, new_address
 from harness.server import AppServer
+from harness.waiting import WAIT_SECONDS
 from tests.system.security.conftest import BobsConversation, Intact
 from tests.system.security.fuzzing import (
     NESTING_DEPTHS,
@@ -182,7 +183,7 @@ def alices_page(target: AppServer, alice_cookie: str) -> Iterator[AlicesPage]:
                 auth=handshake(session_id), headers=headers, wait_timeout=10)  # fmt: skip
     sio.emit("connection_successful")
     yield AlicesPage(alice_cookie, session_id, sio)
-    sio.call("clear_session", timeout=5)
+    sio.call("clear_session", timeout=WAIT_SECONDS)  # acknowledged late on a busy machine
     sio.disconnect()
 
 

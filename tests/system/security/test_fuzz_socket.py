@@ -30,6 +30,7 @@ from harness.chat_client import (
     user_message_payload,
 )
 from harness.server import AppServer
+from harness.waiting import WAIT_SECONDS
 from services.config import Settings
 from services.history.resume import chat_settings_of
 from services.web.client_ids import handshake_problem
@@ -208,7 +209,7 @@ async def send(sio: socketio.AsyncClient, name: str, payload: Any) -> None:
         await sio.emit(name, payload)
 
 
-def settle(server: AppServer, timeout: float = 15) -> None:
+def settle(server: AppServer, timeout: float = WAIT_SECONDS) -> None:
     """Wait until no chat turn runs (tracebacks of a turn land in the log by then)."""
     deadline = time.monotonic() + timeout
     while server.status().get("turns_in_flight", 0) and time.monotonic() < deadline:
@@ -289,7 +290,7 @@ async def settings_attack(server: AppServer, cookie: str, changes: list[Any]) ->
         await client.sio.call("window_message", "ping", timeout=15)  # handled after the changes
     finally:
         await client.close()  # Chainlit stores the session's chat settings with the conversation
-    deadline = time.monotonic() + 30  # a failure bound: stored within a second on a quiet machine
+    deadline = time.monotonic() + WAIT_SECONDS  # as it handles the disconnect
     while time.monotonic() < deadline:
         thread = (await client.http("GET", f"/project/thread/{client.thread_id}")).json()
         if stored := chat_settings_of(thread):

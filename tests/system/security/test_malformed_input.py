@@ -4,7 +4,6 @@ traceback. The fuzz tests (test_fuzz_*.py) look for more of the same; these say 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from typing import Any
@@ -14,6 +13,7 @@ import pytest
 
 from harness.chat_client import ChatClient, handshake, user_message_payload
 from harness.server import AppServer
+from tests.system.accounts.test_people import stored_thread
 from tests.system.security.conftest import BobsConversation, Intact
 from tests.system.security.fuzzing import deep_json
 
@@ -39,8 +39,10 @@ async def test_a_message_cannot_take_the_id_of_someone_elses_message(
         taken["message"]["id"] = bobs_step
         await alice.sio.emit("client_message", taken)
     assert (await alice.ask("And this one?")).final is not None
+    # The steps are written in tasks of their own: wait for the last one she sent, after the others,
+    # rather than a guessed second.
+    await stored_thread(alice, alice.thread_id or "", steps=1, containing="And this one?")
     await alice.close()
-    await asyncio.sleep(1)  # the steps are written in tasks of their own
     assert not bob.changes()
     assert not intact.problems(mark)
 
@@ -101,9 +103,7 @@ async def test_a_lone_surrogate_in_a_message_is_answered_and_stored(
     reply = await page.ask("Hello \ud800 there", timeout=60)
     assert reply.final is not None and not reply.final.startswith("⚠️"), reply.final
     await page.close()
-    await asyncio.sleep(1)
-    thread = (await page.http("GET", f"/project/thread/{page.thread_id}")).json()
-    assert "Hello \ufffd there" in [step["output"] for step in thread["steps"]]
+    await stored_thread(page, page.thread_id or "", steps=1, containing="Hello \ufffd there")
     assert not intact.problems(mark)
 
 

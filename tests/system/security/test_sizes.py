@@ -19,6 +19,7 @@ import pytest
 
 from harness.chat_client import ChatClient, user_message_payload
 from harness.server import AppServer
+from harness.waiting import WAIT_SECONDS
 from services.history.resume import ANSWER_METADATA, history_from_steps
 from tests.system.accounts.test_people import accounts
 
@@ -65,7 +66,7 @@ def refusals(seen: list[dict], reason: str) -> list[dict]:
     return [m for m in seen if (m.get("metadata") or {}).get("refused") == reason]
 
 
-async def until(predicate, timeout: float = 15) -> None:
+async def until(predicate, timeout: float = WAIT_SECONDS) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, "condition not met in time"
@@ -103,7 +104,7 @@ async def test_messages_larger_than_the_socket_reads_end_the_connection_unstored
     for _ in range(20):  # 900 KB each, in a fraction of a second: the reviewer's attack
         with contextlib.suppress(Exception):  # the server closes the socket under us
             await client.sio.emit("client_message", user_message_payload("y" * 900_000))
-    await until(lambda: not client.sio.connected, timeout=10)
+    await until(lambda: not client.sio.connected)
     await asyncio.sleep(1)
     assert stored_steps_of(target, client.username) == []
     other = await person(target, "bystander")
@@ -299,7 +300,9 @@ async def test_the_thread_list_answers_a_bounded_page_fast_without_messages(targ
         if not page["pageInfo"]["hasNextPage"]:
             break
         cursor = page["pageInfo"]["endCursor"]
-    assert (time.monotonic() - started) / pages < 2.0, "each page is one small query"
+    # Each page is one small query: a fraction of a second, more with a core busy elsewhere (the size
+    # of each answer and its empty steps, checked above, say the same without a clock).
+    assert (time.monotonic() - started) / pages < 5.0, "each page is one small query"
     assert len(listed) == len(set(listed)) == 150 and pages == 5
     greedy = await client.http(
         "POST", "/project/threads", json={"pagination": {"first": 100_000}, "filter": {}}
