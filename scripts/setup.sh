@@ -77,6 +77,11 @@ if [[ ! -e "$runtime_stamp" ]]; then
   touch "$runtime_stamp"
 fi
 
+# Convert the bundled GGUF into a folder vLLM loads (once; atomic), in the background while the rest
+# installs: it needs only the runtime pins.
+"$VENV/bin/python" -m services.engine.backends.local.model_prep &
+model_pid=$!
+
 # The page's font (Inter) and KaTeX's CSS, served by the app instead of CDNs: from the npm
 # registry, at the versions of assets/package-lock.json (once per lock file).
 assets_stamp="assets/node_modules/.stamp-$(stamp_of assets/package-lock.json)"
@@ -100,6 +105,5 @@ if [[ "$WITH_TEST" == 1 ]]; then
   fi
 fi
 
-# Convert the bundled GGUF into a folder vLLM loads (once; atomic).
-"$VENV/bin/python" -m services.engine.backends.local.model_prep
+wait "$model_pid"
 apt_done
