@@ -26,7 +26,8 @@ from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, TINY_OPS_TOKEN, server
 from tests.system.browser.test_browser import ANSWER, open_chat, page, send_message  # noqa: F401  (the browser fixture)
 from tests.system.ops.test_maintenance import scrape
 
-# a small server of its own: per commit, tests/unit/test_admission.py and test_waiting_place.py
+# a small server of its own: per commit, tests/unit/test_admission.py (the line, its refusals, a waiting
+# turn told its place, per-person limits) and the engine's turns in tests/unit/test_rewinds.py
 pytestmark = pytest.mark.long
 
 aio = pytest.mark.asyncio(loop_scope="module")
