@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from playwright.sync_api import Page, sync_playwright
 
+from harness.browser import browser_page
 from harness.fake_github import FakeGitHub
 from harness.server import ROOT, AppServer
 from services.engine import lifespan as engine_lifespan
@@ -144,3 +146,13 @@ def serving_of(runtime: Runtime) -> Serving:
     serving = runtime.running()
     assert serving is not None
     return serving
+
+
+@pytest.fixture
+def page() -> Iterator[Page]:
+    """A fresh page in headless Chromium, for one test (tests/system/browser/, and a test elsewhere
+    that watches what a person sees)."""
+    with sync_playwright() as playwright:
+        browser, page = browser_page(playwright)
+        yield page
+        browser.close()

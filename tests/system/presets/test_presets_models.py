@@ -20,8 +20,8 @@ import pytest
 from harness.chat_client import ChatClient
 from harness.server import AppServer
 from tests.conftest import TINY_MAX_MODEL_LEN
-from tests.system.accounts.test_people import stored_thread
 from tests.system.conftest import ALICE, BOB, accounts
+from tests.system.helpers import stored_thread
 from tests.system.presets.conftest import OTHER_MODEL_CONTEXT, restart
 
 # two models in one server and a restart: per commit, test_presets_store.py and
