@@ -1,11 +1,18 @@
-"""The password-sign-in server that the people tests (accounts/) and the attack suite (security/)
+"""The servers and fixtures that the system tests of several packages share.
+
+The password-sign-in server that the people tests (accounts/) and the attack suite (security/)
 share, one configuration from the session's server pool: password sign-in with the administrator
 ADMIN and the people ALICE and BOB, GitHub sign-in too (against `fake_github`, with an allowlist),
 uvicorn trusting every X-Forwarded-For (FORWARDED_ALLOW_IPS=*, as containers are often run), the
 operators' routes guarded by OPS_TOKEN, share links on (SHARING=true: Chainlit's own share routes stay
 refused), and a DATA_DIR left loose before the start (the server
 must tighten it). Each test that signs in wrongly, ends sign-ins or adds people uses accounts and
-client addresses of its own, so the tests stay independent on the one server."""
+client addresses of its own, so the tests stay independent on the one server.
+
+The two-model server of the presets and model-choice tests (presets/, browser/): the tiny model and a
+second tiny model with other weights and a shorter context, both served in this process (MODELS),
+password sign-in with ADMIN, ALICE and BOB. The app's runtime in this process (engine/, memory/), and
+a browser page (browser/, and a test elsewhere that watches what a person sees)."""
 
 from __future__ import annotations
 
@@ -19,12 +26,15 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from playwright.sync_api import Page, sync_playwright
 
+from harness.browser import browser_page
 from harness.fake_github import FakeGitHub
 from harness.server import ROOT, AppServer
+from harness.tiny_model import build_tiny_model
 from services.engine import lifespan as engine_lifespan
 from services.runtime import Runtime, Serving
-from tests.conftest import TINY_MAX_MODEL_LEN, ServerPool, pooled, server_env, tiny_settings
+from tests.conftest import TINY_MAX_MODEL_LEN, TINY_OPS_TOKEN, ServerPool, pooled, server_env, tiny_settings
 
 ADMIN = ("admin", "admin-password-1")
 ALICE = ("alice", "alice-password-1")
@@ -107,6 +117,47 @@ def password_server(
     return shared_password_server(server_pool, tiny_model_dir, tmp_path_factory, fake_github)
 
 
+OTHER_MODEL_CONTEXT = 2048  # the two-model server's second model's own context, shorter than MAX_MODEL_LEN
+# Two engines start and warm up one after the other: twice a one-model server's time, and much more
+# on a machine other engines share.
+MODELS_START_TIMEOUT_SECONDS = 1200
+
+
+@pytest.fixture(scope="session")
+def other_model_dir(default_model_dir: Path, tiny_model_dir: Path) -> Path:
+    """A second tiny model: other random weights, untied (other answers), its own shorter context.
+
+    Next to the tiny model, so that it is one folder for the session (the pool keys servers by
+    their settings: another folder would be another server)."""
+    folder = tiny_model_dir.parent / "tiny-other"
+    return build_tiny_model(
+        default_model_dir, folder, max_position_embeddings=OTHER_MODEL_CONTEXT, seed=1, tied=False
+    )
+
+
+@pooled(group="models")
+def models_server(
+    server_pool: ServerPool,
+    tiny_model_dir: Path,
+    other_model_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
+) -> AppServer:
+    """The two-model server (module docstring)."""
+
+    def own_data_dir(server: AppServer) -> None:  # outside the app's folder, which a stop removes
+        server.env["DATA_DIR"] = str(tmp_path_factory.mktemp("models-data"))
+
+    env = server_env(
+        MODELS=f"{tiny_model_dir},{other_model_dir}", MAX_MODEL_LEN=TINY_MAX_MODEL_LEN,
+        MAX_NUM_BATCHED_TOKENS=4096, MAX_NEW_TOKENS=8, AUTH_MODE="password", ADMIN_USERNAME=ADMIN[0],
+        ADMIN_PASSWORD=ADMIN[1], OPS_TOKEN=TINY_OPS_TOKEN, PRESETS_MAX_TEMPLATES=3, MAX_NUM_SEQS=8,
+    )  # fmt: skip
+    module = request.module.__name__
+    return server_pool.get(env, "models-server", own_data_dir, add_alice_and_bob, user=module,
+                           start_timeout=MODELS_START_TIMEOUT_SECONDS)  # fmt: skip
+
+
 # The in-process runtime's settings that the tests of the session layer count on.
 IN_PROCESS_MAX_HISTORY = 6
 IN_PROCESS_MAX_SESSIONS = 64
@@ -144,3 +195,13 @@ def serving_of(runtime: Runtime) -> Serving:
     serving = runtime.running()
     assert serving is not None
     return serving
+
+
+@pytest.fixture
+def page() -> Iterator[Page]:
+    """A fresh page in headless Chromium, for one test (tests/system/browser/, and a test elsewhere
+    that watches what a person sees)."""
+    with sync_playwright() as playwright:
+        browser, page = browser_page(playwright)
+        yield page
+        browser.close()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 import types
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -28,16 +28,9 @@ from services.config import Settings
 from services.engine.backends.remote import Server, prefix_hashes, servers_to_try
 from services.engine.chat_engine import SamplingSettings
 from services.engine.load import EngineLoad, LoadWindow
+from tests.fakes import FakeClock, WordEngine
 
 aio = pytest.mark.asyncio(loop_scope="function")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class FixedCapacity(DecodeCapacity):
@@ -56,10 +49,10 @@ def settings(**changes) -> Settings:
     return Settings.from_env({}).replace(**changes)
 
 
-def line_with(limit: int, clock: Clock | None = None, max_prefilling: int = 0, **changes) -> WaitingLine:
+def line_with(limit: int, clock: FakeClock | None = None, max_prefilling: int = 0, **changes) -> WaitingLine:
     """A line of `limit` slots; `max_prefilling` 0: no tokens stream here, unless a test sends them."""
     changes.setdefault("admission_max_wait_seconds", 1000)  # these tests queue turns on purpose
-    return WaitingLine(settings(**changes), FixedCapacity(limit), clock or Clock(), max_prefilling)
+    return WaitingLine(settings(**changes), FixedCapacity(limit), clock or FakeClock(), max_prefilling)
 
 
 def priority(line: WaitingLine, ticket: Ticket) -> int:
@@ -76,7 +69,7 @@ class Queue:
     """Requests taking their place in one line, each held until `finish`; records the order in which
     they were admitted."""
 
-    def __init__(self, line: WaitingLine, clock: Clock) -> None:
+    def __init__(self, line: WaitingLine, clock: FakeClock) -> None:
         self.line, self.clock = line, clock
         self.admitted: list[str] = []
         self.places: dict[str, object] = {}  # what `place` yielded, once admitted
@@ -104,7 +97,7 @@ class Queue:
 
 @aio
 async def test_requests_beyond_the_limit_wait_and_chat_goes_before_documents() -> None:
-    clock = Clock()
+    clock = FakeClock()
     queue = Queue(line_with(2, clock, document_slot_share=1.0), clock)
     for name, kind in (("doc-1", DOCUMENT), ("doc-2", DOCUMENT), ("doc-3", DOCUMENT), ("chat-1", CHAT)):
         await queue.submit(name, kind)
@@ -122,7 +115,7 @@ async def test_requests_beyond_the_limit_wait_and_chat_goes_before_documents() -
 
 @aio
 async def test_document_parts_hold_only_their_share_and_chat_passes_the_rest() -> None:
-    clock = Clock()
+    clock = FakeClock()
     queue = Queue(line_with(4, clock, document_slot_share=0.25, document_aging_seconds=0), clock)
     summary = object()  # the turn doc-3 belongs to
     for name in ("doc-1", "doc-2", "doc-3"):
@@ -142,7 +135,7 @@ async def test_document_parts_hold_only_their_share_and_chat_passes_the_rest() -
 
 @aio
 async def test_a_burst_is_read_a_few_prompts_at_a_time_and_documents_one_of_them() -> None:
-    clock = Clock()
+    clock = FakeClock()
     queue = Queue(line_with(8, clock, max_prefilling=2, document_slot_share=0.5), clock)
     for name, kind in (("doc-1", DOCUMENT), ("doc-2", DOCUMENT), ("chat-1", CHAT), ("chat-2", CHAT)):
         await queue.submit(name, kind, after_seconds=0)
@@ -169,7 +162,7 @@ async def test_a_burst_is_read_a_few_prompts_at_a_time_and_documents_one_of_them
 async def test_other_replicas_document_parts_hold_the_documents_share_and_prefill() -> None:
     """N replicas at one engine: their parts count against the one share and the one document
     prefill, so documents do not hold N times their share of the engine."""
-    clock = Clock()
+    clock = FakeClock()
     queue = Queue(line_with(8, clock, max_prefilling=2, document_slot_share=0.25), clock)
     line = queue.line
     line.others = OtherReplicas(running=1, documents=1, documents_prefilling=1)
@@ -193,7 +186,7 @@ async def test_other_replicas_document_parts_hold_the_documents_share_and_prefil
 
 @aio
 async def test_at_a_limit_of_one_a_document_part_does_not_keep_chat_out() -> None:
-    clock = Clock()
+    clock = FakeClock()
     queue = Queue(line_with(1, clock, document_slot_share=0.25, document_aging_seconds=0), clock)
     await queue.submit("doc-1", DOCUMENT)
     await queue.submit("doc-2", DOCUMENT)  # waits, ahead of the chat turns: it came first
@@ -212,7 +205,7 @@ async def test_at_a_limit_of_one_a_document_part_does_not_keep_chat_out() -> Non
 
 @aio
 async def test_at_a_limit_of_one_another_replicas_document_part_does_not_keep_chat_out() -> None:
-    clock = Clock()
+    clock = FakeClock()
     queue = Queue(line_with(1, clock, document_slot_share=0.25, document_aging_seconds=0), clock)
     line = queue.line
     line.others, line.foreign = OtherReplicas(running=1, documents=1), 1  # its part holds the one slot
@@ -234,7 +227,7 @@ async def test_at_a_limit_of_one_another_replicas_document_part_does_not_keep_ch
 
 @aio
 async def test_aging_keeps_later_chat_from_starving_a_document_part() -> None:
-    clock = Clock()
+    clock = FakeClock()
     queue = Queue(line_with(1, clock, document_aging_seconds=30), clock)
     await queue.submit("running", CHAT)
     await queue.submit("doc", DOCUMENT)
@@ -249,7 +242,7 @@ async def test_aging_keeps_later_chat_from_starving_a_document_part() -> None:
 
 @aio
 async def test_with_priority_off_it_is_first_come_first_served() -> None:
-    clock = Clock()
+    clock = FakeClock()
     line = line_with(1, clock, priority_scheduling=False)
     queue = Queue(line, clock)
     for name, kind in (("a", CHAT), ("doc", DOCUMENT), ("b", CHAT), ("api", API)):
@@ -264,7 +257,7 @@ async def test_with_priority_off_it_is_first_come_first_served() -> None:
 
 @aio
 async def test_vllm_priority_puts_chat_before_a_document_part_of_the_same_moment() -> None:
-    clock = Clock()
+    clock = FakeClock()
     line = line_with(8, clock, document_aging_seconds=30, api_aging_seconds=10)
     queue = Queue(line, clock)
     for name, kind in (("chat", CHAT), ("doc", DOCUMENT), ("api", API)):
@@ -276,7 +269,7 @@ async def test_vllm_priority_puts_chat_before_a_document_part_of_the_same_moment
 
 @aio
 async def test_a_full_queue_refuses_at_once_with_place_and_retry_time() -> None:
-    clock = Clock()
+    clock = FakeClock()
     queue = Queue(line_with(1, clock, admission_queue_max=2), clock)
     for name in ("running", "w1", "w2"):
         await queue.submit(name, CHAT)
@@ -295,7 +288,7 @@ async def test_a_full_queue_refuses_at_once_with_place_and_retry_time() -> None:
 
 @aio
 async def test_a_chat_turn_facing_too_long_a_wait_is_refused_once_turns_were_measured() -> None:
-    clock = Clock()
+    clock = FakeClock()
     line = line_with(1, clock, admission_max_wait_seconds=30)
     queue = Queue(line, clock)
     await queue.submit("running", CHAT)
@@ -324,7 +317,7 @@ async def test_a_chat_turn_facing_too_long_a_wait_is_refused_once_turns_were_mea
 
 @aio
 async def test_a_cancelled_waiter_leaves_the_queue_and_an_admitted_one_frees_its_slot() -> None:
-    clock = Clock()
+    clock = FakeClock()
     queue = Queue(line_with(1, clock), clock)
     await queue.submit("running", CHAT)
     await queue.submit("gone", CHAT)
@@ -342,7 +335,7 @@ async def test_a_cancelled_waiter_leaves_the_queue_and_an_admitted_one_frees_its
 
 @aio
 async def test_service_times_are_measured_per_kind_and_feed_the_estimate() -> None:
-    clock = Clock()
+    clock = FakeClock()
     line = line_with(1, clock)
     async with line.place(CHAT):
         clock.now += 100
@@ -353,7 +346,7 @@ async def test_service_times_are_measured_per_kind_and_feed_the_estimate() -> No
 
 @aio
 async def test_turns_that_get_their_first_token_later_than_promised_make_estimates_longer() -> None:
-    clock = Clock()
+    clock = FakeClock()
     line = line_with(1, clock, admission_max_wait_seconds=40, max_prefilling=4)
     queue = Queue(line, clock)
     for index in range(3):  # turns measured: the estimate alone decides
@@ -387,7 +380,7 @@ async def test_turns_that_get_their_first_token_later_than_promised_make_estimat
 
 
 def test_promises_are_bounded_and_need_a_few_turns() -> None:
-    clock = Clock()
+    clock = FakeClock()
     promises = WaitPromises(clock)
     promises.keep(1.0, 50.0)
     assert promises.late_seconds == 0, "one late turn is not a trend"
@@ -432,15 +425,15 @@ def test_with_a_warm_up_live_windows_scale_its_line_by_their_median() -> None:
     assert capacity.slowdown == 4.0 and capacity.limit == 1
 
 
-def paced_line(limit: int, count: int) -> tuple[Clock, WaitingLine, list[object], Callable[..., None]]:
+def paced_line(limit: int, count: int) -> tuple[FakeClock, WaitingLine, list[object], Callable[..., None]]:
     """A line at `limit`, `count` streams, and a function that streams tokens to them for a while."""
-    clock = Clock()
+    clock = FakeClock()
     line = line_with(limit, clock)
     streams = [object() for _ in range(count)]
     return clock, line, streams, streaming(line, clock, streams)
 
 
-def streaming(line: WaitingLine, clock: Clock, streams: list[object]) -> Callable[..., None]:
+def streaming(line: WaitingLine, clock: FakeClock, streams: list[object]) -> Callable[..., None]:
     """A function that streams tokens to `streams` at a rate for some seconds of `clock`."""
 
     def stream_for(seconds: float, tokens_per_second: float, among=streams) -> None:
@@ -579,7 +572,7 @@ def test_concurrent_turns_are_limited_across_tabs() -> None:
 
 
 def test_tokens_per_minute_refuse_with_the_time_to_retry() -> None:
-    clock = Clock()
+    clock = FakeClock()
     limits = UserLimits(settings(user_tokens_per_minute=100), clock)
     usage = limits.usage("u")
     limits.record_tokens(usage, 60)
@@ -594,7 +587,7 @@ def test_tokens_per_minute_refuse_with_the_time_to_retry() -> None:
 
 
 def test_documents_per_hour_refuse_with_the_time_to_retry() -> None:
-    clock = Clock()
+    clock = FakeClock()
     limits = UserLimits(settings(user_documents_per_hour=2), clock)
     usage = limits.usage("u")
     limits.check(usage, documents=2)
@@ -610,7 +603,7 @@ def test_documents_per_hour_refuse_with_the_time_to_retry() -> None:
 
 
 def test_messages_per_minute_refuse_with_the_time_to_retry_and_stay_bounded() -> None:
-    clock = Clock()
+    clock = FakeClock()
     limits = UserLimits(settings(user_messages_per_minute=3), clock)
     usage = limits.usage("u")
     for _ in range(3):
@@ -648,7 +641,7 @@ def test_no_limits_when_set_to_zero_and_records_stay_bounded() -> None:
 
 @aio
 async def test_a_waiting_turn_is_told_its_place_then_the_status_goes_away() -> None:
-    clock = Clock()
+    clock = FakeClock()
     queue = Queue(line_with(1, clock), clock)
     await queue.submit("running", CHAT)
     await queue.submit("ahead", CHAT)
@@ -677,7 +670,7 @@ async def test_an_answer_that_has_not_started_is_announced_when_the_quiet_time_e
 ) -> None:
     """On the line's clock, which only the feedback's own sleeps move here: on a real one a busy machine
     wakes a sleeper late, which is not what this checks."""
-    clock = Clock()
+    clock = FakeClock()
 
     async def sleep(seconds: float) -> None:
         clock.now += seconds
@@ -702,27 +695,13 @@ async def test_an_answer_that_has_not_started_is_announced_when_the_quiet_time_e
 
 
 # --- the whole path on a fake engine ---------------------------------------------------------------
-class WordEngine:
-    """Streams one word per 10 ms; counts words as tokens."""
-
-    max_model_len = 1000
-
-    def count_tokens(self, text: str) -> int:
-        return len(text.split())
-
-    async def generate(self, messages, sampling, request_id, *, priority: int = 0) -> AsyncIterator[str]:
-        for _ in range(sampling.max_new_tokens):
-            await asyncio.sleep(0.01)
-            yield "word "
-
-
 @aio
 async def test_admitted_engine_queues_streams_and_accounts_tokens_to_the_user() -> None:
     admission = Admission(
         settings(user_tokens_per_minute=1000, admission_max_wait_seconds=1000), EngineLoad(), max_running=64
     )
     admission.capacity = admission.line.capacity = FixedCapacity(1)
-    engine = admission.engine(WordEngine(), CHAT)  # type: ignore[arg-type]
+    engine = admission.engine(WordEngine(max_model_len=1000), CHAT)  # type: ignore[arg-type]
     sampling = SamplingSettings(0.0, 1.0, 20)
 
     async def turn(user: str) -> str:
@@ -774,19 +753,12 @@ class QueueOverflowError(Exception):
     """Named as vllm.exceptions' (matched by name, as the app does: importing vLLM takes seconds)."""
 
 
-class FullEngine(WordEngine):
-    """An engine whose own queue is full: vLLM's admission control refuses every request."""
-
-    async def generate(self, messages, sampling, request_id, *, priority: int = 0) -> AsyncIterator[str]:
-        raise QueueOverflowError()
-        yield ""  # an async generator, as the engine's
-
-
 @aio
 async def test_vllms_own_queue_limit_becomes_a_busy_message_counted_in_metrics() -> None:
     admission = Admission(settings(), EngineLoad(), max_running=64)
     admission.capacity = admission.line.capacity = FixedCapacity(4)
-    engine = admission.engine(FullEngine(), CHAT)  # type: ignore[arg-type]
+    full = WordEngine(max_model_len=1000, fails_with=QueueOverflowError)  # vLLM's own queue refuses
+    engine = admission.engine(full, CHAT)  # type: ignore[arg-type]
     with pytest.raises(Refused, match="The service is busy") as refused:
         async with admission.turn("u"):
             [d async for d in engine.generate([], SamplingSettings(0.0, 1.0, 8), "r")]
@@ -892,7 +864,7 @@ async def test_a_message_resent_before_the_time_a_refusal_gave_gets_that_answer_
     admission = shared_admission(1, admission_queue_max=0)  # the running turn fills the service
     requests = Requests(admission)
     await requests.start("alice", requests.chat)
-    clock = Clock()
+    clock = FakeClock()
     admission.limits.clock = clock
     with pytest.raises(Refused) as full:
         async with admission.turn(user_key("bob")), admission.admit(CHAT):
@@ -919,7 +891,7 @@ async def test_a_message_resent_before_the_time_a_refusal_gave_gets_that_answer_
 
 
 def test_a_refusal_of_a_persons_own_share_does_not_pace_their_messages() -> None:
-    clock = Clock()
+    clock = FakeClock()
     limits = UserLimits(settings(), clock)
     usage = limits.usage("u")
     limits.told(usage, Refused("user_documents_per_hour", "an hour of documents", 3000))
@@ -985,7 +957,7 @@ def test_the_docker_healthcheck_asks_healthz() -> None:
 
 @aio
 async def test_others_requests_at_the_engine_hold_slots_and_lengthen_the_estimate() -> None:
-    clock = Clock()
+    clock = FakeClock()
     queue = Queue(line_with(3, clock), clock)
     queue.line.foreign = 2  # another replica runs two turns on the same engine
     await queue.submit("mine-1", CHAT)
@@ -1011,7 +983,7 @@ def test_the_engine_load_counts_others_requests_while_fresh() -> None:
 
 @aio
 async def test_turns_waiting_in_other_replicas_lines_go_first_and_count_in_places() -> None:
-    clock = Clock()
+    clock = FakeClock()
     queue = Queue(line_with(2, clock), clock)
     line = queue.line
     line.others = OtherReplicas(waiting=[clock.now - line.epoch])  # waits on another replica since now
@@ -1040,7 +1012,7 @@ async def test_turns_waiting_in_other_replicas_lines_go_first_and_count_in_place
 
 @aio
 async def test_admission_queue_max_counts_the_turns_waiting_in_other_replicas_lines() -> None:
-    clock = Clock()
+    clock = FakeClock()
     queue = Queue(line_with(1, clock, admission_queue_max=3), clock)
     line = queue.line
     await queue.submit("running", CHAT)
@@ -1105,7 +1077,7 @@ async def test_a_pace_cap_bounds_this_replicas_requests_not_the_others() -> None
     """A replica whose streams were slow capped itself at one stream while the other replica ran
     four at the engine: counted against everyone's requests the cap left it nothing to run, so no
     stream to measure and raise it by (the replica admitted 8 turns in ten minutes)."""
-    clock = Clock()
+    clock = FakeClock()
     queue = Queue(line_with(13, clock), clock)
     line = queue.line
     line.pace.cap, line.foreign = 1, 4

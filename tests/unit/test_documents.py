@@ -27,6 +27,7 @@ from services.documents.sniff import sniff_kind
 from services.documents.word import inflate_bounded
 from services.engine import SamplingSettings
 from tests.conftest import TINY_MAX_UPLOAD_BYTES
+from tests.fakes import FakeClock
 
 MIB = build.MIB
 LIMITS = {"max_pages": 50, "max_docx_uncompressed_bytes": 20 * MIB, "max_chars": 1_000_000}
@@ -416,14 +417,6 @@ def test_ranking_edge_cases() -> None:
 
 
 # --- summary cache ----------------------------------------------------------------
-class FakeTimer:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_summary_key_depends_on_text_and_settings() -> None:
     key = summary_key("some text", "model=a;temp=0.2")
     assert len(key) == 64 and int(key, 16) >= 0
@@ -461,7 +454,7 @@ def test_cache_skips_a_summary_larger_than_max_bytes() -> None:
 
 
 def test_cache_entries_expire_after_ttl() -> None:
-    timer = FakeTimer()
+    timer = FakeClock()
     cache = SummaryCache(max_entries=10, max_bytes=1000, ttl_seconds=30, timer=timer)
     cache.put("k", "summary")
     timer.now += 29

@@ -2,6 +2,8 @@
 
 - imports flow one way: each room of services/ imports only the rooms below it, and there are no cycles;
 - tools never import tests: services/, harness/, bench/ and locustfile.py stand on their own;
+- no module under tests/ imports a test module (`test_*.py`): fakes, helpers and fixtures they share
+  live in tests/fakes.py, the system tests' helpers.py and the conftests;
 - nothing but the tests imports app.py;
 - docs/layout.md names every module of DOCUMENTED_PLACES, and only modules that exist;
 - rooms stay small: functions under MAX_FUNCTION_LINES (or listed in LONG_FUNCTIONS with the reason),
@@ -101,6 +103,37 @@ def test_tools_never_import_tests_or_the_app(place: str) -> None:
         for path in python_files(place)
     }
     assert not {path: names for path, names in offending.items() if names}
+
+
+def imports_of_test_modules(root: Path = ROOT) -> list[str]:
+    """`importer -> test module` for each module under `root`/tests that imports a `test_*` module."""
+    graph = import_graph(sorted((root / "tests").rglob("*.py")), root=root)
+    return sorted(
+        f"{source} -> {target}"
+        for source, targets in graph.items()
+        for target in targets
+        if target.rpartition(".")[2].startswith("test_")
+    )
+
+
+def test_no_test_module_imports_another() -> None:
+    imports = imports_of_test_modules()
+    assert not imports, f"move what they share to tests/fakes.py, a helpers module or a conftest: {imports}"
+
+
+def test_the_test_import_check_finds_one_added_on_purpose(tmp_path: Path) -> None:
+    unit = tmp_path / "tests" / "unit"
+    unit.mkdir(parents=True)
+    for package in (tmp_path / "tests", unit):
+        (package / "__init__.py").write_text("")
+    (tmp_path / "tests" / "fakes.py").write_text("class FakeClock: ...\n")
+    (unit / "test_sessions.py").write_text("from tests.fakes import FakeClock\n")
+    (unit / "test_turns.py").write_text("from tests.unit.test_sessions import FakeClock\n")
+    (unit / "test_rewinds.py").write_text("def f():\n    from tests.unit import test_turns\n")
+    assert imports_of_test_modules(tmp_path) == [
+        "tests.unit.test_rewinds -> tests.unit.test_turns",
+        "tests.unit.test_turns -> tests.unit.test_sessions",
+    ]
 
 
 def test_modules_stay_small() -> None:

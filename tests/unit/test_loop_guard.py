@@ -5,8 +5,8 @@ again and again; a list or a table repeats its markup (bullets, numbers, pipes,
 separator rows) but every item or row brings new content, and each token that
 differs from the token one period back restarts the count. The detector fires
 only when one unit has been repeated exactly `min_repeats` times over at least
-`min_tokens` tokens. These tests use a word-level tokenizer; tests/system/engine/test_engine.py
-runs the same texts through the model's real tokenizer.
+`min_tokens` tokens. These tests use a word-level tokenizer; tests/system/engine/test_answer_quality.py
+runs the same texts (tests/loop_texts.py) through the model's real tokenizer.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import pytest
 from bench.documents.quality_metrics import distinct_ngram_ratio
 from services.engine.errors import EchoError, RepetitionError
 from services.engine.loop_guard import EchoDetector, LoopGuardConfig, RepetitionDetector, repeats_in
+from tests.loop_texts import LEGITIMATE, LOOPS, SENTENCE, TABLE
 
 CONFIG = LoopGuardConfig()
 _TOKEN = re.compile(r"\w+|\s+|([^\w\s])\1{0,15}")  # like BPE: runs of one mark in pieces of <= 16
@@ -41,52 +42,6 @@ class WordTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return "".join(self.pieces[i] for i in ids)
-
-
-SENTENCE = "The document explains how the package manager installs programs and their dependencies. "
-TWO_SENTENCES = (
-    "It describes the configuration files in detail. "
-    "It also lists the commands that an administrator uses every day. "
-)
-LOOPS = {
-    "one sentence over and over": "Summary: " + SENTENCE * 8,
-    "two sentences over and over": "The text is about Debian. " + TWO_SENTENCES * 6,
-    "one word": "and " * 80,
-    "dots": "The answer is" + "." * 16 * 200,
-    "a table row over and over": "| Name | Value |\n|---|---|\n"
-    + "| timeout | 30 seconds for each request |\n" * 12,
-}
-
-NUMBERED_LIST = "".join(
-    f"{n}. Step {n}: run the command for stage {n} and check its output.\n" for n in range(1, 41)
-)
-BULLETS = "".join(
-    f"- The document discusses the {topic} of the system.\n"
-    for topic in ("history", "design", "installation", "configuration", "security", "testing", "packaging",
-                  "licensing", "translation", "documentation", "performance", "future")
-)  # fmt: skip
-CHECKLIST = "".join(f"- [ ] item{n}\n" for n in range(60))
-TABLE = "| Option | Default | Meaning |\n|---|---|---|\n" + "".join(
-    f"| option_{n} | {n * 10} | sets limit number {n} |\n" for n in range(40)
-)
-CHECKMARK_TABLE = "| Feature | A | B | C | D |\n|---|---|---|---|---|\n" + "".join(
-    f"| feature {n} | ✓ | ✓ | ✗ | ✓ |\n" for n in range(30)
-)
-WIDE_SEPARATOR = "| " + " | ".join(f"c{n}" for n in range(40)) + " |\n|" + "---|" * 40 + "\n"
-RULE = "=" * 78 + "\nHeading\n" + "-" * 78 + "\n"
-CODE = "".join(f"    value_{n} = compute(value_{n - 1}, step={n})\n" for n in range(1, 40))
-CSV = "year,month,count\n" + "".join(f"2024,{m},{m * 7 % 11}\n" for m in range(1, 13)) * 1
-LEGITIMATE = {
-    "numbered list": NUMBERED_LIST,
-    "bullets with a shared opening": BULLETS,
-    "checklist": CHECKLIST,
-    "table": TABLE,
-    "table of check marks": CHECKMARK_TABLE,
-    "40-column separator row": WIDE_SEPARATOR,
-    "rules": RULE,
-    "code": CODE,
-    "csv": CSV,
-}
 
 
 def stream(

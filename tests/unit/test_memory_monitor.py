@@ -24,17 +24,10 @@ from services.memory import PRELOAD_LIBRARIES, find_library
 from services.observability.maintenance import LoopLagMonitor, malloc_trim
 from services.observability.memory import MB, MemoryMonitor, MemorySample, ProcessMemory, process_tree_memory
 from services.observability.series import SampleRing, theil_sen_slope
+from tests.fakes import FakeClock
 
 
 # --- the maths, no engine ---------------------------------------------------------
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def fake_sample(at: float, anon_mb: float) -> MemorySample:
     process = ProcessMemory(pid=1, role="app", rss=int(anon_mb * MB), vms=0, uss=None,
                             anon=int(anon_mb * MB), swap=0)  # fmt: skip

@@ -21,6 +21,7 @@ from services.documents.progress import SummaryProgress
 from services.engine.chat_engine import Message, SamplingSettings
 from services.engine.prefill import PrefillMeter, tick_until_first
 from services.engine.stream_stats import StreamStats
+from tests.fakes import WordEngine
 
 BUDGET = Budget(
     max_model_len=8192,
@@ -74,16 +75,6 @@ def test_no_follow_up_reserve_is_the_old_rule() -> None:
 
 
 # --- follow-up prompts: a whole document stays the prefix -----------------------------
-class WordEngine:
-    max_model_len = 1000
-
-    def encode_chat(self, messages: list[Message]) -> list[int]:
-        return [0] * sum(len(m["content"].split()) + 4 for m in messages)
-
-    def count_tokens(self, text: str) -> int:
-        return len(text.split())
-
-
 def session_with(document_words: int, path: str, history_pairs: int) -> ChatSession:
     text = " ".join(f"w{i}" for i in range(document_words))
     budget = Budget(1000, 100, 2, 60, 100_000)
@@ -104,7 +95,7 @@ def builder(monkeypatch: pytest.MonkeyPatch) -> PromptBuilder:
     monkeypatch.setattr(prompt_module, "FOLLOW_UP_TURN_TOKENS", 60)
     monkeypatch.setattr(prompt_module, "RETRIEVAL_TOP_K", 2)
     settings = Settings.from_env({}).replace(max_model_len=1000)
-    return PromptBuilder(WordEngine(), settings)  # type: ignore[arg-type]
+    return PromptBuilder(WordEngine(max_model_len=1000, message_overhead_tokens=4), settings)  # type: ignore[arg-type]
 
 
 def test_a_whole_document_stays_whole_and_the_history_gives_way(builder: PromptBuilder) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -29,29 +28,11 @@ from services.history import branches
 from services.history.database import create_engine
 from services.history.migrations import migrate
 from services.history.resume import turns_from_steps
-from tests.unit.test_sessions import WordEngine
-from tests.unit.test_turns import FakePage
+from tests.fakes import FakePage, WordEngine
 
 
-class PromptEngine(WordEngine):
-    """WordEngine that keeps what each request was given: the prompt the model saw, its sampling."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.prompts: list[list[dict[str, str]]] = []
-        self.samplings: list[SamplingSettings] = []
-
-    async def generate(
-        self, messages, sampling: SamplingSettings, request_id: str, **options: Any
-    ) -> AsyncIterator[str]:
-        self.prompts.append([dict(m) for m in messages])
-        self.samplings.append(sampling)
-        async for delta in super().generate(messages, sampling, request_id):
-            yield delta
-
-
-def make_turns(**changes: Any) -> tuple[ChatTurns, PromptEngine]:
-    engine = PromptEngine()
+def make_turns(**changes: Any) -> tuple[ChatTurns, WordEngine]:
+    engine = WordEngine()
     settings = Settings.from_env({}).replace(**{"max_new_tokens": 3, "max_model_len": 200, **changes})
     chat = ChatService(engine, settings)  # type: ignore[arg-type]
     admission = Admission(settings, EngineLoad(), max_running=64)
@@ -62,7 +43,7 @@ def new_id() -> str:
     return str(uuid.uuid4())
 
 
-async def streaming(engine: PromptEngine, earlier: int) -> None:
+async def streaming(engine: WordEngine, earlier: int) -> None:
     """Return once a request after the `earlier` ones has sent its first word."""
     await until(lambda: len(engine.streamed) > earlier, "the answer streams")
 
@@ -291,7 +272,7 @@ async def test_the_stored_conversation_is_cut_in_its_own_thread_only(tmp_path: P
 
 @pytest.mark.asyncio(loop_scope="function")
 async def test_an_edit_and_a_regenerate_wait_in_line_like_any_turn_and_are_told_where_they_stand() -> None:
-    engine = PromptEngine()
+    engine = WordEngine()
     settings = Settings.from_env({}).replace(
         max_new_tokens=3, max_model_len=400, admission_max_wait_seconds=600
     )

@@ -6,7 +6,6 @@ The real engine path of the same rules is covered in test_server.py.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -16,54 +15,17 @@ from services.chat import store as store_module
 from services.chat.service import ChatService
 from services.chat.store import SessionStore
 from services.config import Settings
-from services.engine.chat_engine import Message, SamplingSettings
+from services.engine.chat_engine import SamplingSettings
 from services.engine.errors import TokenBudgetError
+from tests.fakes import FakeClock, WordEngine
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
 
 
-class WordEngine:
-    """Counts words as tokens; streams one word per 10 ms until cancelled or done."""
-
-    max_model_len = 100
-
-    def __init__(self) -> None:
-        self.aborted: list[str] = []
-        self.streamed: list[str] = []  # the requests that sent their first word
-
-    def encode_chat(self, messages: list[Message]) -> list[int]:
-        return [0] * sum(len(m["content"].split()) + 1 for m in messages)
-
-    def count_tokens(self, text: str) -> int:
-        return len(text.split())
-
-    def on_finish(self, callback):  # the summarizer learns the prefill speed from finished requests
-        return lambda: None
-
-    async def generate(self, messages, sampling: SamplingSettings, request_id: str) -> AsyncIterator[str]:
-        try:
-            for index in range(sampling.max_new_tokens):
-                await asyncio.sleep(0.01)
-                if index == 0:
-                    self.streamed.append(request_id)
-                yield "word "
-        except BaseException:
-            self.aborted.append(request_id)
-            raise
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def make_store(clock: Clock | None = None, **changes) -> tuple[SessionStore, ChatService, WordEngine]:
+def make_store(clock: FakeClock | None = None, **changes) -> tuple[SessionStore, ChatService, WordEngine]:
     engine = WordEngine()
     settings = Settings.from_env({}).replace(max_new_tokens=20, max_model_len=100, **changes)
-    return SessionStore(settings, timer=clock or Clock()), ChatService(engine, settings), engine
+    return SessionStore(settings, timer=clock or FakeClock(0.0)), ChatService(engine, settings), engine
 
 
 async def run_turn(store: SessionStore, chat: ChatService, session_id: str, text: str = "hi") -> str:
@@ -116,7 +78,7 @@ async def test_session_pressure_refuses_a_new_session_when_every_one_is_busy() -
 
 
 async def test_a_page_that_went_away_makes_room_first_and_is_dropped_after_its_window() -> None:
-    clock = Clock()
+    clock = FakeClock(0.0)
     store, chat, engine = make_store(clock, max_sessions=3)
     store.open("idle")
     task = await start_turn(store, chat, "gone")
@@ -137,7 +99,7 @@ async def test_pages_awaited_are_bounded_and_the_longest_gone_are_dropped_first(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(store_module, "MAX_SESSIONS_AWAITING_RECONNECT", 3)
-    clock = Clock()
+    clock = FakeClock(0.0)
     store, _, _ = make_store(clock, max_sessions=100)
     for index in range(6):
         store.open(f"tab-{index}")
@@ -153,7 +115,7 @@ async def test_pages_awaited_are_bounded_and_the_longest_gone_are_dropped_first(
 
 
 async def test_ttl_expiry_cancels_the_turn_and_frees_state() -> None:
-    clock = Clock()
+    clock = FakeClock(0.0)
     store, chat, engine = make_store(clock, session_ttl_seconds=60)
     task = await start_turn(store, chat, "idle")
     clock.now += 61
@@ -163,7 +125,7 @@ async def test_ttl_expiry_cancels_the_turn_and_frees_state() -> None:
 
 
 async def test_activity_refreshes_the_ttl() -> None:
-    clock = Clock()
+    clock = FakeClock(0.0)
     store, _, _ = make_store(clock, session_ttl_seconds=60)
     store.open("busy")
     clock.now += 50

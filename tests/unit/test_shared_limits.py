@@ -12,14 +12,7 @@ from services.admission.refusals import Refused
 from services.admission.shared_database import digest, lock_key
 from services.admission.shared_limits import spread, turn_refusal
 from services.config import Settings, SettingsError
-
-
-class Clock:
-    def __init__(self, now: float = 1_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fakes import FakeClock
 
 
 def settings(**changes: object) -> Settings:
@@ -63,7 +56,7 @@ def test_counts_per_second_spread_into_one_time_each_within_the_window() -> None
 
 def test_a_shared_count_gives_the_refusals_this_processs_tables_give() -> None:
     """The same use, counted here (UserLimits) and from the database's rows: the same words."""
-    clock = Clock()
+    clock = FakeClock(1_000_000.0)
     rules = settings(user_max_concurrent_turns=2, user_tokens_per_minute=100, user_documents_per_hour=3)
     local = UserLimits(rules, clock)
     usage = local.usage("user:alice")
@@ -93,7 +86,7 @@ def test_a_shared_count_gives_the_refusals_this_processs_tables_give() -> None:
 
 
 def test_a_sign_in_attempt_the_shared_count_let_go_is_kept_here_for_a_fallback() -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000.0)
     limiter = SignInLimiter(2, 20, 25, 900, 300, clock=clock)
     limiter.count("alice", "10.0.0.1")
     limiter.count("alice", "10.0.0.1")

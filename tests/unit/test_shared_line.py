@@ -14,14 +14,7 @@ from services.admission.pace import ADJUST_SECONDS
 from services.admission.shared_line import SharedLine, parsed_places, parsed_row
 from services.admission.waiting_line import CHAT, MAX_PREFILLING_REQUESTS, WaitingLine
 from services.config import Settings
-
-
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fakes import FakeClock
 
 
 class OneSlot(DecodeCapacity):
@@ -38,8 +31,8 @@ def replica(
 ) -> SharedLine:  # fmt: skip
     """A replica's line with `slots`, and its sharing (no database)."""
     settings = Settings.from_env({}).replace(admission_max_wait_seconds=1000, **changes)
-    line = WaitingLine(settings, slots(5.0, 64), Clock(monotonic), max_prefilling)
-    return SharedLine(settings, line, database=None, wall=Clock(wall))  # type: ignore[arg-type]
+    line = WaitingLine(settings, slots(5.0, 64), FakeClock(monotonic), max_prefilling)
+    return SharedLine(settings, line, database=None, wall=FakeClock(wall))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -4,113 +4,20 @@ page shows, what the history keeps, and that Stop ends the engine request."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import uuid
-from collections.abc import AsyncIterator
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from harness.waiting import until
-from services.admission.refusals import Refused
 from services.admission.service import Admission
 from services.chat.service import ChatService
 from services.chat.store import SessionStore
 from services.chat.turns import ChatTurns, NothingKept
 from services.config import Settings
 from services.engine.load import EngineLoad
-from tests.unit.test_sessions import WordEngine
+from tests.fakes import FakePage, WordEngine
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
-
-
-class FakeReply:
-    def __init__(self) -> None:
-        self.id = str(uuid.uuid4())
-        self.content = ""
-        self.metadata: dict[str, Any] = {"answer": True}
-        self.sent = 0
-
-    async def stream_token(self, token: str) -> None:
-        self.content += token
-
-    async def send(self) -> None:
-        self.sent += 1
-
-    async def update(self) -> None:
-        pass
-
-
-class FakePage:
-    """Records what a turn shows."""
-
-    session_id = "tab-1"
-    user_identifier = None
-    chosen_model = None
-    thread_id = "thread-1"
-
-    def __init__(self) -> None:
-        self.replies: list[FakeReply] = []
-        self.shown: list[tuple[str, Any]] = []
-        self.forgotten = 0
-
-    def person(self) -> str:
-        return "address:127.0.0.1"
-
-    def reply(self) -> FakeReply:
-        self.replies.append(FakeReply())
-        return self.replies[-1]
-
-    def status(self):
-        async def show(text: str | None) -> None:
-            self.shown.append(("status", text))
-
-        return show
-
-    def summary_progress(self):
-        async def report(update) -> None:
-            self.shown.append(("progress", update))
-
-        return report
-
-    @contextlib.asynccontextmanager
-    async def reading(self) -> AsyncIterator[SimpleNamespace]:
-        step = SimpleNamespace(output="")
-        yield step
-        self.shown.append(("read", step.output))
-
-    async def refused(self, refusal: Refused) -> None:
-        self.shown.append(("refused", refusal.reason))
-
-    async def error(self, text: str) -> None:
-        self.shown.append(("error", text))
-
-    async def notice(self, text: str) -> None:
-        self.shown.append(("notice", text))
-
-    async def send_settings(self, session, max_new_tokens_limit: int) -> None:
-        self.shown.append(("settings", max_new_tokens_limit))
-
-    def keep_settings(self, values: dict[str, Any]) -> None:
-        self.shown.append(("kept settings", values))
-
-    def forget(self) -> None:
-        self.forgotten += 1
-
-    async def offer_regenerate(self, answer_id: str | None) -> None:
-        self.shown.append(("regenerate offered", answer_id))
-
-    async def remove_messages(self, ids: list[str]) -> None:
-        self.shown.append(("removed", ids))
-
-    async def show_edited(self, message_id: str, text: str) -> None:
-        self.shown.append(("edited", text))
-
-    @contextlib.asynccontextmanager
-    async def run(self, message_id: str | None) -> AsyncIterator[None]:
-        self.shown.append(("run", message_id))
-        yield
 
 
 def make_turns(**changes: Any) -> tuple[ChatTurns, WordEngine]:

@@ -8,13 +8,11 @@ import os
 import sqlite3
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import sync_playwright
-from prometheus_client.parser import text_string_to_metric_families
 
 from harness.browser import (
     ANSWER,
@@ -31,10 +29,10 @@ from harness.waiting import WAIT_SECONDS, until_sync
 from services.config import Settings
 from tests.conftest import ARTIFACTS
 from tests.system.conftest import ADMIN, ALICE, BOB, accounts
+from tests.system.helpers import LONG_TURN_WORDS, data_dir, metric, prompt_tokens_of, signed_in, stored_thread
 
 in_loop = pytest.mark.asyncio(loop_scope="module")
 
-LONG_TURN_WORDS = 300  # an earlier turn big enough to show in the next prompt's token count
 FIRST_MESSAGE = "A conversation worth keeping."  # the browser test's, found again after a reload
 
 
@@ -46,58 +44,6 @@ def people_server(password_server: AppServer) -> AppServer:
 
 def settings_of(server: AppServer) -> Settings:
     return Settings.from_env(server.env)
-
-
-def data_dir(server: AppServer) -> Path:
-    return Path(server.env["DATA_DIR"])
-
-
-def metric(server: AppServer, name: str, **labels: str) -> float:
-    with server.open("/metrics") as response:
-        text = response.read().decode()
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                total += sample.value
-    return total
-
-
-async def prompt_tokens_of(server: AppServer, client: ChatClient, text: str) -> float:
-    """Prompt tokens the engine received for this one message (vLLM's own counter, from /metrics)."""
-    before = await asyncio.to_thread(metric, server, "vllm:prompt_tokens_total")
-    assert (await client.ask(text)).final is not None
-    deadline = time.monotonic() + WAIT_SECONDS  # vLLM records a request's stats after its outputs
-    while time.monotonic() < deadline:
-        after = await asyncio.to_thread(metric, server, "vllm:prompt_tokens_total")
-        if after > before:
-            return after - before
-        await asyncio.sleep(0.1)
-    raise AssertionError("vLLM counted no prompt tokens for the request")
-
-
-async def stored_thread(
-    client: ChatClient,
-    thread_id: str,
-    steps: int,
-    timeout: float = WAIT_SECONDS,
-    containing: str | None = None,
-) -> dict:
-    """The conversation as the sidebar loads it, once `steps` messages (and one whose output is
-    `containing`, if given) are stored: writes are async, and notices are steps too."""
-    for _ in range(int(timeout / 0.2)):
-        response = await client.http("GET", f"/project/thread/{thread_id}")
-        stored = (response.json().get("steps") or []) if response.status_code == 200 else []
-        if len(stored) >= steps and (containing is None or any(s["output"] == containing for s in stored)):
-            return response.json()
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"thread {thread_id} did not reach {steps} stored steps")
-
-
-async def signed_in(server: AppServer, who: tuple[str, str]) -> ChatClient:
-    client = ChatClient(server.base_url, *who)
-    await client.connect()
-    return client
 
 
 @in_loop

@@ -14,7 +14,8 @@ from harness.chat_client import ChatClient
 from harness.postgres import PostgresCluster
 from harness.server import AppServer
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
-from tests.system.accounts.test_people import ADMIN, LONG_TURN_WORDS, prompt_tokens_of, stored_thread
+from tests.system.conftest import ADMIN
+from tests.system.helpers import LONG_TURN_WORDS, prompt_tokens_of, stored_thread
 
 # two replicas on PostgreSQL: per commit, test_history.py and test_shared_limits_postgres.py in process
 pytestmark = pytest.mark.topology

@@ -14,7 +14,6 @@ import sqlite3
 import subprocess
 import sys
 import uuid
-from pathlib import Path
 
 import httpx
 import pytest
@@ -26,8 +25,8 @@ from harness.server import ROOT, AppServer
 from harness.waiting import WAIT_SECONDS, until_sync
 from services.config import Settings
 from tests.conftest import ARTIFACTS
-from tests.system.accounts.test_people import stored_thread
 from tests.system.conftest import ADMIN, ALICE, BOB, OPS_TOKEN, accounts
+from tests.system.helpers import data_dir, stored_thread
 
 SHOTS = ARTIFACTS / "screenshots"
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
@@ -37,10 +36,6 @@ PAGE_TIMEOUT_MS = 90_000  # 2 cores shared with other test sessions: a page has 
 @pytest.fixture(scope="module")
 def server(password_server: AppServer) -> AppServer:
     return password_server
-
-
-def data_dir(server: AppServer) -> Path:
-    return Path(server.env["DATA_DIR"])
 
 
 def audit_rows(server: AppServer) -> list[dict]:

@@ -18,13 +18,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import Page
 
+from harness.browser import ANSWER, open_chat, send_message
 from harness.chat_client import ChatClient, Reply
 from harness.documents import long_document
 from harness.server import AppServer
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, TINY_OPS_TOKEN, server_env
-from tests.system.browser.test_browser import ANSWER, open_chat, page, send_message  # noqa: F401  (the browser fixture)
-from tests.system.ops.test_maintenance import scrape
+from tests.system.helpers import scrape
 
 # a small server of its own: per commit, tests/unit/test_admission.py (the line, its refusals, a waiting
 # turn told its place, per-person limits) and the engine's turns in tests/unit/test_rewinds.py
@@ -251,7 +252,9 @@ class LoopThread:
         self.loop.close()
 
 
-def test_a_person_in_the_browser_sees_their_place_then_the_answer(small_server: AppServer, page) -> None:  # noqa: F811
+def test_a_person_in_the_browser_sees_their_place_then_the_answer(
+    small_server: AppServer, page: Page
+) -> None:
     background = LoopThread()
     holders = [ChatClient(small_server.base_url) for _ in range(2)]
     try:

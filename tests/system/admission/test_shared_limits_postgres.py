@@ -30,16 +30,9 @@ from services.admission.waiting_line import CHAT, DOCUMENT, WaitingLine
 from services.config import Settings
 from services.history.database import create_engine
 from services.history.migrations import migrate
+from tests.fakes import FakeClock
 
 in_loop = pytest.mark.asyncio(loop_scope="module")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +50,7 @@ async def engines(database_url: str) -> AsyncIterator[list[AsyncEngine]]:
         await engine.dispose()
 
 
-def limits(engine: AsyncEngine, clock: Clock, **changes: object) -> SharedLimits:
+def limits(engine: AsyncEngine, clock: FakeClock, **changes: object) -> SharedLimits:
     settings = Settings.from_env({}).replace(**changes)
     return SharedLimits(settings, SharedDatabase(engine, settings.database_timeout_seconds), clock)
 
@@ -69,7 +62,7 @@ async def rows(engine: AsyncEngine, table: str) -> int:
 
 @in_loop
 async def test_turns_sent_at_once_to_two_replicas_get_the_limit_once(engines: list[AsyncEngine]) -> None:
-    clock = Clock()
+    clock = FakeClock(time.time())
     a, b = (limits(engine, clock, user_max_concurrent_turns=3) for engine in engines)
     tries = [(a if i % 2 else b).open_turn("user:ann") for i in range(12)]
     results = await asyncio.gather(*tries, return_exceptions=True)
@@ -87,7 +80,7 @@ async def test_turns_sent_at_once_to_two_replicas_get_the_limit_once(engines: li
 
 @in_loop
 async def test_a_killed_replicas_turns_lapse_and_a_stopped_ones_are_freed(engines: list[AsyncEngine]) -> None:
-    clock = Clock()
+    clock = FakeClock(time.time())
     killed, alive = (limits(e, clock, user_max_concurrent_turns=1) for e in engines)
     assert await killed.open_turn("user:cid")
     with pytest.raises(Refused):
@@ -100,7 +93,7 @@ async def test_a_killed_replicas_turns_lapse_and_a_stopped_ones_are_freed(engine
 
 @in_loop
 async def test_messages_and_tokens_are_counted_once_across_replicas(engines: list[AsyncEngine]) -> None:
-    clock = Clock()
+    clock = FakeClock(time.time())
     a, b = (
         limits(engine, clock, user_messages_per_minute=5, user_tokens_per_minute=100) for engine in engines
     )
@@ -125,7 +118,7 @@ async def test_messages_and_tokens_are_counted_once_across_replicas(engines: lis
 
 @in_loop
 async def test_documents_per_hour_are_counted_across_replicas(engines: list[AsyncEngine]) -> None:
-    clock = Clock()
+    clock = FakeClock(time.time())
     a, b = (limits(engine, clock, user_documents_per_hour=3) for engine in engines)
     await a.open_turn("user:gus", documents=2)
     clock.now += 600
@@ -137,7 +130,7 @@ async def test_documents_per_hour_are_counted_across_replicas(engines: list[Asyn
 
 @in_loop
 async def test_rows_past_their_window_are_deleted(engines: list[AsyncEngine]) -> None:
-    clock = Clock()
+    clock = FakeClock(time.time())
     shared = limits(engines[0], clock)
     for person in range(50):
         await shared.count_message(f"user:p{person}")
@@ -152,7 +145,7 @@ async def test_rows_past_their_window_are_deleted(engines: list[AsyncEngine]) ->
 async def test_sign_in_guesses_sent_at_once_to_two_replicas_are_counted_one_by_one(
     engines: list[AsyncEngine],
 ) -> None:
-    clock = Clock()
+    clock = FakeClock(time.time())
     replicas = []
     for engine in engines:
         local = SignInLimiter(3, 20, 25, 900, 300, clock=clock)
@@ -205,7 +198,7 @@ class TwoSlots(DecodeCapacity):
     limit = 2  # the engine's running limit, the same in every replica
 
 
-def line_replica(engine: AsyncEngine, wall: Clock, available: bool = True) -> SharedLine:
+def line_replica(engine: AsyncEngine, wall: FakeClock, available: bool = True) -> SharedLine:
     settings = Settings.from_env({}).replace(admission_max_wait_seconds=1000)
     line = WaitingLine(settings, TwoSlots(5.0, 64), max_prefilling=0)
     return SharedLine(settings, line, SharedDatabase(engine, 5, available=lambda: available), wall)
@@ -241,7 +234,7 @@ async def placed(line: WaitingLine, *requests: Held) -> None:
 async def test_a_turn_waiting_on_one_replica_goes_before_a_later_one_on_another(
     engines: list[AsyncEngine],
 ) -> None:
-    wall = Clock()
+    wall = FakeClock(time.time())
     a, b = (line_replica(engine, wall) for engine in engines)
     a1, b1 = Held(a.line), Held(b.line)
     a.line.foreign = b.line.foreign = 1  # each one's running turn, seen by the other at the engine
@@ -275,7 +268,7 @@ async def test_a_turn_waiting_on_one_replica_goes_before_a_later_one_on_another(
 async def test_replicas_share_their_stream_pace_and_the_lowest_cap_holds_for_all(
     engines: list[AsyncEngine],
 ) -> None:
-    wall = Clock()
+    wall = FakeClock(time.time())
     a, b = (line_replica(engine, wall) for engine in engines)
     a1 = Held(a.line)
     await placed(a.line, a1)
@@ -304,7 +297,7 @@ async def test_replicas_share_their_stream_pace_and_the_lowest_cap_holds_for_all
 async def test_a_document_part_on_one_replica_holds_the_documents_share_and_lets_one_chat_beside_it(
     engines: list[AsyncEngine],
 ) -> None:
-    wall = Clock()
+    wall = FakeClock(time.time())
     a, b = (line_replica(engine, wall) for engine in engines)
     part = Held(a.line, kind=DOCUMENT)
     await placed(a.line, part)
@@ -335,7 +328,7 @@ async def test_a_document_part_on_one_replica_holds_the_documents_share_and_lets
 async def test_a_killed_replicas_places_lapse_and_a_database_down_counts_none(
     engines: list[AsyncEngine],
 ) -> None:
-    wall = Clock()
+    wall = FakeClock(time.time())
     killed, alive = (line_replica(engine, wall) for engine in engines)
     held = [Held(killed.line) for _ in range(3)]  # two run, one waits
     await placed(killed.line, *held)

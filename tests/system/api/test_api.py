@@ -5,10 +5,7 @@ and chat over socket.io at the same time."""
 from __future__ import annotations
 
 import asyncio
-import os
 import sqlite3
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,25 +14,17 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from harness.chat_client import ChatClient
-from harness.server import ROOT, AppServer
+from harness.server import AppServer
 from services.config import Settings
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, TINY_OPS_TOKEN, server_env
+from tests.system.conftest import accounts
+from tests.system.helpers import HELLO, data_dir, metric
 
 in_loop = pytest.mark.asyncio(loop_scope="module")
 MODEL = "tiny-llama"  # the model folder's name (API_MODEL_NAME unset)
-HELLO = [{"role": "user", "content": "Say hello."}]
 LIMITS = Settings.from_env({})  # the shared tiny server leaves the API's limits at their defaults
-
-
-def accounts(server: AppServer, *args: str) -> str:
-    """`python -m services.accounts ...` on the server's database, as an operator runs it."""
-    env = {**os.environ, "DATA_DIR": server.env["DATA_DIR"]}
-    done = subprocess.run([sys.executable, "-m", "services.accounts", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
-    return done.stdout
 
 
 @pytest.fixture(scope="module")
@@ -48,28 +37,17 @@ def api_server(tiny_server: AppServer) -> AppServer:
 def person(api_server: AppServer) -> str:
     """An account of this module's own on the shared server, so its limits are the module's alone."""
     name = f"api-{uuid.uuid4().hex[:8]}"
-    accounts(api_server, "add", name, "--generate")
+    accounts(data_dir(api_server), "add", name, "--generate")
     return name
 
 
 @pytest.fixture(scope="module")
 def key(api_server: AppServer, person: str) -> str:
-    return accounts(api_server, "key", "create", person).split()[0]
+    return accounts(data_dir(api_server), "key", "create", person).stdout.split()[0]
 
 
 def client(server: AppServer, key: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.base_url + "/v1", api_key=key, max_retries=0, timeout=60)
-
-
-def metric(server: AppServer, name: str, **labels: str) -> float:
-    with server.open("/metrics") as response:
-        text = response.read().decode()
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
-    )
 
 
 def test_models_list_names_the_served_model(api_server: AppServer, key: str) -> None:
@@ -114,11 +92,11 @@ def test_no_key_bad_key_and_revoked_key_get_401(api_server: AppServer, person: s
     with pytest.raises(openai.AuthenticationError) as refused:
         client(api_server, "sk-vc-not-a-key").chat.completions.create(model=MODEL, messages=HELLO)
     assert refused.value.status_code == 401 and refused.value.body["type"] == "authentication_error"
-    doomed = accounts(api_server, "key", "create", person).split()[0]
+    doomed = accounts(data_dir(api_server), "key", "create", person).stdout.split()[0]
     assert client(api_server, doomed).models.list().data
-    assert doomed[:12] in accounts(api_server, "key", "list", person)
-    assert doomed not in accounts(api_server, "key", "list", person)  # prefixes only
-    accounts(api_server, "key", "revoke", doomed[:12])
+    assert doomed[:12] in accounts(data_dir(api_server), "key", "list", person).stdout
+    assert doomed not in accounts(data_dir(api_server), "key", "list", person).stdout  # prefixes only
+    accounts(data_dir(api_server), "key", "revoke", doomed[:12])
     with pytest.raises(openai.AuthenticationError):
         client(api_server, doomed).models.list()
 
@@ -303,8 +281,8 @@ TOKENS_PER_MINUTE = 2000
 def test_api_answers_count_toward_the_per_user_token_limit(budget_server: AppServer) -> None:
     """USER_TOKENS_PER_MINUTE=2000 (the fixture): streamed answers without a usage report are counted
     from their text, and the owner is refused with Retry-After once over the limit."""
-    accounts(budget_server, "add", "carol", "--generate")
-    api = client(budget_server, accounts(budget_server, "key", "create", "carol").split()[0])
+    accounts(data_dir(budget_server), "add", "carol", "--generate")
+    api = client(budget_server, accounts(data_dir(budget_server), "key", "create", "carol").stdout.split()[0])
     long_answer = {"model": MODEL, "messages": HELLO, "max_tokens": 1200, "extra_body": {"ignore_eos": True}}
     answered = 0
     with pytest.raises(openai.RateLimitError) as refused:

@@ -4,21 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-from playwright.sync_api import Page, sync_playwright
+from playwright.sync_api import Page
 
-from harness.browser import ANSWER, browser_page, open_chat, send_message
+from harness.browser import ANSWER, open_chat, send_message
 from harness.documents import long_document
 from harness.server import AppServer
 from tests.conftest import ARTIFACTS
-
-
-@pytest.fixture
-def page():
-    with sync_playwright() as playwright:
-        browser, page = browser_page(playwright)
-        yield page
-        browser.close()
 
 
 def record_answer_lengths(page: Page) -> None:

@@ -23,7 +23,6 @@ from harness.browser import (
 from harness.server import AppServer
 from tests.conftest import ARTIFACTS
 from tests.system.conftest import ADMIN
-from tests.system.presets.conftest import models_server, other_model_dir  # noqa: F401  (shared fixtures)
 
 # two models in one server: per commit, test_presets_store.py and tests/unit/test_presets.py
 pytestmark = pytest.mark.long
@@ -33,7 +32,7 @@ PROMPT = "Answer like a ship's captain."
 
 
 @pytest.fixture(scope="module")
-def page(models_server: AppServer) -> Iterator[Page]:  # noqa: F811
+def page(models_server: AppServer) -> Iterator[Page]:
     """One signed-in page (the administrator: the socket.io tests use Alice and Bob) for the module."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     blocked: list[str] = []
@@ -91,7 +90,7 @@ def test_a_default_system_prompt_applies_to_the_next_new_chat(page: Page) -> Non
     page.keyboard.press("Escape")
 
 
-def test_a_saved_template_is_picked_from_the_starters(page: Page, models_server: AppServer) -> None:  # noqa: F811
+def test_a_saved_template_is_picked_from_the_starters(page: Page, models_server: AppServer) -> None:
     send_message(page, "/template save Three colours | Name three colours of the rainbow.")
     page.get_by_text("Template «Three colours» saved").wait_for(timeout=15_000)
     page.goto(models_server.base_url)  # the page reads its starters when it loads
@@ -107,7 +106,7 @@ def test_a_saved_template_is_picked_from_the_starters(page: Page, models_server:
     assert asked[0]["output"] == "Name three colours of the rainbow."
 
 
-def test_a_model_picked_in_the_menu_answers(page: Page, models_server: AppServer) -> None:  # noqa: F811
+def test_a_model_picked_in_the_menu_answers(page: Page, models_server: AppServer) -> None:
     new_chat(page)
     page.locator("#chat-profiles").click()
     page.locator('[data-test="select-item:tiny-other"]').click()

@@ -14,8 +14,8 @@ from harness.browser import browser_page, sign_in_on_page, wait_for_session
 from harness.chat_client import ChatClient
 from harness.server import AppServer
 from tests.conftest import ARTIFACTS
-from tests.system.accounts.test_people import stored_thread
 from tests.system.conftest import ALICE, BOB
+from tests.system.helpers import stored_thread
 
 SEARCH_INPUT = "[cmdk-input]"
 RESULT = "[cmdk-item]"

@@ -13,23 +13,26 @@ from typing import Any
 
 import pytest
 
-from harness.chat_client import ChatClient, Reply
+from harness.chat_client import ChatClient
 from harness.server import AppServer
 from harness.waiting import WAIT_SECONDS, until
 from services.chat.rewinds import NOT_LAST, NOT_YOURS
-from tests.system.accounts.test_people import LONG_TURN_WORDS, prompt_tokens_of, signed_in
 from tests.system.conftest import ALICE, BOB
+from tests.system.helpers import (
+    LONG_TURN_WORDS,
+    answers,
+    done,
+    prompt_tokens_of,
+    said,
+    signed_in,
+    thread_when,
+)
 
 in_loop = pytest.mark.asyncio(loop_scope="module")
 
 LONG_ANSWER_TOKENS = 2000  # an answer that runs for minutes on the tiny model here
 LONG_QUESTION = "Here is a long list. " + " ".join(f"entry{i}" for i in range(LONG_TURN_WORDS))
 ABORTED_WITHIN_SECONDS = 15  # far below the minutes the long answer would run
-
-
-async def done(reply: Reply, timeout: float = 120) -> Reply:
-    await asyncio.wait_for(reply.done.wait(), timeout)
-    return reply
 
 
 async def told(client: ChatClient, text: str, timeout: float = WAIT_SECONDS) -> None:
@@ -42,18 +45,6 @@ async def told(client: ChatClient, text: str, timeout: float = WAIT_SECONDS) -> 
     raise AssertionError(f"never told {text!r}")
 
 
-async def thread_when(client: ChatClient, thread_id: str, holds: Any, timeout: float = WAIT_SECONDS) -> dict:
-    """The stored conversation (as the sidebar loads it) once `holds(steps)` is true: writes are async."""
-    steps: list = []
-    for _ in range(int(timeout / 0.2)):
-        response = await client.http("GET", f"/project/thread/{thread_id}")
-        steps = response.json().get("steps") or [] if response.status_code == 200 else []
-        if holds(steps):
-            return response.json()
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"never stored: {[(s['type'], s['output'][:30], s['createdAt']) for s in steps]}")
-
-
 async def button_on(
     client: ChatClient, answer_id: str | None, timeout: float = WAIT_SECONDS
 ) -> dict[str, Any]:
@@ -64,14 +55,6 @@ async def button_on(
             return shown
         await asyncio.sleep(0.05)
     raise AssertionError(f"no Regenerate button on {answer_id}: {client.actions}")
-
-
-def said(steps: list[dict], kind: str) -> list[str]:
-    return [s["output"] for s in steps if s["type"] == kind]
-
-
-def answers(steps: list[dict]) -> list[dict]:
-    return [s for s in steps if s["type"] == "assistant_message" and "answer" in str(s.get("metadata"))]
 
 
 @in_loop

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from pathlib import Path
 
 import psutil
@@ -16,6 +15,7 @@ from services.config import Settings
 from services.engine.backends.local import engine_processes
 from services.memory import PRELOAD_LIBRARIES
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
+from tests.system.helpers import connected, idle
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -29,20 +29,6 @@ LONG_ANSWER_TOKENS = 3000
 # quiet machine, a few with a core busy elsewhere; the bound stays far below the half minute or more
 # the long answer would run for on the tiny model (~11 ms a token, warm-up log).
 ABORTED_WITHIN_SECONDS = 10
-
-
-def idle(status: dict) -> bool:
-    return status["engine_unfinished_requests"] == 0 and status["turns_in_flight"] == 0
-
-
-@contextlib.asynccontextmanager
-async def connected(server: AppServer, count: int = 1):
-    clients = [ChatClient(server.base_url) for _ in range(count)]
-    await asyncio.gather(*(client.connect() for client in clients))
-    try:
-        yield clients
-    finally:
-        await asyncio.gather(*(client.close() for client in clients), return_exceptions=True)
 
 
 async def start_long_answer(client: ChatClient, server: AppServer):

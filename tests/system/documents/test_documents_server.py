@@ -16,7 +16,7 @@ from harness import documents as build
 from harness.chat_client import ChatClient, sign_in
 from harness.server import AppServer
 from tests.conftest import TINY_MAX_UPLOAD_BYTES
-from tests.system.chat.test_server import connected, idle
+from tests.system.helpers import connected, idle
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

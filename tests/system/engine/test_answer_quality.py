@@ -34,7 +34,7 @@ from services.engine.loop_guard import LoopGuardConfig, RepetitionDetector
 from services.engine.rewrite import Rewrite
 from services.engine.stream_stats import StreamStats
 from tests.conftest import tiny_settings
-from tests.unit.test_loop_guard import LEGITIMATE, LOOPS
+from tests.loop_texts import LEGITIMATE, LOOPS
 
 # The engine is the session's in-process runtime's (conftest.py), on the session's event loop.
 pytestmark = pytest.mark.asyncio(loop_scope="session")

@@ -20,8 +20,8 @@ from services.engine.backends.remote import completion_body
 from services.engine.backends.remote.server_load import POLL_SECONDS
 from services.engine.chat_engine import PROSE_STOP, SamplingSettings, _sampling_params
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
-from tests.system.api.test_api import HELLO, accounts
-from tests.system.chat.test_server import idle
+from tests.system.conftest import accounts
+from tests.system.helpers import HELLO, data_dir, idle
 
 # vllm serve + an app: per commit, tests/unit/test_remote_engine.py against fake servers
 pytestmark = pytest.mark.topology
@@ -126,8 +126,8 @@ async def test_the_api_is_served_by_the_vllm_servers_behind_the_gate(
     remote_app: AppServer, vllm_server: VllmServer
 ) -> None:
     """/v1 in ENGINE_URLS mode: keys checked here, answers from the server, a disconnect aborts there."""
-    accounts(remote_app, "add", "dora", "--generate")
-    key = accounts(remote_app, "key", "create", "dora").split()[0]
+    accounts(data_dir(remote_app), "add", "dora", "--generate")
+    key = accounts(data_dir(remote_app), "key", "create", "dora").stdout.split()[0]
     api = openai.AsyncOpenAI(base_url=remote_app.base_url + "/v1", api_key=key, max_retries=0, timeout=60)
     try:
         assert [m.id for m in (await api.models.list()).data] == [API_MODEL]

@@ -33,8 +33,8 @@ from services.engine.backends.remote import Server
 from services.engine.backends.remote.engine import remote_llm
 from services.engine.remote_models import RemoteCatalogue
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
-from tests.system.accounts.test_people import stored_thread
 from tests.system.conftest import ADMIN, ALICE, accounts, add_alice_and_bob
+from tests.system.helpers import stored_thread
 
 # two vllm serve + an app: per commit, tests/unit/test_remote_models.py
 pytestmark = pytest.mark.topology

@@ -13,8 +13,8 @@ from harness.chat_client import ChatClient
 from harness.postgres import PostgresCluster
 from harness.server import AppServer
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
-from tests.system.accounts.test_people import ADMIN
-from tests.system.chat.test_edit_regenerate import answers, done, said, thread_when
+from tests.system.conftest import ADMIN
+from tests.system.helpers import answers, done, said, thread_when
 
 # a server on PostgreSQL: per commit, chat/test_edit_regenerate.py on SQLite and test_history.py on both
 pytestmark = pytest.mark.long

@@ -20,7 +20,6 @@ from chainlit.context import init_http_context
 from chainlit.element import ElementDict
 from chainlit.step import StepDict
 from chainlit.types import Feedback, Pagination, ThreadFilter
-from chainlit.user import User
 from sqlalchemy import event, inspect, text
 
 from harness.postgres import PostgresCluster
@@ -33,6 +32,7 @@ from services.history.database import POOL_SIZE, sqlite_path
 from services.history.migrations import CHAINLIT_COLUMNS, MIGRATIONS, migrate
 from services.history.resume import ANSWER_METADATA
 from services.history.service import History
+from tests.system.history.conftest import new_user
 
 MB = 1024 * 1024
 BIG_SERIES = (
@@ -51,13 +51,6 @@ async def history(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
     init_http_context()  # Chainlit's data layer expects a Chainlit context
     yield history
     await history.stop()
-
-
-async def new_user(history: History, name: str) -> str:
-    assert history.layer is not None
-    user = await history.layer.create_user(User(identifier=name, metadata={"role": "user"}))
-    assert user is not None
-    return user.id
 
 
 async def new_thread(history: History, user_id: str, messages: int = 2, tags: list[str] | None = None) -> str:

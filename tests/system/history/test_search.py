@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -17,14 +16,13 @@ from sqlalchemy import text
 
 from harness.postgres import PostgresCluster
 from services.config import Settings
-from services.history import conversations, thread_list, thread_search
+from services.history import thread_list, thread_search
 from services.history.migrations import migrate
 from services.history.service import History
 from services.history.thread_search import owner_token
-from tests.system.history.test_history import new_user
+from tests.system.history.conftest import conversation, found, people
 
 in_loop = pytest.mark.asyncio(loop_scope="module")
-START = datetime(2026, 1, 1, tzinfo=UTC)
 HOSTILE = [
     '"', '""', "'", "NEAR(lisbon bakery)", "lisbon NEAR bakery", "*", "lis*", "body : lisbon", "owner : x",
     "{body owner} : lisbon", "(((", ")", "lisbon) OR (tax", 'lisbon" OR "tax', "AND", "OR tax", "NOT lisbon",
@@ -45,37 +43,6 @@ async def history(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
     init_http_context()  # Chainlit's data layer expects a Chainlit context
     yield history
     await history.stop()
-
-
-async def conversation(
-    history: History, user_id: str | None, name: str, messages: list[str], minutes: int = 0
-) -> str:
-    """A conversation stored as the app stores one (thread, then its messages through create_step);
-    its messages are `minutes` after START, so later ones are more recent."""
-    layer = history.layer
-    assert layer is not None
-    thread_id = str(uuid.uuid4())
-    await layer.update_thread(thread_id, name=name, user_id=user_id)
-    for i, output in enumerate(messages):
-        at = conversations.timestamp(START + timedelta(minutes=minutes, seconds=i))
-        await layer.create_step({
-            "id": str(uuid.uuid4()), "threadId": thread_id, "name": "User" if i % 2 == 0 else "vLLM Chat",
-            "type": "user_message" if i % 2 == 0 else "assistant_message", "output": output, "createdAt": at,
-        })  # fmt: skip
-    return thread_id
-
-
-async def found(history: History, user_id: str, search: str, first: int = 20) -> list[str]:
-    assert history.layer is not None
-    page = await history.layer.list_threads(
-        Pagination(first=first), ThreadFilter(userId=user_id, search=search)
-    )
-    return [thread["id"] for thread in page.data]
-
-
-async def people(history: History) -> tuple[str, str]:
-    suffix = uuid.uuid4().hex[:8]
-    return await new_user(history, f"alice-{suffix}"), await new_user(history, f"bob-{suffix}")
 
 
 @in_loop

@@ -20,7 +20,7 @@ from services.history import conversations, migrations, thread_search
 from services.history.database import create_engine
 from services.history.service import History
 from services.history.thread_search import DENSE_OF_SAMPLE, owner_lexeme, owner_token
-from tests.system.history.test_search import START, conversation, found, people
+from tests.system.history.conftest import START, conversation, found, people
 
 in_loop = pytest.mark.asyncio(loop_scope="module")
 UPGRADE = 14

@@ -29,6 +29,7 @@ from services.observability.maintenance import Maintenance
 from services.observability.memory import kv_cache_usage
 from services.observability.status import HEALTH_RECENT_OUTPUT_SECONDS
 from services.runtime import Runtime
+from tests.fakes import FakeClock
 from tests.system.conftest import IN_PROCESS_MAX_HISTORY, IN_PROCESS_MAX_SESSIONS, serving_of
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -203,19 +204,11 @@ async def test_finish_listeners_cannot_accumulate(
 
 
 # --- maintenance -------------------------------------------------------------------------
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = time.monotonic()
-
-    def __call__(self) -> float:
-        return self.now
-
-
 async def test_maintenance_round_expires_idle_sessions_and_aborts_their_requests(
     runtime: Runtime, chat: ChatService, engine: ChatEngine, caplog: pytest.LogCaptureFixture
 ) -> None:
     assert runtime.settings is not None
-    clock = FakeClock()
+    clock = FakeClock(time.monotonic())
     store = SessionStore(runtime.settings, timer=clock)
     maintenance = Maintenance(runtime.settings, store, engine)  # rounds run by hand here
     task, _ = await start_long_turn(store, chat, "idle-with-a-turn")

@@ -17,6 +17,7 @@ import pytest
 from harness.chat_client import ChatClient
 from harness.server import AppServer
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
+from tests.system.helpers import scrape
 
 # a server of its own: per commit, test_leaks.py's maintenance round in process
 pytestmark = pytest.mark.long
@@ -36,19 +37,6 @@ def short_ttl_server(tiny_model_dir: Path) -> Iterator[AppServer]:
     server = AppServer(env, ARTIFACTS / "logs" / "short-ttl-server.log").start()
     yield server
     server.stop()  # kills what the engine-kill test left behind
-
-
-def scrape(server: AppServer) -> dict[str, float]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with server.open("/metrics", 5) as response:
-        text = response.read().decode()
-    values: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
-            values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-    return values
 
 
 @pytest.mark.asyncio(loop_scope="module")

@@ -20,9 +20,8 @@ import pytest
 from harness.chat_client import ChatClient
 from harness.server import AppServer
 from tests.conftest import TINY_MAX_MODEL_LEN
-from tests.system.accounts.test_people import stored_thread
-from tests.system.conftest import ALICE, BOB, accounts
-from tests.system.presets.conftest import OTHER_MODEL_CONTEXT, restart
+from tests.system.conftest import ALICE, BOB, MODELS_START_TIMEOUT_SECONDS, OTHER_MODEL_CONTEXT, accounts
+from tests.system.helpers import stored_thread
 
 # two models in one server and a restart: per commit, test_presets_store.py and
 # tests/unit/test_model_choice.py
@@ -222,6 +221,13 @@ def test_the_api_lists_and_answers_from_exactly_the_served_models(models_server:
         too_long = http.post("/v1/completions", json={"model": "tiny-other", "prompt": "hi",
                                                       "max_tokens": OTHER_MODEL_CONTEXT + 1})  # fmt: skip
         assert too_long.status_code == 400, "the shorter model's own context is its limit"
+
+
+def restart(server: AppServer) -> None:
+    """Stop the server and start it again on the same database (a new app folder: a stop removes it)."""
+    server.stop()
+    server.env.pop("CHAINLIT_APP_ROOT")
+    server.start(MODELS_START_TIMEOUT_SECONDS)
 
 
 @in_loop

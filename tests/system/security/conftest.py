@@ -30,7 +30,6 @@ from harness.server import ROOT, AppServer
 from harness.waiting import until_sync
 from services.history.resume import chat_settings_of
 from tests.conftest import ServerPool, pooled, tiny_server_env
-from tests.system.accounts.test_people import stored_thread
 from tests.system.conftest import (
     ADMIN,
     ALICE,
@@ -44,6 +43,7 @@ from tests.system.conftest import (
     shared_password_server,
     tiny_env,
 )
+from tests.system.helpers import stored_thread
 from tests.system.security.fuzzing import ServerLog, Surroundings, Victims, make_canary
 
 __all__ = [

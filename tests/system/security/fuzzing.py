@@ -1,6 +1,6 @@
-"""What the fuzz tests share: hostile values as Hypothesis strategies, and the checks every attack
-must leave true (the server answers, its log holds no traceback, nothing outside its folders
-changed, Bob's conversation is as it was).
+"""What the fuzz tests share: hostile values as Hypothesis strategies (and the socket events the page
+never sends, as a list), and the checks every attack must leave true (the server answers, its log
+holds no traceback, nothing outside its folders changed, Bob's conversation is as it was).
 
 Hostile values may hold placeholders (`{canary}`, `{bob_thread}`, `{new_uuid}`, ...) that `render`
 replaces with this run's values, so a drawn example names real victims and reads the same every run.
@@ -9,6 +9,7 @@ replaces with this run's values, so a drawn example names real victims and reads
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
 import uuid
@@ -18,6 +19,8 @@ from typing import Any
 
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
+
+from harness.chat_client import handshake, user_message_payload
 
 
 def fuzz_settings() -> settings:
@@ -100,6 +103,30 @@ def deep_json(depth: int) -> str:
         opening.append("[" if level % 2 else '{"a":')
         closing.append("]" if level % 2 else "}")
     return "".join(reversed(opening)) + "1" + "".join(closing)
+
+
+# Socket events the page never sends, each of which once logged a traceback or left a Chainlit session
+# behind: sent on a real server (test_malformed_input.py) and to the rules alone
+# (tests/unit/security/test_socket_events.py).
+MALFORMED_EVENTS: list[tuple[str, tuple[Any, ...]]] = [
+    ("client_message", ("x",)),
+    ("client_message", ({"message": {"id": "..", "output": 5}},)),
+    (
+        "client_message",
+        ({"message": {**user_message_payload("Hi.")["message"], "type": "assistant_message"}},),
+    ),
+    ("edit_message", ({"message": {"id": str(uuid.uuid4()), "output": "edited"}},)),  # not the page's shape
+    ("stop", ("x",)),
+    ("clear_session", ({"a": 1},)),
+    ("connection_successful", (1,)),
+    ("chat_settings_change", ([1, 2],)),
+    ("chat_settings_change", ()),
+    ("audio_end", ()),  # audio is off
+    ("message_favorite", ({"message": {"id": "x"}},)),  # favorites are off
+    ("connect", ({"HTTP_COOKIE": ""}, handshake(str(uuid.uuid4())))),
+    ("disconnect", ()),
+    ("window_message", ({"deep": json.loads(deep_json(20))},)),
+]
 
 
 @dataclass(frozen=True)

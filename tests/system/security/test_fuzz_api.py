@@ -31,8 +31,7 @@ from schemathesis import GenerationMode
 
 from harness.server import AppServer
 from services.api.server import SERVED_PATHS, build_api_app
-from tests.system.accounts.test_people import accounts
-from tests.system.security.conftest import Intact
+from tests.system.security.conftest import Intact, accounts
 from tests.system.security.fuzzing import Deep, fuzz_settings, hostile_value
 
 URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")

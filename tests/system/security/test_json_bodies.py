@@ -10,8 +10,7 @@ import pytest
 
 from harness.chat_client import ChatClient
 from harness.server import AppServer
-from tests.system.accounts.test_people import accounts
-from tests.system.security.conftest import ALICE
+from tests.system.security.conftest import ALICE, accounts
 
 in_loop = pytest.mark.asyncio(loop_scope="package")
 

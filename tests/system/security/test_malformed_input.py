@@ -14,9 +14,9 @@ import pytest
 
 from harness.chat_client import ChatClient, handshake, user_message_payload
 from harness.server import AppServer
-from tests.system.accounts.test_people import stored_thread
+from tests.system.helpers import stored_thread
 from tests.system.security.conftest import BobsConversation, Intact
-from tests.system.security.fuzzing import deep_json
+from tests.system.security.fuzzing import MALFORMED_EVENTS, deep_json
 
 in_loop = pytest.mark.asyncio(loop_scope="package")
 
@@ -50,27 +50,6 @@ async def test_a_message_cannot_take_the_id_of_someone_elses_message(
     await alice.close()
     assert not bob.changes()
     assert not intact.problems(mark)
-
-
-MALFORMED_EVENTS: list[tuple[str, tuple[Any, ...]]] = [
-    ("client_message", ("x",)),
-    ("client_message", ({"message": {"id": "..", "output": 5}},)),
-    (
-        "client_message",
-        ({"message": {**user_message_payload("Hi.")["message"], "type": "assistant_message"}},),
-    ),
-    ("edit_message", ({"message": {"id": str(uuid.uuid4()), "output": "edited"}},)),  # not the page's shape
-    ("stop", ("x",)),
-    ("clear_session", ({"a": 1},)),
-    ("connection_successful", (1,)),
-    ("chat_settings_change", ([1, 2],)),
-    ("chat_settings_change", ()),
-    ("audio_end", ()),  # audio is off
-    ("message_favorite", ({"message": {"id": "x"}},)),  # favorites are off
-    ("connect", ({"HTTP_COOKIE": ""}, handshake(str(uuid.uuid4())))),
-    ("disconnect", ()),
-    ("window_message", ({"deep": json.loads(deep_json(20))},)),
-]
 
 
 @in_loop

@@ -12,8 +12,7 @@ import pytest
 
 from harness.fake_github import FakeGitHub, GitHubPerson, ProviderSignIn, sign_in_with_github
 from harness.server import AppServer
-from tests.system.accounts.test_people import accounts
-from tests.system.security.conftest import ALLOWED_DOMAIN, ALLOWED_GITHUB_USER, GITHUB_ORG
+from tests.system.security.conftest import ALLOWED_DOMAIN, ALLOWED_GITHUB_USER, GITHUB_ORG, accounts
 
 in_loop = pytest.mark.asyncio(loop_scope="package")
 

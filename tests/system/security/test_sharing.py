@@ -10,7 +10,7 @@ import pytest
 
 from harness.chat_client import ChatClient
 from harness.server import AppServer
-from tests.system.accounts.test_people import stored_thread
+from tests.system.helpers import stored_thread
 from tests.system.security.conftest import ALICE, BOB
 
 in_loop = pytest.mark.asyncio(loop_scope="package")

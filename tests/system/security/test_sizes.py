@@ -21,7 +21,8 @@ from harness.chat_client import ChatClient, user_message_payload
 from harness.server import AppServer
 from harness.waiting import WAIT_SECONDS
 from services.history.resume import ANSWER_METADATA, history_from_steps
-from tests.system.accounts.test_people import accounts
+from tests.system.helpers import collect_replies, refusals
+from tests.system.security.conftest import accounts
 
 in_loop = pytest.mark.asyncio(loop_scope="package")
 
@@ -46,24 +47,6 @@ async def person(server: AppServer, name: str) -> ChatClient:
     client = ChatClient(server.base_url, who, "a-long-password")
     await client.connect()
     return client
-
-
-def collect_replies(client: ChatClient) -> list[dict]:
-    """Every message the server sends this client from now on (refusals carry metadata.refused)."""
-    seen: list[dict] = []
-    client_handler = client.sio.handlers["/"]["new_message"]
-
-    async def on_message(data: Any = None) -> None:
-        if isinstance(data, dict):
-            seen.append(data)
-        await client_handler(data)
-
-    client.sio.on("new_message", on_message)
-    return seen
-
-
-def refusals(seen: list[dict], reason: str) -> list[dict]:
-    return [m for m in seen if (m.get("metadata") or {}).get("refused") == reason]
 
 
 async def until(predicate, timeout: float = WAIT_SECONDS) -> None:

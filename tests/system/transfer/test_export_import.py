@@ -12,20 +12,10 @@ import pytest
 
 from harness.chat_client import ChatClient
 from harness.server import AppServer
-from tests.system.accounts.test_people import LONG_TURN_WORDS, prompt_tokens_of, stored_thread
 from tests.system.conftest import ALICE, BOB
+from tests.system.helpers import LONG_TURN_WORDS, conversation_of, prompt_tokens_of, stored_thread
 
 in_loop = pytest.mark.asyncio(loop_scope="module")
-
-
-async def conversation_of(server: AppServer, who: tuple[str, str], text: str) -> tuple[ChatClient, str]:
-    """A new stored conversation of `who` (a message and its answer); the client stays connected."""
-    client = ChatClient(server.base_url, *who)
-    await client.connect()
-    assert (await client.ask(text)).final is not None
-    assert client.thread_id
-    await stored_thread(client, client.thread_id, steps=2, containing=text)
-    return client, client.thread_id
 
 
 async def listed_ids(client: ChatClient) -> set[str]:

@@ -15,9 +15,8 @@ import pytest
 
 from harness.chat_client import ChatClient
 from harness.server import AppServer
-from tests.system.accounts.test_people import stored_thread
 from tests.system.conftest import ALICE, BOB
-from tests.system.transfer.test_export_import import conversation_of
+from tests.system.helpers import conversation_of, stored_thread
 
 in_loop = pytest.mark.asyncio(loop_scope="module")
 

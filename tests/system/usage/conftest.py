@@ -1,18 +1,22 @@
 """Two app replicas sharing one PostgreSQL (Debian's, a throwaway cluster), for this package: the
 quota tests (test_quotas_postgres.py, which stops replica B in its last test, so it runs last) and
 the per-person limits counted across replicas (test_limits_across_replicas.py). Each test uses
-people of its own, so the small budget and the limits of one never reach another."""
+people of its own, so the small budget and the limits of one never reach another; `command` runs the
+operators' commands on their database."""
 
 from __future__ import annotations
 
+import os
 import secrets
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from harness.postgres import PostgresCluster
-from harness.server import AppServer
+from harness.server import ROOT, AppServer
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
 
 ADMIN = ("admin", "admin-password-1")
@@ -44,3 +48,11 @@ def replicas(tiny_model_dir: Path, database_url: str) -> Iterator[tuple[AppServe
     finally:
         for server in servers:
             server.stop()
+
+
+def command(database_url: str, module: str, *args: str, stdin: str = "") -> str:
+    """`python -m services.<module> ...` on the replicas' database, as an operator runs it."""
+    env = {**os.environ, "DATABASE_URL": database_url}
+    done = subprocess.run([sys.executable, "-m", f"services.{module}", *args], cwd=ROOT, env=env, input=stdin,
+                          capture_output=True, text=True, timeout=300, check=True)  # fmt: skip
+    return done.stdout

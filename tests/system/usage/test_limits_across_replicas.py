@@ -12,8 +12,9 @@ import pytest
 
 from harness.chat_client import ChatClient, SignInError, sign_in, user_message_payload
 from harness.server import AppServer
-from tests.system.security.test_sizes import collect_replies, refusals, until
-from tests.system.usage.test_quotas_postgres import command
+from harness.waiting import until
+from tests.system.helpers import collect_replies, refusals
+from tests.system.usage.conftest import command
 
 # two replicas: per commit, test_shared_limits_postgres.py in process
 pytestmark = pytest.mark.topology
@@ -56,7 +57,7 @@ async def test_one_persons_answers_at_a_time_are_counted_across_replicas(
             assert refused.refused == "user_concurrent_turns", refused.final
             assert "You already have 2 answers in progress" in refused.final, refused.final
         mine = await other.send("My turn?")  # it may wait in B's line behind the long answer
-        await until(lambda: mine.done.is_set() or shared_leases(b) == 2, timeout=30)  # her turn started
+        await until(lambda: mine.done.is_set() or shared_leases(b) == 2, "her turn started", 30, interval=0.1)
         assert mine.refused is None, "another person is not affected"
     finally:
         for client in (on_a, on_b, other):
@@ -85,9 +86,9 @@ async def test_one_persons_messages_per_minute_are_counted_across_replicas(
         return refusals(replies, "user_messages_per_minute")
 
     await send(on_a, sent)
-    await until(lambda: len(seen_a) >= sent, timeout=30)  # each command is answered
+    await until(lambda: len(seen_a) >= sent, "each command is answered", 30, interval=0.1)
     await send(on_b, sent)
-    await until(lambda: len(refused(seen_b)) == 2 * sent - MESSAGES_PER_MINUTE, timeout=30)
+    await until(lambda: len(refused(seen_b)) == 2 * sent - MESSAGES_PER_MINUTE, "B refuses", 30, interval=0.1)
     await asyncio.sleep(1)
     assert not refused(seen_a) and len(refused(seen_b)) == 2 * sent - MESSAGES_PER_MINUTE, "the limit once"
     assert (
@@ -95,7 +96,7 @@ async def test_one_persons_messages_per_minute_are_counted_across_replicas(
         in refused(seen_b)[0]["output"]
     )
     await send(on_a, 1)
-    await until(lambda: len(refused(seen_a)) == 1)  # and replica A refuses the next one too
+    await until(lambda: len(refused(seen_a)) == 1, "replica A refuses the next one too", interval=0.1)
     assert sum(len(refused(replies)) for replies in seen) == 2 * sent - MESSAGES_PER_MINUTE + 1
     other = await page(replicas[1], await asyncio.to_thread(new_person, database_url, "pia"))
     assert (await other.ask("My turn?", timeout=60)).refused is None, "another person is not affected"

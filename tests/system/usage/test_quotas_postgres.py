@@ -13,18 +13,15 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
-import os
-import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
 
 from harness.chat_client import ChatClient
-from harness.server import ROOT, AppServer
+from harness.server import AppServer
 from tests.conftest import ARTIFACTS
-from tests.system.usage.conftest import DAY_BUDGET, FLUSH_SECONDS, REFRESH_SECONDS
+from tests.system.usage.conftest import DAY_BUDGET, FLUSH_SECONDS, REFRESH_SECONDS, command
 
 # replicas and a restart: per commit, tests/unit/test_usage.py and the admin page's budget
 pytestmark = pytest.mark.topology
@@ -34,14 +31,6 @@ SHARED_WITHIN_SECONDS = FLUSH_SECONDS + REFRESH_SECONDS + 3  # the stated bound,
 LONG = "Remember these words: " + " ".join(f"word{i}" for i in range(200))  # ~600 tokens
 PASSWORD = "quota-password-1"
 ANSWERED: dict[str, int] = {}  # API calls answered, by replica (test_replicas_add_usage_up_...)
-
-
-def command(database_url: str, module: str, *args: str, stdin: str = "") -> str:
-    """`python -m services.<module> ...` on the replicas' database, as an operator runs it."""
-    env = {**os.environ, "DATABASE_URL": database_url}
-    done = subprocess.run([sys.executable, "-m", f"services.{module}", *args], cwd=ROOT, env=env, input=stdin,
-                          capture_output=True, text=True, timeout=300, check=True)  # fmt: skip
-    return done.stdout
 
 
 def person(database_url: str, name: str) -> tuple[str, str]:

@@ -11,7 +11,7 @@ import pytest
 
 from harness.chat_client import user_message_payload
 from services.web.socket_events import event_problem, frame_problem
-from tests.system.security.test_malformed_input import MALFORMED_EVENTS  # sent on a real server there
+from tests.system.security.fuzzing import MALFORMED_EVENTS
 
 
 @pytest.mark.parametrize(
