@@ -46,9 +46,12 @@ class WaitingLine:
     """The running requests and our bounded line of waiting ones; `place` is the one way in."""
 
     def __init__(
-        self, settings: Settings, capacity: DecodeCapacity, clock: Callable[[], float] = time.monotonic,
+        self,
+        settings: Settings,
+        capacity: DecodeCapacity,
+        clock: Callable[[], float] = time.monotonic,
         max_prefilling: int = MAX_PREFILLING_REQUESTS,
-    ):  # fmt: skip
+    ):
         self.settings, self.max_prefilling = settings, max_prefilling  # max_prefilling 0: no bound
         self.capacity = capacity
         self.clock = clock

@@ -40,24 +40,47 @@ Each setting has a tier:
 """
 # Variables the app does not read as settings but the programs it runs do: (variables, read by, meaning).
 OTHER_VARIABLES = (
-    ("`CHAINLIT_AUTH_SECRET`", "Chainlit", "Signs sign-in cookies; unset = generated once into "
-     "`DATA_DIR/auth-secret`. Replicas share one; changing it signs everyone out."),
-    ("`OAUTH_<PROVIDER>_CLIENT_ID`, `..._CLIENT_SECRET`", "Chainlit",
-     "Its OAuth providers (GitHub, Google, Azure AD, ...): see Chainlit's authentication docs."),
-    ("`CHAINLIT_URL`", "Chainlit", "The public address, for OAuth callbacks (the `/key` reply shows it "
-     "too)."),
+    (
+        "`CHAINLIT_AUTH_SECRET`",
+        "Chainlit",
+        "Signs sign-in cookies; unset = generated once into "
+        "`DATA_DIR/auth-secret`. Replicas share one; changing it signs everyone out.",
+    ),
+    (
+        "`OAUTH_<PROVIDER>_CLIENT_ID`, `..._CLIENT_SECRET`",
+        "Chainlit",
+        "Its OAuth providers (GitHub, Google, Azure AD, ...): see Chainlit's authentication docs.",
+    ),
+    (
+        "`CHAINLIT_URL`",
+        "Chainlit",
+        "The public address, for OAuth callbacks (the `/key` reply shows it too).",
+    ),
     ("`CHAINLIT_ROOT_PATH`, `CHAINLIT_PARENT_ROOT_PATH`", "Chainlit", "Serving under a path prefix."),
-    ("`CHAINLIT_APP_ROOT`", "Chainlit", "The folder Chainlit runs from, `.files` (uploads) inside it: "
-     "one per replica."),
-    ("`FORWARDED_ALLOW_IPS`", "uvicorn", "Proxies whose X-Forwarded-For names the client (loopback by "
-     "default)."),
-    ("`VLLM_CPU_OMP_THREADS_BIND`", "vLLM", "Cores of the CPU worker; unset = every core on a machine "
-     "with at most 2, vLLM's `auto` on larger ones."),
-    ("`VLLM_PLUGINS`", "vLLM", "Plugins vLLM loads; a list must name `vllm_chat_patches` to keep the "
-     "app's workarounds."),
+    (
+        "`CHAINLIT_APP_ROOT`",
+        "Chainlit",
+        "The folder Chainlit runs from, `.files` (uploads) inside it: one per replica.",
+    ),
+    (
+        "`FORWARDED_ALLOW_IPS`",
+        "uvicorn",
+        "Proxies whose X-Forwarded-For names the client (loopback by default).",
+    ),
+    (
+        "`VLLM_CPU_OMP_THREADS_BIND`",
+        "vLLM",
+        "Cores of the CPU worker; unset = every core on a machine "
+        "with at most 2, vLLM's `auto` on larger ones.",
+    ),
+    (
+        "`VLLM_PLUGINS`",
+        "vLLM",
+        "Plugins vLLM loads; a list must name `vllm_chat_patches` to keep the app's workarounds.",
+    ),
     ("`HOST`, `PORT`", "`scripts/run.sh`", "Address the app listens on (127.0.0.1:8000)."),
     ("`XDG_CACHE_HOME`, `XDG_DATA_HOME`", "this app", "The bases of `CACHE_DIR` and `DATA_DIR`'s defaults."),
-)  # fmt: skip
+)
 
 
 class Section(NamedTuple):

@@ -182,10 +182,14 @@ class MemoryMonitor:
     """Memory samples in a preallocated ring, the growth slope after warm-up, and the alarm."""
 
     def __init__(
-        self, settings: Settings, clock: Callable[[], float] = time.monotonic, *,
-        samples_kept: int = MEMORY_SAMPLES_KEPT, warmup_seconds: float = LEAK_WARMUP_SECONDS,
+        self,
+        settings: Settings,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        samples_kept: int = MEMORY_SAMPLES_KEPT,
+        warmup_seconds: float = LEAK_WARMUP_SECONDS,
         window_seconds: float = LEAK_WINDOW_SECONDS,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """`samples_kept`: the ring's rows; `warmup_seconds` and `window_seconds`: the leak slope's."""
         self.settings = settings
         self.started_at = clock()
