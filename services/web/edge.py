@@ -5,7 +5,8 @@ each `add_middleware` wraps the ones before it, so the last one added sees a req
 outside in, a request meets: the safety headers (every response, refusals included), the body limit
 (no body over its limit reaches anything else), the client's address (the TCP peer kept; a
 forwarded address only from a trusted proxy), local mode's "this machine's browser only", the JSON
-depth bound, the Origin policy (CORS), the session-id check, then the upload guards and Chainlit.
+depth bound, writes only from the app's own page (same_origin_writes.py), the Origin policy (CORS),
+the session-id check, then the upload guards and Chainlit.
 The socket's handlers are wrapped the same way: message checks, JSON depth, session ids, Origin.
 """
 
@@ -31,6 +32,7 @@ from services.web.origins import OriginPolicy, install_origin_policy
 from services.web.page_assets import install_page_assets
 from services.web.peers import install_client_addresses
 from services.web.routes import install_api, install_routes
+from services.web.same_origin_writes import SameOriginWrites
 from services.web.session_routes import install_session_routes
 from services.web.socket_events import guard_socket_events
 from services.web.socket_guard import install_socket_guard, socket_guard_for
@@ -92,6 +94,7 @@ def install_edge(
     )
     install_client_id_guards(http_app)
     install_origin_policy(http_app, origins)
+    http_app.add_middleware(SameOriginWrites, origins=origins)
     http_app.add_middleware(
         JsonBodyGuard, max_body_bytes=settings.max_request_body_bytes, max_depth=MAX_JSON_DEPTH
     )
