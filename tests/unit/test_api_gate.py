@@ -133,6 +133,62 @@ def test_checks_name_what_is_wrong() -> None:
     check_request("/v1/completions", {"prompt": "x", "echo": True, "logprobs": 2}, SETTINGS)
 
 
+COMPLETIONS = "/v1/completions"
+ONE_CHOICE = Settings.from_env({"API_MAX_CHOICES": "1"})
+
+
+def refused_for(path: str, body: dict, settings: Settings = ONE_CHOICE) -> ApiError | None:
+    try:
+        check_request(path, body, settings)
+    except ApiError as error:
+        return error
+    return None
+
+
+@pytest.mark.parametrize("n", ["8", 8.0, "8.0", " 8 ", "8_0", 2, "2"])
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+def test_n_counts_as_vllm_reads_it_whatever_its_json_type(path: str, n) -> None:
+    """vLLM's request models coerce `"8"`, `8.0` and `"8.0"` to 8 (pydantic's lax mode): so does the gate."""
+    body = {"messages": HELLO} if path == CHAT else {"prompt": "Once"}
+    refusal = refused_for(path, {**body, "n": n})
+    assert refusal is not None and refusal.param == "n" and refusal.code == "unsupported_value", n
+    assert f"n={int(float(str(n).replace('_', '')))}" in str(refusal)
+
+
+@pytest.mark.parametrize("n", [1, "1", 1.0, True, None, 0, -3, 8.5, "eight", [8]])
+def test_n_that_is_one_or_that_vllm_refuses_itself_passes_the_gate(n) -> None:
+    assert refused_for(CHAT, {"messages": HELLO, "n": n}) is None, n
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [["a", "b"], [[1, 2], [3]], ["1", "2"]],
+    ids=["texts", "token lists", "digit texts"],
+)
+def test_each_prompt_of_a_list_is_a_sequence_of_its_own(prompt) -> None:
+    refusal = refused_for(COMPLETIONS, {"prompt": prompt})
+    assert refusal is not None and refusal.code == "too_many_choices" and refusal.param == "prompt"
+    assert "2 choices (2 prompts, n=1)" in str(refusal)
+    with_embeds = refused_for(COMPLETIONS, {"prompt": "x", "prompt_embeds": ["AAAA"]})
+    assert with_embeds is not None and with_embeds.code == "too_many_choices"
+
+
+def test_one_prompt_in_any_form_is_one_sequence() -> None:
+    for prompt in ("Once upon a time", [1, 2, 3], [[1, 2, 3]], ["Once"], [1, "2"]):
+        assert refused_for(COMPLETIONS, {"prompt": prompt}) is None, prompt
+
+
+def test_choices_are_n_times_the_prompts_up_to_the_limit() -> None:
+    four = Settings.from_env({"API_MAX_CHOICES": "4"})
+    assert refused_for(COMPLETIONS, {"prompt": ["a", "b"], "n": "2"}, four) is None
+    beams = refused_for(COMPLETIONS, {"prompt": ["a", "b"], "n": "2.0", "use_beam_search": True}, four)
+    assert beams is None, "2 x 2 is 4: within"
+    refusal = refused_for(COMPLETIONS, {"prompt": ["a", "b", "c"], "n": 2.0}, four)
+    assert refusal is not None and "6 choices (3 prompts, n=2)" in str(refusal)
+    assert refused_for(CHAT, {"messages": HELLO, "n": "5"}, four) is not None
+    assert refused_for(CHAT, {"messages": HELLO, "best_of": 8}, four).code == "unrecognized_argument"  # type: ignore[union-attr]
+
+
 def test_errors_have_openai_shape() -> None:
     error = ApiError(429, "Slow down.", "rate_limited", retry_after_seconds=7.4)
     assert json.loads(error.body()) == {
