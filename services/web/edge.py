@@ -17,6 +17,7 @@ from typing import Any
 from services.accounts.sign_in import SignIn
 from services.admin.routes import install_admin
 from services.api.checks import MAX_JSON_DEPTH
+from services.audit.log_lines import install_one_line_logs
 from services.chat.store import CHAT_SETTING_KINDS
 from services.runtime import Runtime
 from services.web.access import install_access_guards
@@ -79,6 +80,7 @@ def install_edge(
     """Install the app's routes, guards and socket checks on Chainlit's FastAPI app (at import time);
     `chat` handles the chat events the socket guard hands on (an edited message)."""
     settings = runtime.settings
+    install_one_line_logs()  # a client's text never starts a line of the server's log
     _install_app_routes(http_app, runtime, origins)
     install_socket_guard(
         socket_guard_for(runtime, sign_in.mode != "local", CHAT_SETTING_KINDS, edit=chat.edit),
