@@ -15,6 +15,7 @@ from services.config import Settings, SettingsError
 from services.observability.ops_access import operator_refusal, require_ops_token
 from services.web.headers import SecurityHeaders, page_policy, secure_cookie
 from services.web.origins import OriginPolicy, origin_policy
+from services.web.session_routes import attachment
 from tests.system.security.fuzzing import NESTING_DEPTHS, Deep
 
 DEEP = b"[" * 100_000 + b"]" * 100_000
@@ -157,3 +158,11 @@ def test_api_bodies_with_numbers_no_engine_can_carry_are_400(body: bytes) -> Non
 
 def test_api_bodies_with_ordinary_numbers_pass() -> None:
     assert parse_body(b'{"seed": 9223372036854775807, "temperature": 0.7, "stream": true}', 64)["seed"] > 0
+
+
+def test_a_served_file_is_a_download_under_its_own_name_quoted_safely() -> None:
+    assert attachment("notes.html") == "attachment; filename=\"notes.html\"; filename*=UTF-8''notes.html"
+    tricky = attachment('a"b\\c\r\nSet-Cookie: x=1;«é».svg')
+    assert "\r" not in tricky and "\n" not in tricky and tricky.count('"') == 2, tricky
+    assert tricky.startswith('attachment; filename="a_b_c__Set-Cookie: x=1;___.svg"'), tricky
+    assert attachment("") == "attachment; filename=\"file\"; filename*=UTF-8''file"
