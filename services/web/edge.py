@@ -32,7 +32,7 @@ from services.web.local_access import install_local_access
 from services.web.origins import OriginPolicy, install_origin_policy
 from services.web.page_assets import install_page_assets
 from services.web.peers import install_client_addresses
-from services.web.routes import install_api, install_routes
+from services.web.routes import install_api, install_routes, remove_api_docs
 from services.web.same_origin_writes import SameOriginWrites
 from services.web.session_routes import install_session_routes
 from services.web.socket_events import guard_socket_events
@@ -44,6 +44,7 @@ from services.web.upload_guard import DEFAULT_UPLOAD_PATH, UPLOAD_LINGER_SECONDS
 
 def _install_app_routes(http_app: Any, runtime: Runtime, origins: OriginPolicy) -> None:
     """The app's own routes (ahead of Chainlit's page route), error pages and the name cap."""
+    remove_api_docs(http_app)
     install_routes(http_app, runtime)
     install_admin(http_app, runtime, origins)
     install_transfer_routes(http_app, runtime)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,6 +26,8 @@ from services.api.checks import check_request, parse_body
 from services.api.errors import ApiError, normalize_error
 from services.api.gate import ApiGate, ApiRoute, SharedAdmission
 from services.api.metrics import ApiMetrics
+from services.api.models import ModelsServer
+from services.api.remote import RemoteApiServer
 from services.api.server import OpenAiServer, model_name, vllm_args
 from services.api.usage import AnswerMeter
 from services.config import Settings
@@ -441,3 +444,75 @@ async def test_vllm_refuses_an_unknown_model_and_max_tokens_past_the_context(
     assert (
         "max_model_len" in answered(error)["message"] and answered(error)["type"] == "invalid_request_error"
     )
+
+
+@in_loop
+async def test_the_models_list_names_no_path_on_the_server(api_server_args: argparse.Namespace) -> None:
+    """vLLM's own listing (its registry, as init_app_state builds it) puts the model's folder in
+    `root`; every kind of API server answers without it."""
+    from vllm.entrypoints.openai.models.protocol import BaseModelPath
+    from vllm.entrypoints.openai.models.serving import OpenAIModelRegistry
+
+    folder = api_server_args.model
+    assert folder == "/models/tiny-llama"
+    server = OpenAiServer(API_SERVER)
+    paths = [BaseModelPath(name=MODEL, model_path=folder)]
+    server.app.state.openai_serving_models = OpenAIModelRegistry(
+        model_config=SimpleNamespace(max_model_len=TINY_MAX_MODEL_LEN),  # type: ignore[arg-type]
+        base_model_paths=paths,
+    )
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=server.app), base_url="http://api"
+    ) as http:
+        listed = await http.get("/v1/models")
+    assert listed.status_code == 200 and folder not in listed.text, listed.text
+    [card] = listed.json()["data"]
+    assert card["id"] == card["root"] == MODEL and card["max_model_len"] == TINY_MAX_MODEL_LEN
+
+    several = ModelsServer(Settings.from_env({"MODELS": "/srv/models/tiny-a,/srv/models/tiny-b"}))
+    several.models = [(name, SimpleNamespace(max_model_len=64)) for name in several.servers]  # type: ignore[assignment]
+    assert "/srv" not in json.dumps(several.models_card())
+    remote = RemoteApiServer(Settings.from_env({"ENGINE_URLS": "http://10.0.0.5:8000"}))
+    remote.remote = SimpleNamespace(
+        servers=[SimpleNamespace(models={"tiny": SimpleNamespace(id="/srv/tiny")})]
+    )  # type: ignore[assignment]
+    remote.models = SimpleNamespace(names=["tiny"], engine=lambda name: SimpleNamespace(max_model_len=64))  # type: ignore[assignment]
+    assert [card["root"] for card in remote.models_card()["data"]] == ["tiny"]
+
+
+def test_a_chat_template_error_is_one_log_line_not_a_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    """A bad chat_template_kwargs: transformers raises as vLLM applies the template, vLLM logs the
+    traceback (then answers 400). The API's app puts the filter on that logger when it is built."""
+    from vllm.renderers.hf import safe_apply_chat_template
+
+    class Tokenizer:  # transformers' refusal of the request's arguments, as a real tokenizer raises it
+        name_or_path = "tiny"
+
+        def get_chat_template(self, chat_template: str, tools=None) -> str:
+            return chat_template
+
+        def apply_chat_template(self, conversation, tools=None, chat_template=None, tokenize=True, **kwargs):
+            raise TypeError("apply_chat_template() got an unexpected value\nfor 'documents'")
+
+    OpenAiServer(API_SERVER)  # builds the API's app, as the runtime does
+    caplog.set_level(logging.INFO, logger="vllm.renderers.hf")
+    vllm_logger = logging.getLogger("vllm")
+    vllm_logger.addHandler(caplog.handler)  # vLLM's loggers do not propagate to the root's
+    try:
+        with pytest.raises(ValueError, match="unexpected value"):
+            safe_apply_chat_template(
+                None,  # type: ignore[arg-type]
+                Tokenizer(),  # type: ignore[arg-type]
+                [{"role": "user", "content": "Hi"}],
+                chat_template="{{ messages }}{{ documents }}",
+                tokenize=False,
+                documents=5,
+            )
+    finally:
+        vllm_logger.removeHandler(caplog.handler)
+    [record] = [r for r in caplog.records if r.name == "vllm.renderers.hf"]
+    assert record.exc_info is None and "Traceback" not in caplog.text
+    assert (
+        "(TypeError: apply_chat_template() got an unexpected value\\nfor 'documents')" in record.getMessage()
+    )
+    assert len(caplog.text.strip().splitlines()) == 1, caplog.text
