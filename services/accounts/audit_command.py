@@ -13,6 +13,7 @@ import argparse
 
 from services.audit.filters import AuditFilter, to_csv
 from services.audit.log import COLUMNS, AuditLog
+from services.audit.log_lines import one_line
 from services.config import Settings
 
 DEFAULT_ROWS = 50
@@ -35,9 +36,10 @@ async def run_audit_command(arguments: argparse.Namespace, audit: AuditLog, sett
     if arguments.csv:
         return to_csv(entries, COLUMNS).rstrip("\n")
     lines = [f"{'at (UTC)':<20} {'actor':<20} {'action':<24} {'target':<24} {'address':<16} details"]
-    for e in entries:
-        details = e.details if len(e.details) <= DETAILS_SHOWN else e.details[:DETAILS_SHOWN] + "…"
-        lines.append(f"{e.at[:19]:<20} {e.actor:<20} {e.action:<24} {e.target:<24} {e.address:<16} {details}")
+    for e in entries:  # written before control characters were escaped on the way in: escaped here
+        at, actor, action, target, address, details = (one_line(cell) for cell in e.row())
+        details = details if len(details) <= DETAILS_SHOWN else details[:DETAILS_SHOWN] + "…"
+        lines.append(f"{at[:19]:<20} {actor:<20} {action:<24} {target:<24} {address:<16} {details}")
     if len(entries) == limit:
         lines.append(f"(the newest {limit}; narrow with --since, --actor, --action or raise --limit)")
     return "\n".join(lines)

@@ -4,8 +4,10 @@ A body nested deeper than MAX_JSON_DEPTH is refused before it is parsed for real
 raises RecursionError at ~1,000 levels (a 500 and a traceback), and vLLM parses the body again.
 
 vLLM's own layer answers an unknown model, `max_tokens` past the context and wrong types in OpenAI's
-error shape; it only logs parameters it does not know, and it serves `n` > 1 and any number of
-messages. These checks close those gaps, each with its own clear message.
+error shape; it only logs parameters it does not know, and it serves `n` > 1, lists of prompts and
+any number of messages. These checks close those gaps, each with its own clear message. A number is
+read as vLLM's request model will read it (pydantic's lax mode: `"8"`, `8.0` and `"8.0"` are all 8),
+never by its JSON type, and every sequence a request would run (`n` choices of each prompt) counts.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import json
 import math
 from collections.abc import Callable
 from functools import cache
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import TypeAdapter, ValidationError
 
 from services.api.errors import ApiError
 from services.config import Settings
@@ -25,13 +29,19 @@ SET_BY_SERVICE = ("priority",)  # vLLM parameters a caller may not choose: the s
 MAX_JSON_DEPTH = 64
 
 
-@cache
-def known_parameters(path: str) -> frozenset[str]:
-    """The body fields vLLM's request model for `path` declares (names and aliases)."""
+def request_model(path: str) -> Any:
+    """vLLM's request model for `path`."""
     if path == "/v1/chat/completions":
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest as Model
     else:
         from vllm.entrypoints.openai.completion.protocol import CompletionRequest as Model  # type: ignore[assignment]
+    return Model
+
+
+@cache
+def known_parameters(path: str) -> frozenset[str]:
+    """The body fields vLLM's request model for `path` declares (names and aliases)."""
+    Model = request_model(path)
     names = set(Model.model_fields)
     names |= {field.alias for field in Model.model_fields.values() if field.alias}
     return frozenset(names - set(SET_BY_SERVICE))
@@ -116,12 +126,59 @@ def check_request(path: str, request: dict[str, Any], settings: Settings) -> Non
             "too_many_messages" if entries_name == "messages" else "too_many_prompts",
             entries_name,
         )
-    choices = request.get("n")
-    if isinstance(choices, int) and not isinstance(choices, bool) and choices > settings.api_max_choices:
+    check_sequences(path, request, settings.api_max_choices)
+
+
+@cache
+def _field_adapter(path: str, name: str) -> TypeAdapter:
+    field = request_model(path).model_fields[name]
+    return TypeAdapter(Annotated[field.annotation, *field.metadata] if field.metadata else field.annotation)
+
+
+def as_vllm_reads(path: str, name: str, value: Any) -> Any:
+    """`value` of the body field `name` as vLLM's request model for `path` will read it (`"8"`, `8.0`
+    and `"8.0"` become 8 for an integer field), or None when the model refuses it (vLLM answers 400)."""
+    try:
+        return _field_adapter(path, name).validate_python(value)
+    except ValidationError:
+        return None
+
+
+def prompt_count(path: str, request: dict[str, Any]) -> int:
+    """How many prompts a request runs: one chat, or each prompt of a completions request (a text,
+    a list of token ids, or each of a list of either) and each of its `prompt_embeds`."""
+    if path == "/v1/chat/completions":
+        return 1
+    prompts = as_vllm_reads(path, "prompt", request.get("prompt"))
+    embeds = as_vllm_reads(path, "prompt_embeds", request.get("prompt_embeds"))
+    count = 0
+    if isinstance(prompts, list):
+        count += 1 if prompts and all(isinstance(item, int) for item in prompts) else len(prompts)
+    elif prompts is not None:
+        count += 1
+    count += len(embeds) if isinstance(embeds, list) else int(embeds is not None)
+    return max(count, 1)
+
+
+def check_sequences(path: str, request: dict[str, Any], max_sequences: int) -> None:
+    """Refuse a request that would run more than `max_sequences` sequences: `n` choices of each prompt."""
+    choices = as_vllm_reads(path, "n", request.get("n", 1))
+    choices = choices if isinstance(choices, int) and choices > 1 else 1  # else vLLM refuses, or it is 1
+    prompts = prompt_count(path, request)
+    if choices * prompts <= max_sequences:
+        return
+    if prompts == 1:
         raise ApiError(
             400,
-            f"n={choices} is not supported: this service returns at most {settings.api_max_choices} "
+            f"n={choices} is not supported: this service returns at most {max_sequences} "
             "choice(s) per request. Send separate requests instead.",
             "unsupported_value",
             "n",
         )
+    raise ApiError(
+        400,
+        f"This request asks for {choices * prompts} choices ({prompts} prompts, n={choices}); this "
+        f"service runs at most {max_sequences} per request. Send one prompt per request instead.",
+        "too_many_choices",
+        "prompt",
+    )

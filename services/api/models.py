@@ -15,7 +15,7 @@ from collections.abc import Callable, MutableMapping
 from typing import Any
 
 from services.api.errors import ApiError
-from services.api.server import OpenAiServer
+from services.api.server import OpenAiServer, public_listing
 from services.config import Settings
 from services.engine import ServedModels, UnknownModelError
 from services.engine.models import model_settings
@@ -68,12 +68,11 @@ class ModelsServer:
                 "object": "model",
                 "created": created,
                 "owned_by": "vllm",
-                "root": self.servers[name].settings.model_path,
                 "max_model_len": engine.max_model_len,
             }
             for name, engine in self.models
         ]
-        return {"object": "list", "data": cards}
+        return public_listing({"object": "list", "data": cards})
 
 
 def _replay(first: dict[str, Any], receive: Callable) -> Callable:

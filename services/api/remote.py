@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 
 from services.api.errors import ApiError
-from services.api.server import model_name
+from services.api.server import model_name, public_listing
 from services.config import Settings
 from services.engine import ServedModels, UnavailableModelError, UnknownModelError
 from services.engine.backends.remote import RemoteLLM, Server, ServerUnreachableError
@@ -87,21 +87,17 @@ class RemoteApiServer:
     def models_card(self) -> dict[str, Any]:
         assert self.models is not None and self.remote is not None
         created = int(time.time())
-        ids = {}
-        for server in reversed(self.remote.servers):
-            ids.update({name: card.id for name, card in server.models.items()})
         cards = [
             {
                 "id": name,
                 "object": "model",
                 "created": created,
                 "owned_by": "vllm",
-                "root": ids.get(name, name),
                 "max_model_len": self.models.engine(name).max_model_len,
             }
             for name in self.models.names
         ]
-        return {"object": "list", "data": cards}
+        return public_listing({"object": "list", "data": cards})  # a server's id may be its path
 
     async def _open(
         self, path: str, body: dict[str, Any], request_id: str, name: str

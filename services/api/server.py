@@ -2,8 +2,9 @@
 
 Nothing of the protocol is ours: `init_app_state` (vllm/entrypoints/launchers/api_server/app_state.py)
 builds vLLM's serving objects over the engine client, from an argument namespace made by vLLM's own
-parser (`make_arg_parser`), and vLLM's route functions for /v1/chat/completions, /v1/completions and
-/v1/models serve them, with vLLM's exception handlers giving OpenAI's error shape. The FastAPI app
+parser (`make_arg_parser`), and vLLM's route functions for /v1/chat/completions and /v1/completions
+serve them, with vLLM's exception handlers giving OpenAI's error shape; /v1/models is vLLM's listing
+without the model's path on this machine (`public_listing`). The FastAPI app
 here is not mounted the usual way: Chainlit's catch-all page route would shadow it and Starlette does
 not run a mounted app's lifespan, so `ApiRoute` (routing.py) puts it in front of Chainlit's routes and
 the runtime calls `start` in the app's startup, once the engine runs.
@@ -16,8 +17,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 
+from services.api.vllm_logs import one_line_client_errors
 from services.config import Settings
 
 logger = logging.getLogger(__name__)
@@ -51,17 +54,32 @@ def vllm_args(settings: Settings) -> argparse.Namespace:
     return args
 
 
+def public_listing(listing: dict[str, Any]) -> dict[str, Any]:
+    """A /v1/models answer without the server's paths: vLLM puts the model's folder in each card's
+    `root` (the ENGINE_URLS servers too, when started with a path); here it is the card's own id."""
+    cards = [{**card, "root": card.get("id")} for card in listing.get("data", [])]
+    return {**listing, "data": cards}
+
+
+async def list_models(raw_request: Request) -> JSONResponse:
+    """vLLM's /v1/models route, answered with `public_listing`."""
+    listed = await raw_request.app.state.openai_serving_models.show_available_models()
+    return JSONResponse(public_listing(listed.model_dump()))
+
+
 def build_api_app() -> FastAPI:
-    """A FastAPI app with vLLM's route functions for SERVED_PATHS and vLLM's exception handlers."""
+    """A FastAPI app with vLLM's route functions for SERVED_PATHS (/v1/models: `list_models`), vLLM's
+    exception handlers, and vLLM's tracebacks of client errors as one log line (vllm_logs.py)."""
     from vllm.entrypoints.openai.chat_completion.api_router import router as chat_router
     from vllm.entrypoints.openai.completion.api_router import router as completion_router
-    from vllm.entrypoints.openai.models.api_router import router as models_router
     from vllm.entrypoints.serve.exception_handling.register import init_exception_handler
 
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
-    for router in (chat_router, completion_router, models_router):
+    for router in (chat_router, completion_router):
         app.router.routes.extend(r for r in router.routes if getattr(r, "path", "") in SERVED_PATHS)
+    app.add_api_route("/v1/models", list_models, methods=["GET"])
     init_exception_handler(app)
+    one_line_client_errors()
     return app
 
 

@@ -3,8 +3,9 @@
 Every field is cut to a length; `details` is a flat mapping of short keys to scalars or short lists
 of scalars (nesting is flattened to text), written as JSON of at most AUDIT_DETAILS_MAX_BYTES. A
 value is masked when its key names a secret (password, token, secret, key, cookie, authorization);
-in any value, an API key (`sk-vc-...`) is cut to its listed prefix and a URL's user and password
-are dropped. Callers never pass secrets on purpose: this is the net under them.
+in any value, an API key (`sk-vc-...`) is cut to its listed prefix, a URL's user and password
+are dropped, and control characters are written as escapes (one entry, one line: log_lines.py).
+Callers never pass secrets on purpose: this is the net under them.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import json
 import re
 from collections.abc import Mapping
 from typing import Any
+
+from services.audit.log_lines import one_line
 
 ACTOR_CHARS = 128
 ACTION_CHARS = 64
@@ -40,8 +43,9 @@ def is_secret_name(name: str) -> bool:
 
 
 def scrub(text: str, limit: int = VALUE_CHARS) -> str:
-    """`text` cut to `limit`, with API keys cut to their prefix and URL credentials dropped."""
-    text = _URL_USER.sub(r"\1***@", _API_KEY.sub(r"\1…", text))
+    """`text` cut to `limit`, with API keys cut to their prefix, URL credentials dropped and control
+    characters escaped (log_lines.py)."""
+    text = one_line(_URL_USER.sub(r"\1***@", _API_KEY.sub(r"\1…", text)))
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

@@ -32,8 +32,10 @@ class ApiSettings:
     api_max_choices: int = setting(
         1,
         "API_MAX_CHOICES",
-        "Largest `n` (choices per request) the API accepts: each choice is one more sequence in the "
-        "engine, so n > 1 would let one request take the share of several.",
+        'Most choices one API request may ask for: `n` (as vLLM reads it: "8" and 8.0 are 8) times '
+        "the prompts of a /v1/completions request (a list of prompts runs one sequence each). Each "
+        "choice is one more sequence in the engine, so more would let one request take the share of "
+        "several.",
         1,
     )
     api_aging_seconds: float = setting(

@@ -41,7 +41,8 @@ class WebSettings:
         "",
         "ALLOWED_ORIGINS",
         "Other web origins (comma-separated, e.g. https://intranet.example.com) whose pages may use the "
-        "app with their visitor's cookie: CORS and the chat socket. The app's own origin is always "
+        "app with their visitor's cookie: CORS, the chat socket and every POST, PUT, PATCH and DELETE "
+        "outside /v1. The app's own origin is always "
         "allowed: CHAINLIT_URL when set; else http(s)://localhost, 127.0.0.1 and [::1] on its port "
         "and the host the request names. Set CHAINLIT_URL behind a proxy that changes the Host.",
     )

@@ -66,9 +66,18 @@ def iso_time(value: Any) -> str | None:
             at = at if at.tzinfo else at.replace(tzinfo=UTC)
         else:
             return None
+        at = at.astimezone(UTC)  # 9999-12-31T23:59:59-14:00 is past the last time Python has
     except (ValueError, OverflowError, OSError):
         return None
-    return at.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="milliseconds") + "Z"
+    return at.replace(tzinfo=None).isoformat(timespec="milliseconds") + "Z"
+
+
+def storable(text: str) -> str:
+    """`text` as the database can keep it: a lone surrogate (JSON may carry `"\\ud800"`, UTF-8 cannot)
+    and NUL (PostgreSQL's text refuses it) become U+FFFD."""
+    if text.isascii() and "\x00" not in text:
+        return text
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace").replace("\x00", "\ufffd")
 
 
 def check_depth(document: Any, max_depth: int) -> None:

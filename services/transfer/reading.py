@@ -6,9 +6,11 @@ from services.transfer.archive import (
     BadImport,
     Conversation,
     ImportLimits,
+    Message,
     is_archive,
     parse_json,
     read_archive,
+    storable,
 )
 from services.transfer.chatgpt import is_chatgpt, read_chatgpt
 from services.transfer.markdown import is_markdown_export, read_markdown
@@ -17,7 +19,19 @@ FORMATS = "this app's JSON archive or Markdown export, or ChatGPT's conversation
 
 
 def read_conversations(data: bytes, limits: ImportLimits) -> list[Conversation]:
-    """The conversations in `data`; BadImport (with what to do) for anything else."""
+    """The conversations in `data`, every text one the database can keep (`storable`); BadImport
+    (with what to do) for anything else."""
+    return [
+        Conversation(
+            storable(c.title),
+            c.created_at,
+            [Message(m.role, storable(m.content), m.created_at) for m in c.messages],
+        )
+        for c in _read(data, limits)
+    ]
+
+
+def _read(data: bytes, limits: ImportLimits) -> list[Conversation]:
     if not data.strip():
         raise BadImport("The file is empty.")
     if is_markdown_export(data):

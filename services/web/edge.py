@@ -5,7 +5,8 @@ each `add_middleware` wraps the ones before it, so the last one added sees a req
 outside in, a request meets: the safety headers (every response, refusals included), the body limit
 (no body over its limit reaches anything else), the client's address (the TCP peer kept; a
 forwarded address only from a trusted proxy), local mode's "this machine's browser only", the JSON
-depth bound, the Origin policy (CORS), the session-id check, then the upload guards and Chainlit.
+depth bound, writes only from the app's own page (same_origin_writes.py), the Origin policy (CORS),
+the session-id check, then the upload guards and Chainlit.
 The socket's handlers are wrapped the same way: message checks, JSON depth, session ids, Origin.
 """
 
@@ -16,6 +17,7 @@ from typing import Any
 from services.accounts.sign_in import SignIn
 from services.admin.routes import install_admin
 from services.api.checks import MAX_JSON_DEPTH
+from services.audit.log_lines import install_one_line_logs
 from services.chat.store import CHAT_SETTING_KINDS
 from services.runtime import Runtime
 from services.web.access import install_access_guards
@@ -30,7 +32,8 @@ from services.web.local_access import install_local_access
 from services.web.origins import OriginPolicy, install_origin_policy
 from services.web.page_assets import install_page_assets
 from services.web.peers import install_client_addresses
-from services.web.routes import install_api, install_routes
+from services.web.routes import install_api, install_routes, remove_api_docs
+from services.web.same_origin_writes import SameOriginWrites
 from services.web.session_routes import install_session_routes
 from services.web.socket_events import guard_socket_events
 from services.web.socket_guard import install_socket_guard, socket_guard_for
@@ -41,6 +44,7 @@ from services.web.upload_guard import DEFAULT_UPLOAD_PATH, UPLOAD_LINGER_SECONDS
 
 def _install_app_routes(http_app: Any, runtime: Runtime, origins: OriginPolicy) -> None:
     """The app's own routes (ahead of Chainlit's page route), error pages and the name cap."""
+    remove_api_docs(http_app)
     install_routes(http_app, runtime)
     install_admin(http_app, runtime, origins)
     install_transfer_routes(http_app, runtime)
@@ -77,6 +81,7 @@ def install_edge(
     """Install the app's routes, guards and socket checks on Chainlit's FastAPI app (at import time);
     `chat` handles the chat events the socket guard hands on (an edited message)."""
     settings = runtime.settings
+    install_one_line_logs()  # a client's text never starts a line of the server's log
     _install_app_routes(http_app, runtime, origins)
     install_socket_guard(
         socket_guard_for(runtime, sign_in.mode != "local", CHAT_SETTING_KINDS, edit=chat.edit),
@@ -92,6 +97,7 @@ def install_edge(
     )
     install_client_id_guards(http_app)
     install_origin_policy(http_app, origins)
+    http_app.add_middleware(SameOriginWrites, origins=origins)
     http_app.add_middleware(
         JsonBodyGuard, max_body_bytes=settings.max_request_body_bytes, max_depth=MAX_JSON_DEPTH
     )

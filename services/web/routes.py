@@ -1,5 +1,6 @@
 """Operators' HTTP routes: GET /status, /metrics, /healthz, /stats; all but /healthz need OPS_TOKEN,
-and /healthz tells only its state (ok, overloaded, down) to anyone without it."""
+and /healthz tells only its state (ok, overloaded, down) to anyone without it. FastAPI's API
+documentation is off."""
 
 from __future__ import annotations
 
@@ -65,6 +66,16 @@ def install_routes(app: FastAPI, runtime: Runtime) -> None:
     ):
         app.add_api_route(path, endpoint, methods=["GET"], include_in_schema=False, dependencies=dependencies)
     move_to_front(app, app.router.routes[before:])
+
+
+def remove_api_docs(app: FastAPI) -> None:
+    """Turn off FastAPI's schema and documentation pages (/openapi.json, /docs and its OAuth redirect,
+    /redoc), which Chainlit's app serves to anyone without sign-in (Swagger UI loading its script
+    from a CDN): as `FastAPI(openapi_url=None, docs_url=None, redoc_url=None)` would, so their paths
+    get Chainlit's page like any other unknown path."""
+    paths = {app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url} - {None}
+    app.router.routes[:] = [route for route in app.router.routes if getattr(route, "path", None) not in paths]
+    app.openapi_url = app.docs_url = app.redoc_url = None
 
 
 def install_api(app: FastAPI, runtime: Runtime) -> None:

@@ -6,12 +6,17 @@ the body's dicts unchecked (`element["display"]`, `Action(**action)`): an unknow
 key or a value of the wrong type each gave a 500 and a traceback. The routes put in front of them
 here answer 404 for a session that is not live and 400 for a body Chainlit cannot use, then hand the
 request to Chainlit's own route, which checks that the session is the caller's.
+
+Its file route (`GET /project/file/{id}`) served an upload with the type its uploader chose, inline:
+an uploaded HTML page ran its script on the app's origin. The route in front of it serves every file
+as a download (`Content-Disposition: attachment`), not to be sniffed, in a sandbox without scripts.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
+from urllib.parse import quote
 
 from chainlit import server as chainlit_server
 from chainlit.action import Action
@@ -20,6 +25,7 @@ from chainlit.config import config as chainlit_config
 from chainlit.session import WebsocketSession
 from chainlit.types import CallActionRequest, ConnectMCPRequest, DisconnectMCPRequest, ElementRequest
 from fastapi import Depends, FastAPI, HTTPException
+from starlette.responses import Response
 
 from services.web.routes import move_to_front
 
@@ -113,8 +119,31 @@ async def disconnect_mcp(payload: DisconnectMCPRequest, user: Any = SIGNED_IN) -
     return await chainlit_server.disconnect_mcp(payload, user)
 
 
+# What a served file's response says, whatever type its uploader chose: download it, never sniff it
+# into something else, and run nothing of it even where a browser would show it.
+DOWNLOAD_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "Content-Security-Policy": "sandbox; default-src 'none'",
+}
+
+
+def attachment(name: str) -> str:
+    """A Content-Disposition that downloads the file under `name` (quoted safely, UTF-8 kept)."""
+    name = name or "file"
+    plain = "".join(c if c.isascii() and c.isprintable() and c not in '"\\' else "_" for c in name)
+    return f"attachment; filename=\"{plain or 'file'}\"; filename*=UTF-8''{quote(name, safe='')}"
+
+
+async def download_file(file_id: str, session_id: str, user: Any = SIGNED_IN) -> Response:
+    response = await chainlit_server.get_file(file_id, session_id, user)
+    session = WebsocketSession.get_by_id(session_id)
+    name = str((session.files.get(file_id) or {}).get("name") or "file") if session else "file"
+    response.headers.update({**DOWNLOAD_HEADERS, "Content-Disposition": attachment(name)})
+    return response
+
+
 def install_session_routes(app: FastAPI) -> None:
-    """Put the checked versions of the element, action and MCP routes in front of Chainlit's."""
+    """Put the checked versions of the element, action, MCP and file routes in front of Chainlit's."""
     before = len(app.router.routes)
     for path, endpoint, method in (
         ("/project/element", update_element, "PUT"),
@@ -122,6 +151,7 @@ def install_session_routes(app: FastAPI) -> None:
         ("/project/action", call_action, "POST"),
         ("/mcp", connect_mcp, "POST"),
         ("/mcp", disconnect_mcp, "DELETE"),
+        ("/project/file/{file_id}", download_file, "GET"),
     ):
         app.add_api_route(path, endpoint, methods=[method], include_in_schema=False)
     move_to_front(app, app.router.routes[before:])

@@ -1,8 +1,10 @@
 """`/export`, `/import` (with the file attached) and `/share` [`revoke`] in the chat: the page's way
-to the export, import and share routes. Their answers are never stored (a share link is shown once)."""
+to the export, import and share routes. Their answers are never stored (a share link is shown once).
+An import that fails says so in a sentence, never with the exception's text (Chainlit would show it)."""
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -13,6 +15,8 @@ from services.runtime import Runtime
 from services.transfer.archive import BadImport
 from services.transfer.reading import FORMATS
 from services.web.transfer_routes import SHARE_PAGE
+
+logger = logging.getLogger(__name__)
 
 TRANSFER_COMMANDS = ("/export", "/import", "/share")
 HELP = "Commands: `/export`, `/import` (attach the file), `/share`, `/share revoke`."
@@ -83,12 +87,15 @@ async def _import(runtime: Runtime, owner: str, files: list[tuple[str, str]]) ->
     path = Path(files[0][0])
     name = files[0][1]
     limit = runtime.settings.import_max_bytes
-    if path.stat().st_size > limit:
-        return f"«{name}» was not imported: it is larger than {limit:,} bytes."
     try:
+        if path.stat().st_size > limit:
+            return f"«{name}» was not imported: it is larger than {limit:,} bytes."
         imported = await runtime.transfers.import_file(owner, path.read_bytes(), chainlit_config.ui.name)
     except BadImport as error:
         return f"«{name}» was not imported (nothing was stored): {error}"
+    except Exception as error:  # not the file's fault (the database, a bug): the log says what, not the page
+        logger.exception("import of a file failed: %s", type(error).__name__)
+        return f"«{name}» could not be imported right now (nothing was stored). Try again in a while."
     titles = ", ".join(f"«{title}»" for title in imported.titles[:10])
     more = f" and {len(imported.titles) - 10} more" if len(imported.titles) > 10 else ""
     return (

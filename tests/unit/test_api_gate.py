@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,6 +26,8 @@ from services.api.checks import check_request, parse_body
 from services.api.errors import ApiError, normalize_error
 from services.api.gate import ApiGate, ApiRoute, SharedAdmission
 from services.api.metrics import ApiMetrics
+from services.api.models import ModelsServer
+from services.api.remote import RemoteApiServer
 from services.api.server import OpenAiServer, model_name, vllm_args
 from services.api.usage import AnswerMeter
 from services.config import Settings
@@ -131,6 +134,62 @@ def test_checks_name_what_is_wrong() -> None:
         CHAT, {"model": "m", "messages": [{}] * 4, "n": 1, "top_k": 5, "ignore_eos": True}, SETTINGS
     )
     check_request("/v1/completions", {"prompt": "x", "echo": True, "logprobs": 2}, SETTINGS)
+
+
+COMPLETIONS = "/v1/completions"
+ONE_CHOICE = Settings.from_env({"API_MAX_CHOICES": "1"})
+
+
+def refused_for(path: str, body: dict, settings: Settings = ONE_CHOICE) -> ApiError | None:
+    try:
+        check_request(path, body, settings)
+    except ApiError as error:
+        return error
+    return None
+
+
+@pytest.mark.parametrize("n", ["8", 8.0, "8.0", " 8 ", "8_0", 2, "2"])
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+def test_n_counts_as_vllm_reads_it_whatever_its_json_type(path: str, n) -> None:
+    """vLLM's request models coerce `"8"`, `8.0` and `"8.0"` to 8 (pydantic's lax mode): so does the gate."""
+    body = {"messages": HELLO} if path == CHAT else {"prompt": "Once"}
+    refusal = refused_for(path, {**body, "n": n})
+    assert refusal is not None and refusal.param == "n" and refusal.code == "unsupported_value", n
+    assert f"n={int(float(str(n).replace('_', '')))}" in str(refusal)
+
+
+@pytest.mark.parametrize("n", [1, "1", 1.0, True, None, 0, -3, 8.5, "eight", [8]])
+def test_n_that_is_one_or_that_vllm_refuses_itself_passes_the_gate(n) -> None:
+    assert refused_for(CHAT, {"messages": HELLO, "n": n}) is None, n
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [["a", "b"], [[1, 2], [3]], ["1", "2"]],
+    ids=["texts", "token lists", "digit texts"],
+)
+def test_each_prompt_of_a_list_is_a_sequence_of_its_own(prompt) -> None:
+    refusal = refused_for(COMPLETIONS, {"prompt": prompt})
+    assert refusal is not None and refusal.code == "too_many_choices" and refusal.param == "prompt"
+    assert "2 choices (2 prompts, n=1)" in str(refusal)
+    with_embeds = refused_for(COMPLETIONS, {"prompt": "x", "prompt_embeds": ["AAAA"]})
+    assert with_embeds is not None and with_embeds.code == "too_many_choices"
+
+
+def test_one_prompt_in_any_form_is_one_sequence() -> None:
+    for prompt in ("Once upon a time", [1, 2, 3], [[1, 2, 3]], ["Once"], [1, "2"]):
+        assert refused_for(COMPLETIONS, {"prompt": prompt}) is None, prompt
+
+
+def test_choices_are_n_times_the_prompts_up_to_the_limit() -> None:
+    four = Settings.from_env({"API_MAX_CHOICES": "4"})
+    assert refused_for(COMPLETIONS, {"prompt": ["a", "b"], "n": "2"}, four) is None
+    beams = refused_for(COMPLETIONS, {"prompt": ["a", "b"], "n": "2.0", "use_beam_search": True}, four)
+    assert beams is None, "2 x 2 is 4: within"
+    refusal = refused_for(COMPLETIONS, {"prompt": ["a", "b", "c"], "n": 2.0}, four)
+    assert refusal is not None and "6 choices (3 prompts, n=2)" in str(refusal)
+    assert refused_for(CHAT, {"messages": HELLO, "n": "5"}, four) is not None
+    assert refused_for(CHAT, {"messages": HELLO, "best_of": 8}, four).code == "unrecognized_argument"  # type: ignore[union-attr]
 
 
 def test_errors_have_openai_shape() -> None:
@@ -385,3 +444,75 @@ async def test_vllm_refuses_an_unknown_model_and_max_tokens_past_the_context(
     assert (
         "max_model_len" in answered(error)["message"] and answered(error)["type"] == "invalid_request_error"
     )
+
+
+@in_loop
+async def test_the_models_list_names_no_path_on_the_server(api_server_args: argparse.Namespace) -> None:
+    """vLLM's own listing (its registry, as init_app_state builds it) puts the model's folder in
+    `root`; every kind of API server answers without it."""
+    from vllm.entrypoints.openai.models.protocol import BaseModelPath
+    from vllm.entrypoints.openai.models.serving import OpenAIModelRegistry
+
+    folder = api_server_args.model
+    assert folder == "/models/tiny-llama"
+    server = OpenAiServer(API_SERVER)
+    paths = [BaseModelPath(name=MODEL, model_path=folder)]
+    server.app.state.openai_serving_models = OpenAIModelRegistry(
+        model_config=SimpleNamespace(max_model_len=TINY_MAX_MODEL_LEN),  # type: ignore[arg-type]
+        base_model_paths=paths,
+    )
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=server.app), base_url="http://api"
+    ) as http:
+        listed = await http.get("/v1/models")
+    assert listed.status_code == 200 and folder not in listed.text, listed.text
+    [card] = listed.json()["data"]
+    assert card["id"] == card["root"] == MODEL and card["max_model_len"] == TINY_MAX_MODEL_LEN
+
+    several = ModelsServer(Settings.from_env({"MODELS": "/srv/models/tiny-a,/srv/models/tiny-b"}))
+    several.models = [(name, SimpleNamespace(max_model_len=64)) for name in several.servers]  # type: ignore[assignment]
+    assert "/srv" not in json.dumps(several.models_card())
+    remote = RemoteApiServer(Settings.from_env({"ENGINE_URLS": "http://10.0.0.5:8000"}))
+    remote.remote = SimpleNamespace(
+        servers=[SimpleNamespace(models={"tiny": SimpleNamespace(id="/srv/tiny")})]
+    )  # type: ignore[assignment]
+    remote.models = SimpleNamespace(names=["tiny"], engine=lambda name: SimpleNamespace(max_model_len=64))  # type: ignore[assignment]
+    assert [card["root"] for card in remote.models_card()["data"]] == ["tiny"]
+
+
+def test_a_chat_template_error_is_one_log_line_not_a_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    """A bad chat_template_kwargs: transformers raises as vLLM applies the template, vLLM logs the
+    traceback (then answers 400). The API's app puts the filter on that logger when it is built."""
+    from vllm.renderers.hf import safe_apply_chat_template
+
+    class Tokenizer:  # transformers' refusal of the request's arguments, as a real tokenizer raises it
+        name_or_path = "tiny"
+
+        def get_chat_template(self, chat_template: str, tools=None) -> str:
+            return chat_template
+
+        def apply_chat_template(self, conversation, tools=None, chat_template=None, tokenize=True, **kwargs):
+            raise TypeError("apply_chat_template() got an unexpected value\nfor 'documents'")
+
+    OpenAiServer(API_SERVER)  # builds the API's app, as the runtime does
+    caplog.set_level(logging.INFO, logger="vllm.renderers.hf")
+    vllm_logger = logging.getLogger("vllm")
+    vllm_logger.addHandler(caplog.handler)  # vLLM's loggers do not propagate to the root's
+    try:
+        with pytest.raises(ValueError, match="unexpected value"):
+            safe_apply_chat_template(
+                None,  # type: ignore[arg-type]
+                Tokenizer(),  # type: ignore[arg-type]
+                [{"role": "user", "content": "Hi"}],
+                chat_template="{{ messages }}{{ documents }}",
+                tokenize=False,
+                documents=5,
+            )
+    finally:
+        vllm_logger.removeHandler(caplog.handler)
+    [record] = [r for r in caplog.records if r.name == "vllm.renderers.hf"]
+    assert record.exc_info is None and "Traceback" not in caplog.text
+    assert (
+        "(TypeError: apply_chat_template() got an unexpected value\\nfor 'documents')" in record.getMessage()
+    )
+    assert len(caplog.text.strip().splitlines()) == 1, caplog.text

@@ -3,9 +3,11 @@ the CSV, and the log itself on a real SQLite database: append, list by filter, r
 
 from __future__ import annotations
 
+import argparse
 import json
+import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from sqlalchemy import text
 
 from harness.server import ROOT
 from services.accounts.actions import AccountActions
+from services.accounts.audit_command import run_audit_command
 from services.accounts.keys import ApiKeyStore
 from services.accounts.sign_in import SignIn, SignInRequest, current_request
 from services.accounts.store import AccountStore
@@ -23,6 +26,7 @@ from services.audit import log as audit_log
 from services.audit.details import MASK, clean, details_json, is_secret_name, masked_settings, scrub
 from services.audit.filters import AuditFilter, FilterError, parse_since, safe_cell, timestamp, to_csv
 from services.audit.log import COLUMNS, AuditEntry, AuditLog
+from services.audit.log_lines import install_one_line_logs, one_line
 from services.config import Settings
 from services.history.database import create_engine
 from services.history.migrations import migrate
@@ -187,3 +191,63 @@ async def test_sign_ins_and_account_changes_are_recorded_without_secrets(audit: 
     for secret in ("carols-password-1", "carols-password-2", "wrong-password-9", key):
         assert secret not in everything
     assert key[:12] in everything  # the prefix people see is kept
+
+
+FORGED = "mallory\nINFO services.accounts.sign_in: signed admin in\r\x1b[2K\u2028\u202e"
+
+
+def test_one_line_escapes_whatever_could_start_or_hide_a_line() -> None:
+    assert one_line(FORGED + "\ud800") == (
+        "mallory\\nINFO services.accounts.sign_in: signed admin in\\r\\x1b[2K\\u2028\\u202e\\ud800"
+    )
+    for text_ in ("plain", "Zoë «résumé» 東京 🙂", "tab-free, space kept", ""):
+        assert one_line(text_) == text_
+    for character in ("\x00", "\x7f", "\x85", "\u2029", "\ufeff", "\u200e"):
+        assert character not in one_line(f"a{character}b") and "\\" in one_line(f"a{character}b")
+
+
+@pytest.fixture
+def one_line_logs() -> Iterator[None]:
+    """The app's log records (services/web/edge.py installs them at import), for this test only."""
+    before = logging.getLogRecordFactory()
+    logging.setLogRecordFactory(logging.LogRecord)
+    install_one_line_logs()
+    yield
+    logging.setLogRecordFactory(before)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_sign_in_name_with_a_newline_is_one_line_in_the_log_and_in_the_audit_log(
+    audit: AuditLog, one_line_logs: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    sign_in = SignIn(audit.settings, "password", AccountStore(audit.engine), audit=audit)
+    token = current_request.set(SignInRequest(address="10.1.2.3", peer="10.1.2.3"))
+    try:
+        assert await sign_in.password(FORGED, "a guess") is None
+    finally:
+        current_request.reset(token)
+    failed = [r for r in caplog.records if "sign-in failed" in r.getMessage()]
+    assert len(failed) == 1 and "mallory\\nINFO" in failed[0].getMessage()
+    assert all("\n" not in r.getMessage() and "\r" not in r.getMessage() for r in caplog.records)
+    assert len(caplog.text.splitlines()) == len(caplog.records), caplog.text
+    [entry] = await audit.entries(AuditFilter.parse(action=actions.SIGN_IN_FAILED), 10)
+    assert entry.actor.startswith("mallory\\nINFO") and entry.target == entry.actor
+    assert all(cell.isprintable() for cell in entry.row()), entry.row()
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_the_audit_command_shows_an_entry_on_one_line_even_one_stored_raw(audit: AuditLog) -> None:
+    """An entry written before names were escaped on the way in (straight into the table here)."""
+    async with audit.engine.begin() as connection:
+        await connection.execute(
+            text("INSERT INTO audit_log (id, at, actor, action, target, address, details) "
+                 "VALUES ('raw', :at, :who, 'sign_in.failed', :who, '10.0.0.9', '{}')"),
+            {"at": timestamp(datetime.now(UTC)), "who": FORGED},
+        )  # fmt: skip
+    await audit.record(FORGED, actions.SIGN_IN_FAILED, FORGED, {"mode": f"password{FORGED}"}, "10.0.0.8")
+    arguments = argparse.Namespace(actor="", action="", since="", csv=False, limit=50)
+    table = await run_audit_command(arguments, audit, audit.settings)
+    lines = table.splitlines()
+    assert len(lines) == 3, table  # the header and the two entries
+    assert all(line.isprintable() for line in lines) and sum("mallory\\nINFO" in line for line in lines) == 2

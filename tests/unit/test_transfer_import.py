@@ -5,14 +5,20 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from services.accounts.store import AccountStore
 from services.config import Settings
+from services.history.database import create_engine
+from services.history.migrations import migrate
 from services.transfer.archive import BadImport, Conversation, ImportLimits, Message, archive_text
 from services.transfer.markdown import to_markdown
 from services.transfer.reading import read_conversations
 from services.transfer.service import Transfers
+from services.web import transfer_chat
 
 LIMITS = ImportLimits(max_conversations=5, max_messages=6, max_message_chars=1000, max_depth=16)
 
@@ -197,3 +203,78 @@ async def test_the_servers_bad_files_are_refused_before_anything_is_stored(data:
     with pytest.raises(BadImport) as refused:
         await transfers.import_file("bob", data, "Assistant")
     assert words in str(refused.value)
+
+
+# JSON may carry what UTF-8 cannot: a lone surrogate; and NUL, which PostgreSQL's text refuses.
+UNSTORABLE_TITLE = "Notes \ud800 end\x00"
+UNSTORABLE_TEXT = "hi \udfff there\x00"
+
+
+@pytest.mark.parametrize("format_name", ["archive", "chatgpt"])
+def test_text_the_database_cannot_keep_becomes_the_replacement_character(format_name: str) -> None:
+    if format_name == "archive":
+        data = archive(
+            [{"title": UNSTORABLE_TITLE, "messages": [{"role": "user", "content": UNSTORABLE_TEXT}]}]
+        )
+    else:
+        mapping = {"q": node("q", "user", UNSTORABLE_TEXT, None, [])}
+        data = chatgpt(mapping, "q", title=UNSTORABLE_TITLE)
+    assert b"\\ud800" in data and b"\\u0000" in data, "the file carries them as JSON escapes"
+    [conversation] = read_conversations(data, LIMITS)
+    assert conversation.title == "Notes \ufffd end\ufffd"
+    assert conversation.messages[0].content == "hi \ufffd there\ufffd"
+    conversation.title.encode("utf-8")  # what the database's driver does first
+
+
+@pytest.mark.parametrize(
+    "at", ["9999-12-31T23:59:59-14:00", "0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59.999999-00:01"]
+)
+def test_a_time_past_what_python_can_hold_once_in_utc_is_dropped(at: str) -> None:
+    [conversation] = read_conversations(
+        archive([{"created_at": at, "messages": [{"role": "user", "content": "hi", "created_at": at}]}]),
+        LIMITS,
+    )
+    assert conversation.created_at is None and conversation.messages[0].created_at is None
+    [from_chatgpt] = read_conversations(chatgpt({"q": node("q", "user", "hi", None, [])}, "q"), LIMITS)
+    assert from_chatgpt.created_at == "2023-11-14T22:13:20.500Z", "ordinary times are kept"
+
+
+@pytest.mark.asyncio
+async def test_a_file_of_surrogates_nul_and_extreme_times_is_stored_and_exported(tmp_path: Path) -> None:
+    """What the import route and /import call, on a real SQLite database: the file used to fail in the
+    database driver (a 500 and a traceback)."""
+    settings = Settings.from_env({"DATA_DIR": str(tmp_path)})
+    engine = create_engine(settings)
+    await migrate(engine)
+    try:
+        await AccountStore(engine).add("bob", "bobs-password-1")
+        transfers = Transfers(engine, settings)
+        data = archive([{"title": UNSTORABLE_TITLE, "created_at": "9999-12-31T23:59:59-14:00",
+                         "messages": [{"role": "user", "content": UNSTORABLE_TEXT,
+                                       "created_at": "0001-01-01T00:00:00+14:00"}]}])  # fmt: skip
+        imported = await transfers.import_file("bob", data, "Assistant")
+        assert imported.titles == ["Notes \ufffd end\ufffd"]
+        exported = await transfers.export_one(imported.thread_ids[0], "bob", "json")
+        assert (
+            exported is not None
+            and "hi \ufffd there\ufffd"
+            in json.loads(exported.text)["conversations"][0]["messages"][0]["content"]
+        )
+    finally:
+        await engine.dispose()
+
+
+@pytest.mark.asyncio
+async def test_the_chats_import_tells_a_failure_in_a_sentence_not_the_exceptions_text(tmp_path: Path) -> None:
+    class Failing:
+        async def import_file(self, owner: str, data: bytes, assistant_name: str) -> None:
+            raise RuntimeError("database exploded at /srv/secret/chat.db")
+
+    upload = tmp_path / "upload"
+    upload.write_bytes(archive([GOOD]))
+    runtime = SimpleNamespace(transfers=Failing(), settings=Settings.from_env({}))
+    said = await transfer_chat._import(runtime, "bob", [(str(upload), "mine.json")])  # type: ignore[arg-type]
+    assert "«mine.json» could not be imported right now (nothing was stored)" in said
+    assert "exploded" not in said and "/srv" not in said and "RuntimeError" not in said
+    gone = await transfer_chat._import(runtime, "bob", [(str(tmp_path / "gone"), "gone.json")])  # type: ignore[arg-type]
+    assert "could not be imported right now" in gone, "a file removed meanwhile"

@@ -54,6 +54,7 @@ def test_models_list_names_the_served_model(api_server: AppServer, key: str) -> 
     models = client(api_server, key).models.list()
     assert [model.id for model in models.data] == [MODEL]
     assert models.data[0].max_model_len == TINY_MAX_MODEL_LEN  # vLLM's own field
+    assert models.data[0].model_dump()["root"] == MODEL, "vLLM's root is the model's folder on the server"
 
 
 def test_chat_completion_answers_in_one_response(api_server: AppServer, key: str) -> None:

@@ -89,3 +89,15 @@ def test_a_shared_folder_is_refused_as_data_dir(tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match="shared folder"):
         ensure_data_dir(Settings.from_env({"DATA_DIR": str(shared)}))
     assert mode(shared) == 0o1777, "left as it was"
+
+
+@in_loop
+async def test_the_api_documentation_is_off(target: AppServer) -> None:
+    """FastAPI's schema and documentation pages told anyone, without sign-in, every route and its
+    parameters (Swagger UI loading its script from a CDN); their paths are now the chat page's."""
+    async with httpx.AsyncClient(base_url=target.base_url, timeout=30) as http:
+        page = (await http.get("/no/such/page")).text
+        for path in ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"):
+            answer = await http.get(path)
+            assert answer.text == page and '"openapi"' not in answer.text, (path, answer.text[:300])
+            assert "swagger" not in answer.text.lower() and "redoc" not in answer.text.lower(), path

@@ -11,6 +11,7 @@ import re
 import httpx
 import pytest
 
+from harness.chat_client import ChatClient
 from harness.server import AppServer
 from tests.system.security.conftest import ALICE
 
@@ -76,3 +77,24 @@ async def test_the_cookie_is_secure_when_a_trusted_proxy_says_https(target: AppS
     cookie = proxied.headers.get_list("set-cookie")
     assert cookie and all("; secure" in c.lower() for c in cookie), cookie
     assert "secure" not in plain.headers["set-cookie"].lower(), "plain http on loopback keeps working"
+
+
+@in_loop
+async def test_an_uploaded_page_is_served_as_a_download_that_runs_nothing(target: AppServer) -> None:
+    """Chainlit serves an upload with the type its uploader chose, inline: an HTML file would run its
+    script on the app's origin."""
+    alice = ChatClient(target.base_url, *ALICE)
+    await alice.connect()
+    try:
+        page = b"<html><script>fetch('/user').then(r => r.text()).then(alert)</script></html>"
+        file_id = await alice.upload("report «final».html", page, "text/html")
+        served = await alice.http("GET", f"/project/file/{file_id}", params={"session_id": alice.session_id})
+    finally:
+        await alice.close()
+    assert served.status_code == 200 and served.content == page, served.status_code
+    disposition = served.headers.get("content-disposition", "")
+    assert disposition.startswith("attachment;") and "filename*=UTF-8''report%20%C2%ABfinal%C2%BB.html" in (
+        disposition
+    ), disposition
+    assert served.headers.get("x-content-type-options") == "nosniff"
+    assert "sandbox" in served.headers.get("content-security-policy", ""), served.headers

@@ -10,7 +10,7 @@ import httpx
 import pytest
 import socketio
 
-from harness.chat_client import SOCKET_PATH, handshake, sign_in
+from harness.chat_client import COOKIE_NAME, SOCKET_PATH, handshake, sign_in
 from harness.server import AppServer
 from tests.system.security.conftest import ALICE
 
@@ -78,3 +78,19 @@ async def test_cross_origin_requests_get_no_cors_permission(target: AppServer) -
     assert preflight.status_code == 400, preflight.text
     assert read.status_code == 200 and "access-control-allow-origin" not in read.headers, read.headers
     assert own.headers.get("access-control-allow-origin") == target.base_url
+
+
+@in_loop
+async def test_a_sign_in_form_posted_from_another_site_is_refused(target: AppServer) -> None:
+    """Login CSRF: another site's page auto-submits the attacker's name and password to /login, which
+    would sign its visitor's browser in as the attacker. Every other write route gets the same rule
+    (tests/unit/security/test_same_origin_writes.py walks Chainlit's route table)."""
+    form = {"username": ALICE[0], "password": ALICE[1]}
+    async with httpx.AsyncClient(base_url=target.base_url, timeout=30) as http:
+        foreign = await http.post("/login", data=form, headers={"Origin": "https://evil.example"})
+        unnamed = await http.post("/login", data=form, headers={"Sec-Fetch-Site": "cross-site"})
+        own = await http.post("/login", data=form, headers={"Origin": target.base_url})
+    for refused in (foreign, unnamed):
+        assert refused.status_code == 403, (refused.status_code, refused.text)
+        assert "set-cookie" not in refused.headers and COOKIE_NAME not in refused.cookies
+    assert own.status_code == 200 and COOKIE_NAME in own.cookies, (own.status_code, own.text)

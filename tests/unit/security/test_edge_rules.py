@@ -7,7 +7,10 @@ import base64
 import hashlib
 import json
 
+import httpx
 import pytest
+from fastapi import FastAPI
+from fastapi.responses import PlainTextResponse
 
 from services.api.checks import MAX_JSON_DEPTH, JsonTooDeep, check_request, parse_body, parse_json
 from services.api.errors import ApiError
@@ -15,6 +18,8 @@ from services.config import Settings, SettingsError
 from services.observability.ops_access import operator_refusal, require_ops_token
 from services.web.headers import SecurityHeaders, page_policy, secure_cookie
 from services.web.origins import OriginPolicy, origin_policy
+from services.web.routes import remove_api_docs
+from services.web.session_routes import attachment
 from tests.system.security.fuzzing import NESTING_DEPTHS, Deep
 
 DEEP = b"[" * 100_000 + b"]" * 100_000
@@ -157,3 +162,26 @@ def test_api_bodies_with_numbers_no_engine_can_carry_are_400(body: bytes) -> Non
 
 def test_api_bodies_with_ordinary_numbers_pass() -> None:
     assert parse_body(b'{"seed": 9223372036854775807, "temperature": 0.7, "stream": true}', 64)["seed"] > 0
+
+
+def test_a_served_file_is_a_download_under_its_own_name_quoted_safely() -> None:
+    assert attachment("notes.html") == "attachment; filename=\"notes.html\"; filename*=UTF-8''notes.html"
+    tricky = attachment('a"b\\c\r\nSet-Cookie: x=1;«é».svg')
+    assert "\r" not in tricky and "\n" not in tricky and tricky.count('"') == 2, tricky
+    assert tricky.startswith('attachment; filename="a_b_c__Set-Cookie: x=1;___.svg"'), tricky
+    assert attachment("") == "attachment; filename=\"file\"; filename*=UTF-8''file"
+
+
+@pytest.mark.asyncio
+async def test_the_api_documentation_is_off_and_its_paths_are_any_unknown_path() -> None:
+    """Chainlit's FastAPI app keeps FastAPI's /openapi.json, /docs and /redoc, open to anyone."""
+    app = FastAPI()  # as Chainlit makes it: the documentation on, and a page for every other path
+    app.get("/user")(lambda: {"me": 1})
+    app.get("/{full_path:path}")(lambda full_path: PlainTextResponse("the chat page"))
+    remove_api_docs(app)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as http:
+        for path in ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"):
+            answer = await http.get(path)
+            assert answer.text == "the chat page", (path, answer.text[:200])
+        assert (await http.get("/user")).json() == {"me": 1}
+    assert app.openapi_url is None and app.docs_url is None and app.redoc_url is None
