@@ -6,8 +6,8 @@ vLLM engines a run started.
 `scripts/test.sh --all` runs everything. Markers (pyproject.toml lists them):
 
 - `engine`: needs a model, so an engine or a server (set here from the model fixtures);
-- `default_model`: on the default model (a `default_server`, or marked by its module);
-- `browser`: drives Chromium (tests/system/browser/, or marked by its module);
+- `default_model`: on the default model (set from `default_server`);
+- `browser`: drives Chromium (tests/system/browser/, the `page` fixture, or marked by hand);
 - `postgres`, `ldap`: start a throwaway PostgreSQL cluster or slapd;
 - `fuzz`: Hypothesis tests; their example counts come from the profile, never from the test;
 - `topology`: several processes standing for a deployment (replicas, routers, balancers); long;
@@ -31,6 +31,7 @@ MARK_BY_FIXTURE = {
     "tiny_model_dir": "engine",
     "default_model_dir": "engine",
     "default_server": "default_model",
+    "page": "browser",
     "postgres": "postgres",
     "slapd": "ldap",
 }

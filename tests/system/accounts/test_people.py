@@ -241,6 +241,7 @@ def test_a_public_address_without_sign_in_refuses_to_start(tmp_path: Path) -> No
 
 
 # --- the page, in a real browser ----------------------------------------------------
+@pytest.mark.browser
 def test_browser_signs_in_chats_reloads_and_continues(people_server: AppServer) -> None:
     blocked: list[str] = []
     screenshots = ARTIFACTS / "screenshots"

@@ -70,6 +70,7 @@ class AdminClient:
         return self.http.post(path, data={"csrf": self.csrf, **fields}, headers={"Origin": self.origin})
 
 
+@pytest.mark.browser
 def test_the_administrator_manages_accounts_and_keys_in_the_browser(server: AppServer) -> None:
     SHOTS.mkdir(parents=True, exist_ok=True)
     name, new_password = f"web-{uuid.uuid4().hex[:8]}", f"first-{uuid.uuid4().hex[:10]}"

@@ -139,6 +139,7 @@ async def test_the_local_browser_still_signs_in_without_a_token(local_target: Ap
         await client.close()
 
 
+@pytest.mark.browser
 def test_a_real_browser_under_another_name_gets_nothing_but_chats_with_the_token(
     local_target: AppServer,
 ) -> None:
