@@ -119,7 +119,6 @@ class SignIn:
             mode,
             accounts,
             settings.sign_in_lifetime_seconds,
-            settings.sign_in_check_seconds,
             recheck=self.ldap.session_problem if self.ldap else None,
         )
 
@@ -174,7 +173,6 @@ class SignIn:
         assert self.ldap is not None
         if (signed := await self.ldap.sign_in(username, password, client_address(), refuse)) is None:
             return None
-        self.sessions.moved_to(signed[0].identifier, signed[1])
         return self.sessions.stamp(*signed)
 
     async def header(self, headers: Mapping[str, str]) -> User | None:

@@ -131,8 +131,9 @@ class AccountSettings:
     sign_in_check_seconds: float = setting(
         30.0,
         "SIGN_IN_CHECK_SECONDS",
-        "How long a process trusts what it last read of an account when checking a sign-in: a sign-out, "
-        "new password, new role or removal made elsewhere (the accounts command, another replica) ends "
-        "the account's sign-ins here within this time; in the process that made it, at once.",
+        "LDAP mode with LDAP_BIND_DN: how long a process trusts what the directory last said of a "
+        "signed-in person (removed from it, or moved in or out of the admins' group: signed out within "
+        "this time). Accounts in the database are read at every check: a sign-out, new password, new "
+        "role or removal ends their sign-ins at once in every process.",
         0,
     )

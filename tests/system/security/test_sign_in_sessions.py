@@ -1,12 +1,14 @@
 """Sign-ins end when they should, at every door: after a new password, a new role, the account's
 removal (even when the name is given out again) and a sign-out, an old cookie is refused on the
 HTTP routes, at the socket and by `POST /auth/jwt` (which would otherwise swap it for a fresh one);
-a chat open at the time is refused its next message. The accounts command runs in its own process,
-so the server sees its changes within SIGN_IN_CHECK_SECONDS (1 s on the target)."""
+a chat open at the time is refused its next message, and an answer under way when its account is
+removed is not stored. The accounts command runs in its own process, like another replica: the
+server reads the account at every check, so it sees the change at once."""
 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 import uuid
 from pathlib import Path
@@ -18,6 +20,7 @@ import socketio
 
 from harness.chat_client import COOKIE_NAME, ChatClient, sign_in
 from harness.server import AppServer
+from harness.waiting import until
 from tests.system.security.conftest import SIGN_IN_CHECK_SECONDS, accounts
 
 in_loop = pytest.mark.asyncio(loop_scope="package")
@@ -151,3 +154,34 @@ async def test_a_new_role_ends_the_accounts_sign_ins(target: AppServer) -> None:
     await assert_ended(target, cookie)
     admin = await sign_in(target.base_url, name, password)
     assert admin and (await request(target, admin, "GET", "/user")).json()["metadata"]["role"] == "admin"
+
+
+def stored_rows(server: AppServer, thread_id: str) -> int:
+    """The conversation's rows (its thread and its messages) in the server's database."""
+    with sqlite3.connect(Path(server.env["DATA_DIR"]) / "chat.db") as database:
+        threads = database.execute('SELECT COUNT(*) FROM threads WHERE "id" = ?', (thread_id,)).fetchone()
+        steps = database.execute('SELECT COUNT(*) FROM steps WHERE "threadId" = ?', (thread_id,)).fetchone()
+    return int(threads[0]) + int(steps[0])
+
+
+@in_loop
+async def test_an_answer_under_way_when_its_account_is_removed_is_not_stored(target: AppServer) -> None:
+    name, password = new_person(target)
+    chat = ChatClient(target.base_url, name, password)
+    await chat.connect()
+    await chat.start_long_answer()
+    thread_id = chat.thread_id
+    assert thread_id
+    await until(lambda: stored_rows(target, thread_id), "the new conversation stored", 30, interval=0.1)
+    await asyncio.to_thread(operator, target, "remove", name)  # its conversations are deleted
+    mark = target.log_path.stat().st_size
+    await chat.stop()  # the answer so far is written as its turn ends
+    await chat.leave()  # and the tab's chat settings as it closes
+
+    def dropped_or_stored() -> bool:
+        log = target.log_path.read_bytes()[mark:].decode(errors="replace")
+        return f"a write of {name}'s conversation was not stored" in log or stored_rows(target, thread_id) > 0
+
+    await until(dropped_or_stored, "the late writes dropped (or stored)", 30, interval=0.1)
+    await asyncio.sleep(1)  # the tab's last write comes after the answer's
+    assert stored_rows(target, thread_id) == 0, "the late writes brought the conversation back"
