@@ -15,7 +15,7 @@
 
 Passwords are asked for on a terminal, read from the first line of stdin otherwise, or generated
 (`--generate`, printed once). Safe to run while the app runs. A new password, a new role and removal
-sign the account out everywhere (within SIGN_IN_CHECK_SECONDS in running apps). Every change is
+sign the account out everywhere, at once in running apps. Every change is
 recorded in the audit log with the actor "cli".
 """
 

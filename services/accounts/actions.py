@@ -3,14 +3,12 @@ accounts command (actor "cli") and the admin page (actor: the administrator) cal
 exactly the same thing.
 
 A new password, a new role and removal end the account's sign-ins (the store moves its session
-generation); `ended` lets the process that made the change forget what it read of the account, so
-its own checks refuse the old cookies at once instead of within SIGN_IN_CHECK_SECONDS.
+generation, which every process reads at each check: services/accounts/sessions.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from services.accounts.keys import PREFIX_CHARS, ApiKeyStore
@@ -30,7 +28,6 @@ class AccountActions:
     actor: str
     via: str
     address: str | None = None
-    ended: Callable[[str], None] = field(default=lambda identifier: None)
 
     async def _record(self, action: str, target: str, **details: Any) -> None:
         if self.audit is not None:
@@ -42,27 +39,23 @@ class AccountActions:
         await self._record(
             actions.ACCOUNT_ADDED, account.identifier, role=role, sign_in=sign_in, generated=generated
         )
-        self.ended(account.identifier)
         return account
 
     async def remove(self, username: str) -> int:
         deleted = await self.store.remove(username)
         identifier = normalize_username(username)
         await self._record(actions.ACCOUNT_REMOVED, identifier, conversations_deleted=deleted)
-        self.ended(identifier)
         return deleted
 
     async def reset_password(self, username: str, password: str, generated: bool = False) -> None:
         await self.store.reset_password(username, password)
         identifier = normalize_username(username)
         await self._record(actions.PASSWORD_RESET, identifier, generated=generated)
-        self.ended(identifier)
 
     async def set_role(self, username: str, role: str) -> None:
         await self.store.set_role(username, role)
         identifier = normalize_username(username)
         await self._record(actions.ACCOUNT_ROLE_CHANGED, identifier, role=role)
-        self.ended(identifier)
 
     async def link(self, username: str, identity: str) -> str:
         linked = await self.store.link(username, identity)

@@ -11,10 +11,11 @@ refused, on every HTTP route, at the socket's connect and on every chat message,
 - its account is removed, or (password mode) gone;
 - its generation is not the account's (`users.session_generation`), which moves on sign-out,
   a new password, a new role, removal and an account given back (services/accounts/store.py).
-A process keeps what it read of an account for SIGN_IN_CHECK_SECONDS: a change made elsewhere
-(the accounts command, another replica) ends sessions here within that time; a sign-out ends
-them at once in the process that served it. When the database cannot answer, tokens that pass the
-claim checks are let through: database trouble must not stop the chat (as elsewhere in the app).
+The account is read afresh at every check (one indexed row; Chainlit reads the same row on every
+request itself): a change made anywhere (the accounts command, another replica, /admin) ends the
+account's sign-ins at once in every process. Writes already under way are the data layer's to drop
+(services/history/owned_writes.py). When the database cannot answer, tokens that pass the claim
+checks are let through: database trouble must not stop the chat (as elsewhere in the app).
 The one local user of a loopback install has nothing to revoke: only the lifetime applies.
 """
 
@@ -26,7 +27,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cachetools import LRUCache, TTLCache
 from chainlit.auth.jwt import decode_jwt
 from chainlit.user import User
 
@@ -36,7 +36,6 @@ logger = logging.getLogger(__name__)
 
 CLAIM = "session"
 CLOCK_SKEW_SECONDS = 300  # replicas' clocks may differ this much
-MAX_TRACKED_ACCOUNTS = 10_000
 SIGN_IN_AGAIN = "Please sign in again."
 
 
@@ -57,7 +56,6 @@ class Sessions:
         mode: str,
         accounts: AccountStore | None,
         lifetime_seconds: float,
-        check_seconds: float,
         clock: Callable[[], float] = time.time,
         recheck: Callable[[User], Awaitable[str | None]] | None = None,
     ) -> None:
@@ -68,8 +66,6 @@ class Sessions:
         self.accounts = accounts
         self.lifetime_seconds = lifetime_seconds
         self._clock = clock
-        self._seen: TTLCache = TTLCache(maxsize=MAX_TRACKED_ACCOUNTS, ttl=check_seconds)
-        self._floor: LRUCache = LRUCache(MAX_TRACKED_ACCOUNTS)  # generations this process moved to
 
     @property
     def revocable(self) -> bool:
@@ -137,37 +133,17 @@ class Sessions:
             return False
         if generation is None:
             return False
-        self._floor[identifier] = max(generation, self._floor.get(identifier, 0))
-        self._seen.pop(identifier, None)
         logger.info("signed %s out of every session", identifier)
         return True
 
-    def moved_to(self, identifier: str, generation: int) -> None:
-        """This process just gave the account `generation` (LDAP: a role the directory changed): its
-        new sign-in must not meet the generation read before."""
-        self._floor[identifier] = max(generation, self._floor.get(identifier, 0))
-        self._seen.pop(identifier, None)
-
-    def forget(self, identifier: str) -> None:
-        """Read the account again at its next check (this process just changed it)."""
-        self._seen.pop(identifier, None)
-
     async def _state(self, identifier: str) -> AccountState | None:
-        """The account as last read (at most SIGN_IN_CHECK_SECONDS ago), with this process's own
-        sign-outs applied at once; None when the database cannot answer."""
-        state = self._seen.get(identifier)
-        if state is None:
-            assert self.accounts is not None
-            try:
-                account = await self.accounts.get(identifier)
-            except Exception as error:
-                logger.warning("session check of %s skipped: %s", identifier, error)
-                return None
-            state = AccountState(
-                account is not None,
-                bool(account and account.disabled),
-                account.generation if account is not None else 0,
-            )
-            self._seen[identifier] = state
-        floor = self._floor.get(identifier, 0)
-        return state if state.generation >= floor else AccountState(state.exists, state.disabled, floor)
+        """The account as the database has it now; None when the database cannot answer."""
+        assert self.accounts is not None
+        try:
+            account = await self.accounts.get(identifier)
+        except Exception as error:
+            logger.warning("session check of %s skipped: %s", identifier, error)
+            return None
+        if account is None:
+            return AccountState(False, False, 0)
+        return AccountState(True, account.disabled, account.generation)

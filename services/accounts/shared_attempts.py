@@ -10,9 +10,9 @@ digests), read and written in one transaction that holds the keys' advisory lock
 order, so two attempts never wait for each other crosswise): guesses sent at once, to one replica
 or spread over several, are counted one by one, and an account or address is locked out at the
 limit once, not once per replica. A success on one replica clears the pair for all. Each key keeps
-at most its limit of rows, each for max(SIGN_IN_WINDOW_SECONDS, SIGN_IN_LOCKOUT_SECONDS), and an
-attempt deletes every expired row at most every SWEEP_SECONDS, so the table holds at most the
-attempts of that long.
+at most the rows its rule reads (limits.py: `kept`), each for max(SIGN_IN_WINDOW_SECONDS,
+SIGN_IN_LOCKOUT_SECONDS), and an attempt deletes every expired row at most every SWEEP_SECONDS, so
+the table holds at most the attempts of that long.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ class SharedAttempts:
         self.clock = clock
         self.swept_at = float("-inf")
 
-    def _keys(self, account: str, address: str | None) -> list[tuple[str, str]]:
-        return [(kind, digest(f"{kind}\n{key}")) for kind, key in self.local.keys(account, address)]
+    def _keys(self, account: str, address: str | None, device: str | None) -> list[tuple[str, str]]:
+        return [(kind, digest(f"{kind}\n{key}")) for kind, key in self.local.keys(account, address, device)]
 
     async def _recent(self, connection: AsyncConnection, keys: list[tuple[str, str]]) -> dict:
         """Each key's attempts within the horizon, oldest first: (kind, key) -> [(id, at)]; takes the
@@ -67,16 +67,16 @@ class SharedAttempts:
             if (kind, key) in found:
                 (found[(kind, key)] if at > horizon else stale).append((row_id, at))
         for (kind, _), rows in found.items():
-            stale += rows[: max(0, len(rows) - self.local.limits[kind])]
-            del rows[: max(0, len(rows) - self.local.limits[kind])]
+            stale += rows[: max(0, len(rows) - self.local.kept[kind])]
+            del rows[: max(0, len(rows) - self.local.kept[kind])]
         if stale:
             await connection.execute(FORGET, {"ids": [row_id for row_id, _ in stale]})
         return found
 
-    async def attempt(self, account: str, address: str | None) -> int | None:
+    async def attempt(self, account: str, address: str | None, device: str | None = None) -> int | None:
         """Start an attempt: 0 = go (counted), else the seconds to wait (nothing counted); None: the
         database could not answer (nothing counted there)."""
-        keys = self._keys(account, address)
+        keys = self._keys(account, address, device)
         wait = 0
 
         async def work(connection: AsyncConnection) -> None:
@@ -84,9 +84,8 @@ class SharedAttempts:
             now = self.clock()
             found = await self._recent(connection, keys)
             waits = [
-                rows[-1][1] + self.local.lockout_seconds - now
+                self.local.wait_seconds(kind, [at for _, at in rows], now)
                 for (kind, _), rows in found.items()
-                if len(rows) >= self.local.limits[kind]
             ]
             if (wait := max(0, math.ceil(max(waits, default=0.0)))) > 0:
                 return
@@ -98,10 +97,12 @@ class SharedAttempts:
 
         return wait if await self.database.run(work) else None
 
-    async def withdraw(self, account: str, address: str | None, pair_too: bool = False) -> None:
+    async def withdraw(
+        self, account: str, address: str | None, device: str | None = None, pair_too: bool = False
+    ) -> None:
         """Take back the latest attempt of each key (`pair_too`: and every attempt of the account at
-        this address: it signed in)."""
-        keys = self._keys(account, address)
+        this address, or from this device: it signed in)."""
+        keys = self._keys(account, address, device)
 
         async def work(connection: AsyncConnection) -> None:
             found = await self._recent(connection, keys)
@@ -126,24 +127,27 @@ class SignInAttempts:
         self.local = local
         self.shared = shared
 
-    async def attempt(self, account: str, address: str | None) -> int:
+    async def attempt(self, account: str, address: str | None, device: str | None = None) -> int:
         """0 = go (the attempt is counted), else the seconds to wait (nothing counted). The shared
         count decides when it answers (a success on another replica cleared what this process still
-        holds); this process's, counted before anything is awaited, when it cannot."""
-        if self.shared is not None and (wait := await self.shared.attempt(account, address)) is not None:
+        holds); this process's, counted before anything is awaited, when it cannot. `device`: the
+        browser's, when its device cookie is good for this account (devices.py)."""
+        shared = self.shared
+        if shared is not None and (wait := await shared.attempt(account, address, device)) is not None:
             if not wait:
-                self.local.count(account, address)  # kept for a time the database cannot answer
+                self.local.count(account, address, device)  # kept for a time the database cannot answer
             return wait
-        return self.local.attempt(account, address)
+        return self.local.attempt(account, address, device)
 
-    async def succeeded(self, account: str, address: str | None) -> None:
-        """The attempt was right: it does not count, and this account-and-address starts afresh."""
-        self.local.succeeded(account, address)
+    async def succeeded(self, account: str, address: str | None, device: str | None = None) -> None:
+        """The attempt was right: it does not count, and this account-and-address (or device) starts
+        afresh."""
+        self.local.succeeded(account, address, device)
         if self.shared is not None:
-            await self.shared.withdraw(account, address, pair_too=True)
+            await self.shared.withdraw(account, address, device, pair_too=True)
 
-    async def withdraw(self, account: str, address: str | None) -> None:
+    async def withdraw(self, account: str, address: str | None, device: str | None = None) -> None:
         """Take one started attempt back (it could not be checked at all)."""
-        self.local.withdraw(account, address)
+        self.local.withdraw(account, address, device)
         if self.shared is not None:
-            await self.shared.withdraw(account, address)
+            await self.shared.withdraw(account, address, device)

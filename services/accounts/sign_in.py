@@ -28,6 +28,7 @@ from chainlit.user import User
 
 from services.accounts import local
 from services.accounts.addresses import in_networks, networks
+from services.accounts.devices import DeviceCookies
 from services.accounts.ldap_sign_in import ldap_sign_in_for
 from services.accounts.limits import SignInLimiter
 from services.accounts.local import LOCAL_USER
@@ -35,7 +36,7 @@ from services.accounts.oauth import GitHubOrgs, OAuthAllowlist, OAuthGate, OrgMe
 from services.accounts.passwords import check_password_async, generated_password
 from services.accounts.sessions import Sessions
 from services.accounts.shared_attempts import SharedAttempts, SignInAttempts
-from services.accounts.store import AccountError, AccountStore, normalize_username
+from services.accounts.store import Account, AccountError, AccountStore, normalize_username
 from services.admission.shared_database import SharedDatabase
 from services.audit import actions
 from services.audit.log import AuditLog
@@ -52,12 +53,15 @@ class SignInRequest:
     limits: the peer, or the client a trusted proxy names (services/web/peers.py).
     Chainlit passes the callbacks only the form or the headers, and turns any exception they raise
     into a logged error and a plain 401; services/web's middleware sets this per request and sends
-    `refusal` (status, detail, Retry-After seconds) instead of the 401 when a callback sets it.
+    `refusal` (status, detail, Retry-After seconds) instead of the 401 when a callback sets it, and
+    adds `set_device_cookie` to a sign-in that succeeded.
     """
 
     address: str | None
     peer: str | None = None
     refusal: tuple[int, str, int | None] | None = None
+    device_cookie: str | None = None  # the request's device cookie (devices.py), unchecked
+    set_device_cookie: str | None = None  # a Set-Cookie value the middleware adds to a good sign-in
 
 
 current_request: contextvars.ContextVar[SignInRequest | None] = contextvars.ContextVar(
@@ -112,14 +116,15 @@ class SignIn:
             settings.sign_in_max_failures_per_account,
             settings.sign_in_window_seconds,
             settings.sign_in_lockout_seconds,
+            settings.sign_in_address_delay_seconds,
         )
+        self.devices = DeviceCookies(settings.sign_in_device_days * 86_400)
         self.limiter = SignInAttempts(local, SharedAttempts(local, shared) if shared is not None else None)
         self.ldap = ldap_sign_in_for(settings, mode, accounts, self.limiter)
         self.sessions = Sessions(
             mode,
             accounts,
             settings.sign_in_lifetime_seconds,
-            settings.sign_in_check_seconds,
             recheck=self.ldap.session_problem if self.ldap else None,
         )
 
@@ -133,13 +138,16 @@ class SignIn:
 
         The attempt is counted before the hash (for every replica when shared, else in this process
         before anything is awaited: shared_attempts.py): guesses sent at once cannot all pass the
-        limit before the first of them is counted."""
+        limit before the first of them is counted. A browser with a good device cookie for the account
+        is counted by itself (devices.py) and gets a new cookie with each good sign-in."""
         address = client_address()
         try:
             identifier = normalize_username(username)
         except AccountError:
             identifier = username[:64]
-        if wait := await self.limiter.attempt(identifier, address):
+        request = current_request.get()
+        device = self.devices.device_of(request.device_cookie if request else None, identifier)
+        if wait := await self.limiter.attempt(identifier, address, device):
             logger.warning(
                 "sign-in refused for %s from %s: too many failures (%d s left)", identifier, address, wait
             )
@@ -149,7 +157,7 @@ class SignIn:
         try:
             account = await self.accounts.get(identifier)
         except Exception as error:
-            await self.limiter.withdraw(identifier, address)  # not a guess: nothing was checked
+            await self.limiter.withdraw(identifier, address, device)  # not a guess: nothing was checked
             logger.warning("sign-in unavailable: %s", error)
             refuse(
                 503, "Sign-in is unavailable right now: the database cannot be reached. Try again shortly."
@@ -160,9 +168,24 @@ class SignIn:
         if not (usable and matches):
             return await self._failed(identifier, address)
         assert account is not None
-        await self.limiter.succeeded(identifier, address)
+        return await self._signed_in(account, password, address, device, request)
+
+    async def _signed_in(
+        self,
+        account: Account,
+        password: str,
+        address: str | None,
+        device: str | None,
+        request: SignInRequest | None,
+    ) -> User:
+        """A right password: its attempt taken back, the browser remembered, the sign-in recorded."""
+        identifier = account.identifier
+        await self.limiter.succeeded(identifier, address, device)
+        if request is not None and (cookie := self.devices.issue(identifier)) is not None:
+            request.set_device_cookie = self.devices.set_cookie(cookie)
         await self._record(identifier, actions.SIGN_IN, "password", address)
         try:
+            assert self.accounts is not None
             await self.accounts.rehash_if_needed(account, password)
         except Exception:
             logger.exception("could not upgrade the password hash of %s", identifier)
@@ -174,7 +197,6 @@ class SignIn:
         assert self.ldap is not None
         if (signed := await self.ldap.sign_in(username, password, client_address(), refuse)) is None:
             return None
-        self.sessions.moved_to(signed[0].identifier, signed[1])
         return self.sessions.stamp(*signed)
 
     async def header(self, headers: Mapping[str, str]) -> User | None:

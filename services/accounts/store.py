@@ -3,9 +3,11 @@ flag and a session generation.
 
 Removing an account deletes its conversations and disables the row instead of deleting it:
 Chainlit re-creates a missing user row whenever a still-valid sign-in cookie is presented, and a
-disabled row is what lets the app refuse that cookie. Every change that should sign the account
-out everywhere (a new password, a new role, removal, being given back, signing out) moves its
-session generation, which every sign-in cookie carries (services/accounts/sessions.py).
+disabled row is what lets the app refuse that cookie. A name given back gets a new row id and starts
+with no conversation: none of the removed owner's, even one a write under way stored late. Every
+change that should sign the account out everywhere (a new password, a new role, removal, being
+given back, signing out) moves its session generation, which every sign-in cookie carries
+(services/accounts/sessions.py).
 """
 
 from __future__ import annotations
@@ -93,6 +95,8 @@ class AccountStore:
         existing = await self.get(identifier)
         if existing is not None and not existing.disabled:
             raise AccountError(f"{identifier} already exists (use reset-password or set-role)")
+        if existing is not None:  # given back: nothing of the removed owner's goes to the new one
+            await self._delete_conversations(identifier, await self._row_id(identifier))
         password_hash = await hash_password_async(password) if password is not None else None
         values = {
             "who": identifier,
@@ -109,8 +113,8 @@ class AccountStore:
                     "disabled, updated_at) VALUES (:id, :who, :meta, :now, :hash, :role, FALSE, :now)"
                 )
             else:
-                statement = (  # given back: the old owner's cookies stay refused
-                    "UPDATE users SET password_hash = :hash, role = :role, metadata = :meta, "
+                statement = (  # given back: the old owner's cookies stay refused, a new row id
+                    'UPDATE users SET "id" = :id, password_hash = :hash, role = :role, metadata = :meta, '
                     f"disabled = FALSE, {NEXT_GENERATION}, updated_at = :now WHERE identifier = :who"
                 )
             try:
@@ -160,7 +164,18 @@ class AccountStore:
                 await connection.execute(
                     text(f"DELETE FROM {table} WHERE user_identifier = :who"), {"who": identifier}
                 )
-        ids = await conversations.thread_ids_of_user(self.engine, identifier)
+        return await self._delete_conversations(identifier, await self._row_id(identifier))
+
+    async def _row_id(self, identifier: str) -> str | None:
+        """The account's row id, which Chainlit stores as a conversation's `userId`."""
+        async with self.engine.connect() as connection:
+            query = text('SELECT "id" FROM users WHERE identifier = :who')
+            return (await connection.execute(query, {"who": identifier})).scalar()
+
+    async def _delete_conversations(self, identifier: str, row_id: str | None) -> int:
+        """Delete every conversation stored under the account's name or its row id (after the row is
+        disabled, no write of the account's can add one: services/history/owned_writes.py)."""
+        ids = await conversations.thread_ids_of_user(self.engine, identifier, row_id)
         return await conversations.delete_threads(self.engine, ids)
 
     async def reset_password(self, username: str, password: str) -> None:

@@ -71,8 +71,7 @@ class AdminPages:
         changes = None
         if sign_in is not None and sign_in.accounts is not None and self.keys is not None:
             who = admin.identifier
-            ended = sign_in.sessions.forget
-            changes = AccountActions(sign_in.accounts, self.keys, self.audit, who, "admin", address, ended)
+            changes = AccountActions(sign_in.accounts, self.keys, self.audit, who, "admin", address)
         query = {key: value[:200] for key, value in request.query_params.items()}
         return Visit(self.runtime, admin, address, query, changes, self.audit)
 

@@ -101,9 +101,27 @@ class AccountSettings:
     sign_in_max_failures_per_address: int = setting(
         20,
         "SIGN_IN_MAX_FAILURES_PER_ADDRESS",
-        "Failed sign-ins per client address (an IPv6 address: per /64) within SIGN_IN_WINDOW_SECONDS, "
-        "whatever the account, before it must wait.",
+        "Sign-in attempts per client address (an IPv6 address: per /64) within SIGN_IN_WINDOW_SECONDS, "
+        "whatever the account, before each further one from there is slowed "
+        "(SIGN_IN_ADDRESS_DELAY_SECONDS). An address is never locked out: everyone behind one NAT "
+        "address shares it, and a script there would shut them all out.",
         1,
+    )
+    sign_in_address_delay_seconds: float = setting(
+        2.0,
+        "SIGN_IN_ADDRESS_DELAY_SECONDS",
+        "Past SIGN_IN_MAX_FAILURES_PER_ADDRESS, an attempt from that address waits this long after its "
+        "latest one, twice as long with each further attempt, at most SIGN_IN_LOCKOUT_SECONDS.",
+        0.1,
+    )
+    sign_in_device_days: float = setting(
+        30.0,
+        "SIGN_IN_DEVICE_DAYS",
+        "A browser that signs in with a password gets a device cookie for this long: its sign-ins to that "
+        "account then count only its own failures (SIGN_IN_MAX_FAILURES, then SIGN_IN_LOCKOUT_SECONDS), "
+        "never its address's nor the account's from everywhere, so no guesser can lock the person out "
+        "of their own browser. 0 = no device cookies.",
+        0,
     )
     sign_in_max_failures_per_account: int = setting(
         25,
@@ -118,7 +136,11 @@ class AccountSettings:
         900.0, "SIGN_IN_WINDOW_SECONDS", "Window over which failed sign-ins are counted.", 1
     )
     sign_in_lockout_seconds: float = setting(
-        300.0, "SIGN_IN_LOCKOUT_SECONDS", "How long an account or address waits after too many failures.", 1
+        300.0,
+        "SIGN_IN_LOCKOUT_SECONDS",
+        "How long an account waits at one address (or in one browser), or everywhere, after too many "
+        "failures; the longest wait of a slowed address.",
+        1,
     )
     sign_in_lifetime_seconds: float = setting(
         43_200.0,
@@ -131,8 +153,9 @@ class AccountSettings:
     sign_in_check_seconds: float = setting(
         30.0,
         "SIGN_IN_CHECK_SECONDS",
-        "How long a process trusts what it last read of an account when checking a sign-in: a sign-out, "
-        "new password, new role or removal made elsewhere (the accounts command, another replica) ends "
-        "the account's sign-ins here within this time; in the process that made it, at once.",
+        "LDAP mode with LDAP_BIND_DN: how long a process trusts what the directory last said of a "
+        "signed-in person (removed from it, or moved in or out of the admins' group: signed out within "
+        "this time). Accounts in the database are read at every check: a sign-out, new password, new "
+        "role or removal ends their sign-ins at once in every process.",
         0,
     )

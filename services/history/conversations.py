@@ -99,10 +99,12 @@ async def delete_threads(engine: AsyncEngine, thread_ids: list[str]) -> int:
     return len(thread_ids)
 
 
-async def thread_ids_of_user(engine: AsyncEngine, identifier: str) -> list[str]:
+async def thread_ids_of_user(engine: AsyncEngine, identifier: str, user_id: str | None = None) -> list[str]:
+    """The conversations stored under a person's name, or under their user row's id when given."""
     async with engine.connect() as connection:
         rows = await connection.execute(
-            text('SELECT "id" FROM threads WHERE "userIdentifier" = :who'), {"who": identifier}
+            text('SELECT "id" FROM threads WHERE "userIdentifier" = :who OR "userId" = :id'),
+            {"who": identifier, "id": user_id or ""},
         )
         return [row[0] for row in rows]
 

@@ -15,6 +15,8 @@ What this subclass changes, and why:
   later pastes stored ids into an `IN ('...')` list, so an id with a quote would be SQL;
 - a step is only ever updated within its own conversation (`step_upsert`): the browser chooses a
   user message's id, so Chainlit's upsert let anyone move another person's message into their own;
+- a conversation and its steps are written only while the account writing them exists
+  (`owned_writes`): what a removed account still had under way is not stored;
 - the writes under way to each conversation are counted, so cutting it back (an edit, a regenerate:
   branches.py) waits for an aborted answer's last write, which Chainlit sends as a task of its own,
   and a write of a step of the cut branch that comes later still is dropped (`fence`);
@@ -52,6 +54,14 @@ from services.config import Settings
 from services.history import thread_list, thread_search
 from services.history.database import POOL_SIZE
 from services.history.health import HistoryHealth, _first_line
+from services.history.owned_writes import (
+    Statement,
+    Writer,
+    current_writer,
+    live_writer,
+    merged_metadata,
+    thread_upsert,
+)
 from services.history.step_upsert import step_upsert
 from services.history.thread_list import MAX_THREAD_NAME_CHARS
 
@@ -62,6 +72,8 @@ USER_THREAD_LIMIT = 1000  # conversations listed per user at most (Chainlit's ow
 # and closes overflow connections (a new PostgreSQL backend each); the overflow stays free for
 # sign-in, the breaker's probe and maintenance, so none of those waits behind a burst of saves.
 STATEMENT_SLOTS = POOL_SIZE
+USER_NAME = 'SELECT "identifier" FROM users WHERE "id" = :id'
+THREAD_METADATA = 'SELECT "metadata" FROM threads WHERE "id" = :id'
 MAX_FENCES = 1000  # cut conversations whose late writes are still dropped (the oldest cut goes first)
 
 
@@ -133,19 +145,32 @@ class ChatDataLayer(SQLAlchemyDataLayer):
     async def execute_sql(self, query: str, parameters: dict) -> list[dict[str, Any]] | int | None:
         """Chainlit's execute_sql (rows, a row count, or None on failure), through the breaker."""
         async with self._slots:  # the breaker is read after the wait: it may have opened meanwhile
-            return await self._execute(query, parameters)
+            return await self._execute([(query, parameters)])
 
-    async def _execute(self, query: str, parameters: dict) -> list[dict[str, Any]] | int | None:
+    async def _write_owned(self, statements: list[Statement], writer: Writer | None) -> None:
+        """`statements` in one transaction, kept only while `writer`'s account exists (owned_writes.py)."""
+        async with self._slots:
+            await self._execute(statements, writer)
+
+    async def _execute(
+        self, statements: list[Statement], writer: Writer | None = None
+    ) -> list[dict[str, Any]] | int | None:
+        """The statements in one transaction (rolled back when `writer` may no longer write); the last
+        one's rows or row count, or None on failure."""
         unit = _UNIT.get()
         if (unit is not None and unit.failed) or not self.health.available:
             self.health.skipped_total += 1
             if unit is not None:
                 unit.failed = True
             return None
-        bound = {key: _bindable(value) for key, value in parameters.items()}
         async with self.async_session() as session:
             try:
-                result = await session.execute(text(query), bound)
+                for query, parameters in statements:
+                    bound = {key: _bindable(value) for key, value in parameters.items()}
+                    result = await session.execute(text(query), bound)
+                if writer is not None and not await self._may_write(session, writer):
+                    await session.rollback()
+                    return 0
                 await session.commit()
                 if result.returns_rows:
                     return self.clean_result([dict(row._mapping) for row in result.fetchall()])
@@ -159,18 +184,46 @@ class ChatDataLayer(SQLAlchemyDataLayer):
                 logger.warning("history statement failed: %s", _first_line(error))
                 return None
 
-    async def update_thread(self, thread_id: str, *args: Any, **kwargs: Any) -> None:
+    async def _may_write(self, session: AsyncSession, writer: Writer) -> bool:
+        query = text(live_writer(self.engine.dialect.name))
+        if (await session.execute(query, {"writer": writer.user_id})).first() is not None:
+            return True
+        logger.info("a write of %s's conversation was not stored: the account was removed", writer.identifier)
+        return False
+
+    async def update_thread(
+        self,
+        thread_id: str,
+        name: str | None = None,
+        user_id: str | None = None,
+        metadata: dict | None = None,
+        tags: list[str] | None = None,
+    ) -> None:
+        """Chainlit's thread upsert, written only while its writer's account exists (owned_writes.py)."""
         if not is_uuid(thread_id):
             logger.warning("refused to store a conversation whose id is not a UUID: %r", thread_id[:80])
             return
-        if isinstance(kwargs.get("name"), str):  # Chainlit names a conversation after its first message
-            kwargs["name"] = kwargs["name"][:MAX_THREAD_NAME_CHARS]
-        with _unit_of_work() as unit:
-            try:
-                await super().update_thread(thread_id, *args, **kwargs)
-            except AssertionError:  # Chainlit asserts on a user lookup that the breaker skipped
-                if not unit.failed:
-                    raise
+        if isinstance(name, str):  # Chainlit names a conversation after its first message
+            name = name[:MAX_THREAD_NAME_CHARS]
+        with _unit_of_work():
+            owner = None
+            if user_id:
+                rows = await self.execute_sql(USER_NAME, {"id": user_id})
+                if not rows or not isinstance(rows, list):  # unavailable, or the row is gone (removed)
+                    return
+                owner = Writer(user_id, rows[0]["identifier"])
+            stored = await self.execute_sql(THREAD_METADATA, {"id": thread_id})
+            if not isinstance(stored, list) or (stored and (name, user_id, metadata, tags) == (None,) * 4):
+                return
+            merged = merged_metadata(stored[0]["metadata"] if stored else None, metadata)
+            values = {
+                "createdAt": None if stored else await self.get_current_timestamp(),
+                "name": name if name is not None else merged.get("name"),
+                "tags": tags,
+                "metadata": json.dumps(merged),
+            }
+            writer = current_writer()
+            await self._write_owned([thread_upsert(thread_id, values, owner, writer)], writer)
 
     @queue_until_user_message()
     async def create_step(self, step_dict: Any) -> None:
@@ -181,7 +234,7 @@ class ChatDataLayer(SQLAlchemyDataLayer):
         try:
             with _unit_of_work():
                 await self.update_thread(thread_id)
-                await self.execute_sql(*step_upsert(step_dict))
+                await self._write_owned([step_upsert(step_dict)], current_writer())
         finally:
             self._writing[thread_id] -= 1
             if not self._writing[thread_id]:

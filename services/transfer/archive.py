@@ -43,6 +43,7 @@ class Message:
     role: str  # "user" or "assistant"
     content: str
     created_at: str | None = None  # ISO time from the file, when it had a valid one
+    imported: bool = False  # stored by an import: the person's file said it, not this app
 
 
 @dataclass

@@ -1,11 +1,12 @@
 """Share links: a read-only snapshot of one conversation, copied when the link is made, behind a
 random token of 256 bits of which only the sha256 is stored.
 
-The snapshot holds the conversation's title and its messages (role, text, time): no id, user
-name, e-mail, metadata or document text. A link works until its owner revokes it or SHARE_TTL_DAYS
-pass; an unknown, revoked and expired token are answered alike. Deleting the conversation deletes
-its links (services/history/conversations.py, data_layer.py); expired links are deleted when
-the next link is made.
+The snapshot holds the conversation's title and its messages (role, text, time, and whether it was
+imported: the page marks those, an imported "assistant" message being the file's words, not the
+app's answer): no id, user name, e-mail, metadata or document text. A link works until its owner
+revokes it or SHARE_TTL_DAYS pass; an unknown, revoked and expired token are answered alike.
+Deleting the conversation deletes its links (services/history/conversations.py, data_layer.py);
+expired links are deleted when the next link is made.
 """
 
 from __future__ import annotations
@@ -16,13 +17,15 @@ import secrets
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.history.conversations import timestamp
+from services.history.resume import stored_dict
 from services.transfer.archive import Conversation, Message
-from services.transfer.store import owned_conversation
+from services.transfer.store import IMPORTED_KEY, owned_conversation
 
 TOKEN_BYTES = 32  # 256 bits from the operating system's generator
 MAX_TOKEN_CHARS = 100  # a longer path segment is not a token of ours: not even hashed
@@ -39,7 +42,18 @@ def token_hash(token: str) -> str:
 
 
 def snapshot_json(conversation: Conversation) -> str:
-    return json.dumps([[m.role, m.content, m.created_at] for m in conversation.messages], ensure_ascii=False)
+    rows = [[m.role, m.content, m.created_at, m.imported] for m in conversation.messages]
+    return json.dumps(rows, ensure_ascii=False)
+
+
+def snapshot_messages(snapshot: str, thread_metadata: Any) -> list[Message]:
+    """A snapshot's messages. One made before imported messages were marked has three fields each:
+    when its conversation was imported, every message counts as imported (the safe reading)."""
+    imported_thread = stored_dict(thread_metadata).get(IMPORTED_KEY) is True
+    return [
+        Message(role, content, at, bool(marked[0]) if marked else imported_thread)
+        for role, content, at, *marked in json.loads(snapshot)
+    ]
 
 
 async def create_share(engine: AsyncEngine, thread_id: str, owner: str, ttl_days: float) -> NewShare | None:
@@ -79,16 +93,16 @@ async def shared_conversation(engine: AsyncEngine, token: str) -> Conversation |
         row = (
             await connection.execute(
                 text(
-                    "SELECT title, snapshot FROM shares WHERE token_hash = :hash AND revoked_at IS NULL "
-                    "AND expires_at > :now"
+                    'SELECT s.title, s.snapshot, t."metadata" FROM shares s LEFT JOIN threads t '
+                    'ON t."id" = s.thread_id WHERE s.token_hash = :hash AND s.revoked_at IS NULL '
+                    "AND s.expires_at > :now"
                 ),
                 {"hash": token_hash(token), "now": timestamp(datetime.now(UTC))},
             )
         ).first()
     if row is None:
         return None
-    messages = [Message(role, content, at) for role, content, at in json.loads(row[1])]
-    return Conversation(row[0], None, messages)
+    return Conversation(row[0], None, snapshot_messages(row[1], row[2]))
 
 
 async def revoke_shares(engine: AsyncEngine, thread_id: str, owner: str) -> int:

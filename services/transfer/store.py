@@ -4,7 +4,8 @@ Reads only ever select rows of the asking person's own conversations (`userIdent
 import writes every row of every conversation in one transaction: all of them are stored, or none.
 Imported rows get new ids (uuid4) and the import's time as their stored time, so retention counts
 an imported conversation as active from its import; the file's times are kept in each message's
-metadata and come back in exports.
+metadata and come back in exports. Each imported message is marked imported in its metadata: its
+"assistant" messages are the file's words, and a share link must not show them as the app's answers.
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ from services.history.resume import ANSWER_KEY, ANSWER_METADATA, is_command, sto
 from services.transfer.archive import Conversation, Message
 
 IMPORTED_AT_KEY = "created_at"  # the file's time of an imported message, in the step's metadata
+IMPORTED_KEY = "imported"  # in every imported message's metadata (and the thread's): not this app's
 USER_NAME = "User"  # the author Chainlit's page gives a person's messages
 
 _STEPS = (
-    'SELECT "type", "output", "metadata", "createdAt" FROM steps WHERE "threadId" = :id '
-    'AND "type" IN (\'user_message\', \'assistant_message\') ORDER BY "createdAt", "id"'
+    'SELECT "type", "output", "metadata", "createdAt", "input", "showInput" FROM steps '
+    "WHERE \"threadId\" = :id AND \"type\" IN ('user_message', 'assistant_message') "
+    'ORDER BY "createdAt", "id"'
 )
 _OWNED_IDS = (
     f'SELECT t."id" FROM threads t LEFT JOIN steps s ON s."threadId" = t."id" '
@@ -35,15 +38,20 @@ _OWNED_IDS = (
 )
 
 
-def _message(kind: str, output: str | None, metadata: Any, created_at: str | None) -> Message | None:
-    """A stored step as a message of the conversation, or None (commands, notices, errors)."""
+def _message(
+    kind: str, output: str | None, metadata: Any, created_at: str | None, given: Any, shown: Any
+) -> Message | None:
+    """A stored step as a message of the conversation, or None (commands, notices, errors). Imported:
+    marked so, or stored as only an import stores a message (before the mark: input '', showInput
+    'false'; Chainlit's messages leave both empty)."""
     body = output or ""
     meta = stored_dict(metadata)
     at = meta.get(IMPORTED_AT_KEY) if isinstance(meta.get(IMPORTED_AT_KEY), str) else created_at
+    imported = meta.get(IMPORTED_KEY) is True or (given == "" and shown == "false")
     if kind == "user_message" and body and not is_command(body):
-        return Message("user", body, at)
+        return Message("user", body, at, imported)
     if kind == "assistant_message" and body and meta.get(ANSWER_KEY):
-        return Message("assistant", body, at)
+        return Message("assistant", body, at, imported)
     return None
 
 
@@ -123,7 +131,7 @@ async def _insert(
             "user_id": user_id,
             "who": owner,
             "tags": "[]",
-            "metadata": json.dumps({"imported": True}),
+            "metadata": json.dumps({IMPORTED_KEY: True}),
         },
     )
     rows = _step_rows(conversation, thread_id, now, assistant_name)
@@ -147,7 +155,7 @@ def _step_rows(
     rows = []
     for index, message in enumerate(conversation.messages):
         at = timestamp(now + timedelta(milliseconds=index))
-        metadata = dict(ANSWER_METADATA) if message.role == "assistant" else {}
+        metadata = {**(ANSWER_METADATA if message.role == "assistant" else {}), IMPORTED_KEY: True}
         if message.created_at:
             metadata[IMPORTED_AT_KEY] = message.created_at
         rows.append(

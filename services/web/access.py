@@ -1,8 +1,9 @@
 """Who is asking, on the HTTP side: the client address for sign-in, removed accounts, feedback ownership.
 
-- `SignInRequestMiddleware` hands each request's TCP peer and client address (services/web/peers.py)
-  to the sign-in callbacks (Chainlit passes them only the form or the headers), and sends their
-  refusal (429 with Retry-After, 503) in place of the plain 401 Chainlit makes of any failed sign-in;
+- `SignInRequestMiddleware` hands each request's TCP peer, client address (services/web/peers.py)
+  and device cookie to the sign-in callbacks (Chainlit passes them only the form or the headers),
+  sends their refusal (429 with Retry-After, 503) in place of the plain 401 Chainlit makes of any
+  failed sign-in, and a new device cookie with a good one (services/accounts/devices.py);
 - ended sign-ins (signed out, a new password or role, a removed account, past their lifetime) are
   refused on every HTTP route and at the socket's connect (services/web/sign_in_sessions.py);
 - Chainlit 2.12's feedback routes do not check whose message the feedback is about: the routes
@@ -23,7 +24,9 @@ from chainlit.auth import get_current_user
 from chainlit.config import config as chainlit_config
 from chainlit.types import DeleteFeedbackRequest, UpdateFeedbackRequest
 from fastapi import Depends, FastAPI, HTTPException, Request
+from starlette.requests import cookie_parser
 
+from services.accounts.devices import COOKIE_NAME as DEVICE_COOKIE
 from services.accounts.sign_in import SignInRequest, current_request
 from services.history import conversations
 from services.runtime import Runtime
@@ -45,22 +48,37 @@ class SignInRequestMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request = SignInRequest(address=(scope.get("client") or (None,))[0], peer=peer_of(scope))
+        device_cookie = _cookie(scope, DEVICE_COOKIE)
+        request = SignInRequest(
+            (scope.get("client") or (None,))[0], peer_of(scope), device_cookie=device_cookie
+        )
         token = current_request.set(request)
         replaced = False
 
         async def send_or_refuse(message: MutableMapping[str, Any]) -> None:
             nonlocal replaced
-            if message["type"] == "http.response.start" and message["status"] == 401 and request.refusal:
+            starts = message["type"] == "http.response.start"
+            if starts and message["status"] == 401 and request.refusal:
                 replaced = True
                 await _send_refusal(send, *request.refusal)
             elif not replaced:
+                if starts and message["status"] == 200 and request.set_device_cookie:
+                    added = (b"set-cookie", request.set_device_cookie.encode("latin-1"))
+                    message = {**message, "headers": [*message.get("headers", ()), added]}
                 await send(message)
 
         try:
             await self.app(scope, receive, send_or_refuse)
         finally:
             current_request.reset(token)
+
+
+def _cookie(scope: MutableMapping[str, Any], name: str) -> str | None:
+    """One cookie of an ASGI request, as Starlette reads cookies."""
+    for key, value in scope.get("headers") or ():
+        if key == b"cookie":
+            return cookie_parser(value.decode("latin-1")).get(name)
+    return None
 
 
 async def _send_refusal(send: Callable, status: int, detail: str, retry_after_seconds: int | None) -> None:

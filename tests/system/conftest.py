@@ -40,8 +40,8 @@ ADMIN = ("admin", "admin-password-1")
 ALICE = ("alice", "alice-password-1")
 BOB = ("bob", "bobs-password-11")
 
-# A change made by the accounts command (another process) reaches the server's checks this late at
-# most; the default is 30 s, shortened here so the tests of ended sign-ins run quickly.
+# How long a server trusts what a directory said of a signed-in person (LDAP only: accounts in the
+# database are read at every check); the default is 30 s, shortened so such tests run quickly.
 SIGN_IN_CHECK_SECONDS = 1
 
 GITHUB_ORG = "acme"  # members of this GitHub organisation may sign in

@@ -16,6 +16,7 @@ from chainlit.auth.jwt import create_jwt
 from chainlit.user import User
 
 from harness.server import ROOT
+from services.accounts.devices import DeviceCookies
 from services.accounts.keys import KEY_MARK, ApiKeyStore
 from services.accounts.limits import SignInLimiter, address_key
 from services.accounts.modes import resolve_mode
@@ -96,7 +97,7 @@ def test_sign_in_attempts_wait_per_account_and_address_per_address_and_per_accou
     assert limiter.attempt("alice", "10.0.0.9") == 0, "not elsewhere: one address cannot lock it out"
     for name in ("bob", "carol"):
         assert limiter.attempt(name, "10.0.0.1") == 0
-    assert limiter.attempt("dave", "10.0.0.1") == 30, "the address waits, whatever the name"
+    assert limiter.attempt("dave", "10.0.0.1") == 2, "the address is slowed, whatever the name"
     for number in range(2, 6):  # many addresses, one account (4 tries so far): the account-wide limit
         assert limiter.attempt("alice", f"10.0.1.{number}") == 0
     assert limiter.attempt("alice", "10.0.2.1") == 30, "the account waits everywhere"
@@ -108,6 +109,63 @@ def test_sign_in_attempts_wait_per_account_and_address_per_address_and_per_accou
     limiter.succeeded("erin", None)
     assert limiter.attempt("erin", None) == 0
     assert SignInLimiter(5, 20, 3, 60, 30).limits["account"] == 21, "always above the address limit"
+
+
+def test_guessing_from_one_address_slows_it_more_and_more_but_never_locks_it_out() -> None:
+    now = [0.0]
+    limiter = SignInLimiter(max_per_pair=3, max_per_address=5, max_per_account=8, window_seconds=600,
+                            lockout_seconds=30, clock=lambda: now[0])  # fmt: skip
+    office = "203.0.113.7"  # everyone behind one NAT address, and a script among them
+    for number in range(5):
+        assert limiter.attempt(f"name-{number}", office) == 0
+    waits = []
+    for number in range(5, 12):  # the script goes on, as soon as it may
+        waits.append(limiter.attempt(f"name-{number}", office))
+        now[0] += waits[-1]
+        assert limiter.attempt(f"name-{number}", office) == 0
+    assert waits == [2, 4, 8, 16, 30, 30, 30], "a growing delay, at most SIGN_IN_LOCKOUT_SECONDS"
+    assert limiter.attempt("the-admin", office) == 30, "a neighbour waits the delay too, no longer"
+    now[0] += 30
+    assert limiter.attempt("the-admin", office) == 0, "then tries like anyone: not locked out"
+    limiter.succeeded("the-admin", office)
+
+
+def test_a_browser_that_signed_in_before_is_judged_by_its_own_failures_only() -> None:
+    now = [0.0]
+    limiter = SignInLimiter(max_per_pair=3, max_per_address=5, max_per_account=6, window_seconds=600,
+                            lockout_seconds=30, clock=lambda: now[0])  # fmt: skip
+    office = "203.0.113.8"
+    for number in range(5):  # a script fills the office's address ...
+        assert limiter.attempt(f"name-{number}", office) == 0
+    for number in range(6):  # ... and guessers elsewhere the admin's account
+        assert limiter.attempt("admin", f"198.51.100.{number}") == 0
+    assert limiter.attempt("admin", office) > 0, "a browser the account does not know waits"
+    assert limiter.attempt("admin", office, device="admins-laptop") == 0, "the admin's own browser goes"
+    limiter.succeeded("admin", office, device="admins-laptop")
+    for _ in range(3):  # the same browser guessing: its own limit
+        assert limiter.attempt("admin", office, device="admins-laptop") == 0
+    assert limiter.attempt("admin", office, device="admins-laptop") == 30
+    assert limiter.attempt("admin", office, device="admins-phone") == 0, "another known browser goes"
+
+
+def test_device_cookies_name_their_browser_for_their_account_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_NAME, "a-test-secret-" * 4)
+    now = [1_000_000.0]
+    devices = DeviceCookies(lifetime_seconds=86_400, clock=lambda: now[0])
+    cookie = devices.issue("alice")
+    assert cookie and devices.device_of(cookie, "alice") == cookie.split(".")[0]
+    assert devices.device_of(devices.issue("alice"), "alice") != devices.device_of(cookie, "alice")
+    assert devices.device_of(cookie, "bob") is None, "bound to its account"
+    device, issued, mac = cookie.split(".")
+    assert devices.device_of(f"{device}.{int(issued) + 86_400}.{mac}", "alice") is None, "signed"
+    assert devices.device_of(None, "alice") is None and devices.device_of("x" * 500, "alice") is None
+    now[0] += 86_401
+    assert devices.device_of(cookie, "alice") is None, "it expires"
+    header = devices.set_cookie(cookie)
+    assert "HttpOnly" in header and "SameSite=Strict" in header and "Max-Age=86400" in header
+    monkeypatch.setenv(ENV_NAME, "another-secret-" * 4)
+    now[0] -= 86_401
+    assert devices.device_of(cookie, "alice") is None, "a new cookie-signing secret ends them all"
 
 
 def test_an_ipv6_host_counts_as_its_64_network() -> None:
@@ -222,7 +280,7 @@ async def test_a_sign_in_ends_with_its_lifetime_and_with_each_change_to_its_acco
 ) -> None:
     monkeypatch.setenv(ENV_NAME, "a-test-secret-" * 4)
     now = [1_000_000.0]
-    sessions = Sessions("password", store, lifetime_seconds=3600, check_seconds=60, clock=lambda: now[0])
+    sessions = Sessions("password", store, lifetime_seconds=3600, clock=lambda: now[0])
     await store.add("ivan", "ivans password", "admin")
     account = await store.add("heidi", "heidis password")
 
@@ -246,7 +304,6 @@ async def test_a_sign_in_ends_with_its_lifetime_and_with_each_change_to_its_acco
         account = await store.get("heidi")  # type: ignore[assignment]
         before = token()
         await change()
-        sessions._seen.clear()  # another process changed it: seen once the cache lets go
         problem = await sessions.token_problem(before) or ""
         assert "ended" in problem or "removed" in problem, problem
     account = await store.get("heidi")  # type: ignore[assignment]
@@ -255,5 +312,18 @@ async def test_a_sign_in_ends_with_its_lifetime_and_with_each_change_to_its_acco
     assert await sessions.end(mine), "sign-out"
     assert await sessions.token_problem(mine) and await sessions.token_problem(other_device), "at once"
     assert not await sessions.end(mine), "an ended sign-in ends nothing more"
-    local = Sessions("local", store, lifetime_seconds=3600, check_seconds=60, clock=lambda: now[0])
+    local = Sessions("local", store, lifetime_seconds=3600, clock=lambda: now[0])
     assert await local.token_problem(create_jwt(local.stamp(User(identifier="local"), 0))) is None
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_removal_made_by_another_process_ends_the_sign_in_at_its_next_check(
+    store: AccountStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ENV_NAME, "a-test-secret-" * 4)
+    sessions = SignIn(Settings.from_env({"AUTH_MODE": "password"}), "password", store).sessions
+    account = await store.add("judy", "judys password")
+    user = sessions.stamp(User(identifier="judy", metadata={"role": "user"}), account.generation)
+    assert await sessions.problem(user) is None, "the account read once, as at every chat message"
+    await AccountStore(store.engine).remove("judy")  # the accounts command, or another replica
+    assert await sessions.problem(user) == "This account was removed.", "at once, not within 30 s"

@@ -162,6 +162,26 @@ async def test_sign_in_guesses_sent_at_once_to_two_replicas_are_counted_one_by_o
 
 
 @in_loop
+async def test_an_address_is_slowed_not_locked_for_every_replica_and_a_known_browser_goes(
+    engines: list[AsyncEngine],
+) -> None:
+    clock = FakeClock(time.time())
+    replicas = []
+    for engine in engines:
+        local = SignInLimiter(3, 4, 25, 900, 300, clock=clock)
+        replicas.append(SignInAttempts(local, SharedAttempts(local, SharedDatabase(engine, 5), clock)))
+    office = "10.2.0.1"
+    for number in range(4):  # a script trying many accounts, spread over both replicas
+        assert await replicas[number % 2].attempt(f"nobody-{number}", office) == 0
+    assert await replicas[0].attempt("nobody-4", office) == 2, "slowed on every replica, not locked"
+    clock.now += 2
+    assert await replicas[1].attempt("nobody-4", office) == 0
+    assert await replicas[0].attempt("nobody-5", office) == 4, "more with each try"
+    assert await replicas[1].attempt("kim", office, "kims-laptop") == 0, "a browser kim signed in from"
+    await replicas[1].succeeded("kim", office, "kims-laptop")
+
+
+@in_loop
 async def test_a_database_that_is_down_is_skipped_and_the_process_counts_alone() -> None:
     settings = Settings.from_env({"DATABASE_URL": "postgresql://postgres@127.0.0.1:9/none"})
     engine = create_engine(settings)

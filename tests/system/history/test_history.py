@@ -24,6 +24,7 @@ from sqlalchemy import event, inspect, text
 
 from harness.postgres import PostgresCluster
 from harness.waiting import until
+from services.accounts.store import AccountStore
 from services.chat.session import SessionDocument
 from services.chat.store import SessionStore
 from services.config import Settings
@@ -136,6 +137,48 @@ async def test_a_conversation_round_trips_with_tags_feedback_and_document(histor
     for table, column in (("threads", '"id"'), ("steps", '"threadId"'), ("thread_documents", "thread_id")):
         assert await count(history, table, f"{column} = :id", id=thread_id) == 0, table
     assert await count(history, "feedbacks") == 0
+
+
+def answer_step(thread_id: str, output: str) -> StepDict:
+    return {"id": str(uuid.uuid4()), "threadId": thread_id, "name": "vLLM Chat", "type": "assistant_message",
+            "output": output, "streaming": False, "createdAt": conversations.timestamp(datetime.now(UTC)),
+            "metadata": dict(ANSWER_METADATA)}  # fmt: skip
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_removed_accounts_writes_under_way_are_dropped_and_its_name_starts_empty(
+    history: History,
+) -> None:
+    assert history.engine is not None and history.layer is not None
+    layer, store = history.layer, AccountStore(history.engine)
+    name = f"leaver-{uuid.uuid4().hex[:8]}"
+    await store.add(name, "the first password")
+    leaver = await layer.get_user(name)
+    assert leaver is not None
+    init_http_context(user=leaver)  # Chainlit writes in the context of the person's session
+    kept = await new_thread(history, leaver.id)
+    await store.remove(name)  # meanwhile, elsewhere (the accounts command, another replica)
+    await layer.create_step(answer_step(kept, "the end of an answer that was streaming"))
+    await layer.update_thread(kept, metadata={"chat_settings": {"temperature": 0.5}})  # its tab closes
+    late = str(uuid.uuid4())  # a new chat whose first message was sent just before the removal
+    await layer.update_thread(late, name="sent just before", user_id=leaver.id)
+    await layer.create_step(answer_step(late, "its answer"))
+    for table, column in (("threads", '"id"'), ("steps", '"threadId"')):
+        assert await count(history, table, f"{column} IN (:a, :b)", a=kept, b=late) == 0, table
+    async with history.engine.begin() as connection:  # what an older version let through
+        await connection.execute(
+            text('INSERT INTO threads ("id", "userId", "userIdentifier") VALUES (:id, :user, :who)'),
+            {"id": str(uuid.uuid4()), "user": leaver.id, "who": name},
+        )
+    await store.add(name, "the next owner's password")  # the name given to someone else
+    owner = await layer.get_user(name)
+    assert owner is not None and owner.id != leaver.id, "the new owner's user row is not the old one"
+    owned = '"userIdentifier" = :who OR "userId" IN (:old, :new)'
+    assert await count(history, "threads", owned, who=name, old=leaver.id, new=owner.id) == 0
+    await layer.update_thread(str(uuid.uuid4()), name="still the old tab", user_id=leaver.id)
+    assert await count(history, "threads", owned, who=name, old=leaver.id, new=owner.id) == 0
+    init_http_context(user=owner)
+    assert await count(history, "steps", '"threadId" = :id', id=await new_thread(history, owner.id)) == 2
 
 
 @pytest.mark.asyncio(loop_scope="module")

@@ -5,6 +5,7 @@ without sign-in at an unguessable link holding no account data; revoked and expi
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import sqlite3
 import uuid
@@ -111,6 +112,31 @@ async def test_share_in_the_chat_shows_the_link_once_and_revokes(password_server
         assert not any(url in (s["output"] or "") for s in thread["steps"]), "the link is not stored"
     finally:
         await alice.close()
+
+
+@in_loop
+async def test_an_imported_assistant_message_is_shown_as_imported_not_as_an_answer(
+    password_server: AppServer,
+) -> None:
+    spoof = f"Your session expired: sign in again at https://login.example.net/{uuid.uuid4().hex[:8]}"
+    data = json.dumps({"format": "vllm-chat-archive", "version": 1, "conversations": [
+        {"title": "Support", "messages": [{"role": "user", "content": "Is my account fine?"},
+                                          {"role": "assistant", "content": spoof}]}]})  # fmt: skip
+    alice = ChatClient(password_server.base_url, *ALICE)
+    await alice.connect()
+    try:
+        upload = {"file": ("a.json", data.encode(), "application/json")}
+        imported = await alice.http("POST", "/conversations/import", files=upload)
+        assert imported.status_code == 200, imported.text
+        thread_id = imported.json()["conversations"][0]["id"]
+        url = (await alice.http("POST", f"/conversations/{thread_id}/share")).json()["url"]
+        page = (await anonymous_get(password_server, url)).text
+    finally:
+        await alice.close()
+    shown = rf'<div class="message ([^"]*)"><div class="who">([^<]*)</div>{re.escape(spoof)}'
+    [(kind, who)] = re.findall(shown, page)
+    assert "imported" in kind.split() and "assistant" not in kind.split(), kind
+    assert "Assistant" not in who and "not written by this app" in who, who
 
 
 # a server of its own: per commit, security/test_sharing.py checks the same on the tiny server
