@@ -21,6 +21,7 @@ from services.web.chat_events import ChatEvents
 from services.web.chat_page import REGENERATE_ACTION
 from services.web.edge import install_edge
 from services.web.origins import origin_policy
+from services.web.upload_bounds import ChainlitUploads
 
 settings = Settings.from_env()  # read once, validated here
 oauth_providers = get_configured_oauth_providers()
@@ -32,10 +33,11 @@ try:  # a public address without sign-in or OPS_TOKEN stops here, with what to c
     origins = origin_policy(host, port, chainlit_url, settings.allowed_origins)
 except SettingsError as error:
     raise SystemExit(str(error)) from None
-runtime = Runtime(settings, people)
 sign_in = people.sign_in
+uploads = ChainlitUploads.from_settings(settings, people_sign_in=sign_in.mode != "local")
+runtime = Runtime(settings, people, round_steps=[uploads.sweep])
 chat = ChatEvents(runtime, sign_in)
-install_edge(http_app, runtime, sign_in, origins, chainlit_url, chat)
+install_edge(http_app, runtime, sign_in, origins, chainlit_url, chat, uploads)
 
 
 @cl.data_layer

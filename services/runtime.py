@@ -16,7 +16,7 @@ import atexit
 import contextlib
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import psutil
@@ -140,9 +140,16 @@ def _set_up_oauth(settings: Settings, sign_in: SignIn, oauth_providers: list[str
 class Runtime:
     """Owns the engine, the session store, maintenance and metrics for the life of the process."""
 
-    def __init__(self, settings: Settings | None = None, people: People | None = None) -> None:
-        """`people` None: nothing is kept and nobody signs in (tests and benchmarks of the engine side)."""
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        people: People | None = None,
+        round_steps: Sequence[Callable[[], Awaitable[object]]] = (),
+    ) -> None:
+        """`people` None: nothing is kept and nobody signs in (tests and benchmarks of the engine side);
+        `round_steps`: what the rooms above run each maintenance round (the web edge's upload sweep)."""
         self.settings: Settings = settings or Settings.from_env()  # read once, validated here
+        self.round_steps = tuple(round_steps)
         self.sign_in = people.sign_in if people is not None else None
         self.history = people.history if people is not None else None
         self.serving: Serving | None = None  # while the engine runs (start to stop)
@@ -266,12 +273,14 @@ class Runtime:
 
     def _maintenance_steps(self, models: ServedModels, usage: UsageLedger | None) -> list[Callable]:
         """What each maintenance round also runs: the copies vLLM's tokenizer pool adds
-        (word_caches.py, every model's), the audit log's retention, the history's and usage's."""
+        (word_caches.py, every model's), the audit log's retention, the history's and usage's, and the
+        rooms' above (`round_steps`)."""
         steps: list[Callable] = [step for _, each in models for step in _word_cache_rounds(each)]
         if self.history is not None and self.history.audit is not None:
             steps.append(self.history.audit.retention_round)
         steps += [self.history.retention_round] if self.history is not None else []
-        return steps + ([usage.retention_round] if usage is not None else [])
+        steps += [usage.retention_round] if usage is not None else []
+        return steps + list(self.round_steps)
 
     async def stop(self) -> None:
         """Stop maintenance, cancel every turn, drop every session, shut the engine down."""

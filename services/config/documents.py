@@ -15,6 +15,40 @@ class DocumentSettings:
         20 * 1024 * 1024, "MAX_UPLOAD_BYTES", "Largest upload accepted (checked before it is read).", 1
     )
     max_files_per_message: int = setting(5, "MAX_FILES_PER_MESSAGE", "Files read from one message.", 1)
+    # Files uploaded but not yet sent in a message sit in Chainlit's session folder: these bound them, so
+    # uploads that are never sent cannot fill the disk. A chat holds one full message (5 files of 20 MB).
+    unsent_uploads_per_session: int = setting(
+        10,
+        "UNSENT_UPLOADS_PER_SESSION",
+        "Files one chat may hold uploaded but not yet sent in a message; the next upload gets 429.",
+        1,
+    )
+    unsent_upload_mb_per_session: int = setting(
+        100,
+        "UNSENT_UPLOAD_MB_PER_SESSION",
+        "Megabytes one chat may hold uploaded but not yet sent; an upload past it gets 413.",
+        1,
+    )
+    unsent_uploads_per_person: int = setting(
+        20,
+        "UNSENT_UPLOADS_PER_PERSON",
+        "Files one person (or address, without sign-in) may hold uploaded but not yet sent, across "
+        "their chats in this process; the next upload gets 429.",
+        1,
+    )
+    unsent_upload_mb_per_person: int = setting(
+        200,
+        "UNSENT_UPLOAD_MB_PER_PERSON",
+        "Megabytes one person may hold uploaded but not yet sent, across their chats; past it, 413.",
+        1,
+    )
+    unsent_upload_seconds: float = setting(
+        900.0,
+        "UNSENT_UPLOAD_SECONDS",
+        "An upload not sent in a message within this time is deleted (at the next maintenance round), "
+        "whether or not its page is still open; sent files stay with their chat.",
+        1,
+    )
     document_threads: int = setting(
         2,
         "DOCUMENT_THREADS",

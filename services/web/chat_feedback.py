@@ -8,6 +8,8 @@ arrives. Its `metadata.status` marks it for clients that tell it from answers.
 
 from __future__ import annotations
 
+from typing import Any
+
 import chainlit as cl
 
 from services.admission.limits import user_key
@@ -45,9 +47,14 @@ def session_user_key(people_sign_in: bool = True) -> str:
     reverse proxy the app trusts (TRUSTED_PROXY_ADDRESSES, loopback by default; services/web/peers.py)
     it is the client named in X-Forwarded-For. (engine.io's own REMOTE_ADDR is always 127.0.0.1.)
     """
-    user = cl.context.session.user
+    return person_of(cl.context.session, people_sign_in)
+
+
+def person_of(session: Any, people_sign_in: bool = True) -> str:
+    """`session_user_key` of a Chainlit session named outside its context (an upload names it)."""
+    user = session.user
     signed_in = user.identifier if people_sign_in and user is not None else None
-    client = (cl.context.session.environ.get("asgi.scope") or {}).get("client")
+    client = (session.environ.get("asgi.scope") or {}).get("client")
     return user_key(signed_in, client[0] if client else None)
 
 

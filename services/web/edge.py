@@ -6,7 +6,8 @@ outside in, a request meets: the safety headers (every response, refusals includ
 (no body over its limit reaches anything else), the client's address (the TCP peer kept; a
 forwarded address only from a trusted proxy), local mode's "this machine's browser only", the JSON
 depth bound, writes only from the app's own page (same_origin_writes.py), the Origin policy (CORS),
-the session-id check, then the upload guards and Chainlit.
+the session-id check, then the upload guards (size, the wait for the page, the unsent-upload bounds)
+and Chainlit.
 The socket's handlers are wrapped the same way: message checks, JSON depth, session ids, Origin.
 """
 
@@ -39,6 +40,7 @@ from services.web.socket_events import guard_socket_events
 from services.web.socket_guard import install_socket_guard, socket_guard_for
 from services.web.stored_text import install_name_cap
 from services.web.transfer_routes import install_transfer_routes, with_import_limit
+from services.web.upload_bounds import ChainlitUploads, install_unsent_upload_bounds
 from services.web.upload_guard import DEFAULT_UPLOAD_PATH, UPLOAD_LINGER_SECONDS, install_upload_guard
 
 
@@ -77,18 +79,21 @@ def install_edge(
     origins: OriginPolicy,
     chainlit_url: str,
     chat: ChatEvents,
+    uploads: ChainlitUploads,
 ) -> None:
     """Install the app's routes, guards and socket checks on Chainlit's FastAPI app (at import time);
-    `chat` handles the chat events the socket guard hands on (an edited message)."""
+    `chat` handles the chat events the socket guard hands on (an edited message); `uploads` holds the
+    uploads not yet sent (its sweep is one of the runtime's maintenance steps)."""
     settings = runtime.settings
     install_one_line_logs()  # a client's text never starts a line of the server's log
     _install_app_routes(http_app, runtime, origins)
     install_socket_guard(
-        socket_guard_for(runtime, sign_in.mode != "local", CHAT_SETTING_KINDS, edit=chat.edit),
+        socket_guard_for(runtime, sign_in.mode != "local", CHAT_SETTING_KINDS, chat.edit, uploads),
         settings.socket_max_event_bytes,
     )
     guard_socket_events()  # replaces Engine.IO's message handler: the depth bound wraps it after
     bound_socket_messages(MAX_JSON_DEPTH)
+    install_unsent_upload_bounds(http_app, uploads)
     install_upload_guard(
         http_app,
         settings.max_upload_bytes,

@@ -7,6 +7,10 @@ key or a value of the wrong type each gave a 500 and a traceback. The routes put
 here answer 404 for a session that is not live and 400 for a body Chainlit cannot use, then hand the
 request to Chainlit's own route, which checks that the session is the caller's.
 
+Its element route (`PUT /project/element`) writes a custom element's props as a new file into the
+session's folder on every request, which nothing bounds; this app shows no custom elements, so the
+route refuses them (403) after the same checks.
+
 Its file route (`GET /project/file/{id}`) served an upload with the type its uploader chose, inline:
 an uploaded HTML page ran its script on the app's origin. The route in front of it serves every file
 as a download (`Content-Disposition: attachment`), not to be sniffed, in a sandbox without scripts.
@@ -15,6 +19,7 @@ as a download (`Content-Disposition: attachment`), not to be sniffed, in a sandb
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -25,7 +30,7 @@ from chainlit.config import config as chainlit_config
 from chainlit.session import WebsocketSession
 from chainlit.types import CallActionRequest, ConnectMCPRequest, DisconnectMCPRequest, ElementRequest
 from fastapi import Depends, FastAPI, HTTPException
-from starlette.responses import Response
+from starlette.responses import FileResponse, Response
 
 from services.web.routes import move_to_front
 
@@ -81,10 +86,15 @@ def element_problem(element: dict[str, Any]) -> str | None:
 SIGNED_IN = Depends(get_current_user)  # the override in access.py refuses removed accounts
 
 
+NO_CUSTOM_ELEMENTS = "This app shows no custom elements: there is none to update."
+
+
 async def update_element(payload: ElementRequest, user: Any = SIGNED_IN) -> Any:
     live_session(payload.sessionId)
     if problem := element_problem(payload.element):
         raise HTTPException(400, problem)
+    if payload.element.get("type") == "custom":  # Chainlit would write a file per request
+        raise HTTPException(403, NO_CUSTOM_ELEMENTS)
     return await chainlit_server.update_thread_element(payload, user)
 
 
@@ -136,6 +146,8 @@ def attachment(name: str) -> str:
 
 async def download_file(file_id: str, session_id: str, user: Any = SIGNED_IN) -> Response:
     response = await chainlit_server.get_file(file_id, session_id, user)
+    if isinstance(response, FileResponse) and not Path(response.path).is_file():
+        raise HTTPException(404, "File not found")  # an upload its turn read and deleted (a 500 in Chainlit)
     session = WebsocketSession.get_by_id(session_id)
     name = str((session.files.get(file_id) or {}).get("name") or "file") if session else "file"
     response.headers.update({**DOWNLOAD_HEADERS, "Content-Disposition": attachment(name)})

@@ -16,6 +16,10 @@ too late: 20 messages of 900 KB sent in 0.3 s were all stored. Its handlers are 
   only one's own user messages of this conversation), never to Chainlit's handler: that one walks
   Chainlit's copy of the chat (`chat_context`), which this app empties after every turn and a reload
   starts empty, so it found no message, deleted nothing stored and answered `None`;
+- a message sends its files (upload_bounds.py: they no longer count against the unsent-upload bounds
+  and are deleted once the message has been handled); one naming a file the session no longer holds
+  (deleted unsent after UNSENT_UPLOAD_SECONDS, sent before, or uploaded to another replica) is
+  refused, where Chainlit would send it without;
 - `chat_settings_change` keeps only the settings the app offers, with values of their kind;
 - the socket reads at most `Settings.socket_max_event_bytes` per event: engine.io's
   `max_http_buffer_size` (1,000,000 by default) and uvicorn's websocket frame limit (16 MiB by default,
@@ -48,6 +52,8 @@ from services.web.client_messages import (
     kept_settings,
     page_message,
 )
+from services.web.unsent_uploads import GONE
+from services.web.upload_bounds import ChainlitUploads
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +69,10 @@ class SocketGuard:
         count_message: Callable[[], Awaitable[None]],
         step_exists: Callable[[str], Awaitable[bool]],
         edit: Callable[[str, str], Awaitable[None]],
+        uploads: ChainlitUploads,
     ) -> None:
         self.rules = rules
+        self.uploads = uploads  # the unsent uploads a message sends
         self.count_message = count_message  # raises Refused over the sender's message rate
         self.step_exists = step_exists
         self.edit = edit  # (message id, new text): the app answers the edited message again
@@ -85,7 +93,13 @@ class SocketGuard:
             return None
         if WebsocketSession.get(sid) is None:  # it went away while its id was looked up
             return None
-        return await handler(sid, cleaned)
+        file_ids = [reference["id"] for reference in cleaned["fileReferences"]]
+        if self.uploads.missing(session, file_ids):  # nothing below waits: Chainlit's handler starts a task
+            await tell_refusal(MessageRefused(GONE, self.uploads.gone_detail()))
+            return None
+        handled = await handler(sid, cleaned)  # Chainlit's handler starts the message's task, and returns
+        self.uploads.sent(session, file_ids, session.current_task)
+        return handled
 
     async def edit_message(self, handler: Handler, sid: str, payload: Any) -> Any:
         """Checked, then handed to the app (`edit`) as Chainlit runs a turn: between task_start and
@@ -169,10 +183,12 @@ def socket_guard_for(
     people_sign_in: bool,
     chat_settings: Mapping[str, type],
     edit: Callable[[str, str], Awaitable[None]],
+    uploads: ChainlitUploads,
 ) -> SocketGuard:
     """The guard of this app: its settings, its per-person message rate (the person as admission
     keys them: `session_user_key`), its stored messages; `chat_settings` are the settings the app
-    offers, `edit` answers an edited message (services/web/chat_events.py ChatEvents.edit)."""
+    offers, `edit` answers an edited message (services/web/chat_events.py ChatEvents.edit), `uploads`
+    the unsent uploads its messages send."""
     settings = runtime.settings
     rules = SocketRules(settings.max_message_chars, settings.max_files_per_message, dict(chat_settings))
 
@@ -184,4 +200,4 @@ def socket_guard_for(
         layer = runtime.history.layer if runtime.history is not None else None
         return layer is not None and await layer.step_exists(step_id)
 
-    return SocketGuard(rules, count_message, step_exists, edit)
+    return SocketGuard(rules, count_message, step_exists, edit, uploads)

@@ -82,7 +82,7 @@ class UploadSizeGuard:
         self.on_reject = on_reject  # e.g. tell the uploader's chat session
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not _is_post_on(scope, self.path):
+        if not is_post_on(scope, self.path):
             await self.app(scope, receive, send)
             return
         declared = declared_length(scope)
@@ -157,29 +157,43 @@ class UploadSizeGuard:
 
     async def _refuse_too_large(self, receive: Receive, send: Send) -> None:
         """Drop what is left of the body (for at most `linger_seconds`), then answer 413."""
-        if self.linger_seconds > 0:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.linger_seconds):
-                    while True:
-                        message = await receive()
-                        if message["type"] != "http.request" or not message.get("more_body", False):
-                            break
-        await self._reject(send)
+        await refuse_unread(receive, send, 413, too_large_detail(self.max_upload_bytes), self.linger_seconds)
 
     async def _reject(self, send: Send, status: int = 413, detail: str | None = None) -> None:
-        body = json.dumps({"detail": detail or too_large_detail(self.max_upload_bytes)}).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close"),  # the unread rest of the body stays on the wire
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body, "more_body": False})
+        await answer_detail(send, status, detail or too_large_detail(self.max_upload_bytes))
+
+
+async def refuse_unread(
+    receive: Receive, send: Send, status: int, detail: str, linger_seconds: float
+) -> None:
+    """Refuse an upload whose body is still coming: read and drop its rest for at most `linger_seconds`
+    (a "lingering close": a client still sending when the server closes gets a connection reset, and
+    browsers then show a network error instead of `detail`), then answer."""
+    if linger_seconds > 0:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(linger_seconds):
+                while True:
+                    message = await receive()
+                    if message["type"] != "http.request" or not message.get("more_body", False):
+                        break
+    await answer_detail(send, status, detail)
+
+
+async def answer_detail(send: Send, status: int, detail: str) -> None:
+    """A JSON `{"detail": ...}` answer, which Chainlit's page shows after "Failed to upload <name>:"."""
+    body = json.dumps({"detail": detail}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),  # the unread rest of the body stays on the wire
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 class UploadWaitsForSession:
@@ -199,7 +213,7 @@ class UploadWaitsForSession:
         self.path = path
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if _is_post_on(scope, self.path):
+        if is_post_on(scope, self.path):
             session_id = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("session_id", [""])[0]
             deadline = time.monotonic() + self.wait_seconds
             while session_id and not self.session_exists(session_id) and time.monotonic() < deadline:
@@ -207,7 +221,7 @@ class UploadWaitsForSession:
         await self.app(scope, receive, send)
 
 
-def _is_post_on(scope: Scope, path: str) -> bool:
+def is_post_on(scope: Scope, path: str) -> bool:
     if scope["type"] != "http" or scope.get("method") != "POST":
         return False
     return scope.get("path", "") in (path, scope.get("root_path", "") + path)
