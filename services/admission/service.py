@@ -27,7 +27,7 @@ from services.admission.context import TurnContext, current_turn, entered_turn
 from services.admission.feedback import Show, WaitingFeedback
 from services.admission.grants import Demand, Grant, answer_limit
 from services.admission.limits import UserLimits
-from services.admission.refusals import ENGINE_QUEUE_FULL, Refused
+from services.admission.refusals import ENGINE_QUEUE_FULL, TOKEN_LIMITS, Refused
 from services.admission.shared_limits import SharedLimits
 from services.admission.shared_line import SharedLine
 from services.admission.tickets import engine_priority
@@ -177,14 +177,19 @@ class Admission:
         except Refused as refusal:
             self._refused(user_key, refusal)
             raise
-        if not api:  # an API request is started once its tokens are granted (admit)
-            self.accounting.started(user_key, api, documents)
         self.limits.record_documents(usage, documents)
         usage.turns += 1
+        refused = False
+        turn = TurnContext(user_key, usage, time.monotonic(), documents, counted=api)
         try:
-            with entered_turn(TurnContext(user_key, usage, time.monotonic())) as context:
+            with entered_turn(turn) as context:
                 yield context
+        except Refused as refusal:
+            refused = not turn.counted and refusal.reason in TOKEN_LIMITS  # before any engine request ran
+            raise
         finally:
+            if not refused:
+                self._count_turn(turn)  # a turn that made no engine request counts too
             usage.turns -= 1
             if self.shared is not None:
                 self.shared.close_turn(lease)
@@ -209,8 +214,7 @@ class Admission:
         async with turn_of as turn:
             try:
                 grant = self._grant(work, turn, demand)
-                if user_key is not None:
-                    self.accounting.started(user_key, True, 0)
+                self._count_started(user_key, turn)
                 try:
                     async with self.line.place(work, owner=turn) as ticket:
                         slot = Slot(self, ticket, turn, grant)
@@ -253,6 +257,21 @@ class Admission:
             turn.usage.reserved_tokens += grant.answer_reserved
         self.accounting.reserve(turn.user_key, grant.budget_reserved)
         return grant
+
+    def _count_started(self, user_key: str | None, turn: TurnContext | None) -> None:
+        """An engine request was granted: an API request (`user_key`) counts as one call, a chat
+        turn's first request makes it count as a turn."""
+        if user_key is not None:
+            self.accounting.started(user_key, True, 0)
+        elif turn is not None:
+            self._count_turn(turn)
+
+    def _count_turn(self, turn: TurnContext) -> None:
+        """Tell the keeper of usage about a chat turn once: when its first engine request is granted,
+        or when it ends without one; a turn refused for its tokens before any request ran is not one."""
+        if not turn.counted:
+            turn.counted = True
+            self.accounting.started(turn.user_key, False, turn.documents)
 
     def _release(self, turn: TurnContext | None, grant: Grant) -> None:
         """The request ended and its tokens were counted: what it held is given back."""

@@ -16,16 +16,21 @@ from services.admission.limits import UserLimits, user_key
 from services.admission.refusals import QUOTA_DAY, QUOTA_MONTH, USER_TOKENS_PER_MINUTE, Refused
 from services.admission.service import Admission
 from services.admission.waiting_line import API
+from services.admission.waiting_line import CHAT as CHAT_TURN
 from services.api.demand import request_demand, with_answer_limit
 from services.config import Settings
+from services.engine.chat_engine import SamplingSettings
 from services.engine.load import EngineLoad
+from services.history.usage_schema import USAGE_COUNTERS
 from services.usage import UsageLedger
 from services.usage.quotas import Budget, budget_rooms
-from tests.fakes import FakeClock, MemoryUsageStore
+from tests.fakes import FakeClock, MemoryUsageStore, WordEngine
 
 NOW = datetime(2026, 12, 10, 12, 0, tzinfo=UTC)
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 HELLO = [{"role": "user", "content": "Say hello."}]
+# no waiting line (READING_PACE_TOKENS_PER_SECOND=0): requests run at once
+NO_LINE = Settings.from_env({"USER_MAX_CONCURRENT_TURNS": "0", "READING_PACE_TOKENS_PER_SECOND": "0"})
 
 
 def words(text: str) -> int:
@@ -126,13 +131,7 @@ def test_budget_rooms_count_what_running_requests_hold_and_say_when_they_reset()
 async def test_what_a_request_holds_is_given_back_on_every_exit() -> None:
     store = MemoryUsageStore()
     store.day_budgets["bo"], store.spent["bo"] = 1000, (700, 700)
-    # no waiting line (READING_PACE_TOKENS_PER_SECOND=0): the requests below run at once
-    limits = {
-        "USER_MAX_CONCURRENT_TURNS": "0",
-        "USER_TOKENS_PER_MINUTE": "5000",
-        "READING_PACE_TOKENS_PER_SECOND": "0",
-    }
-    settings = Settings.from_env(limits)
+    settings = NO_LINE.replace(user_tokens_per_minute=5000)
     ledger = UsageLedger(settings, store, clock=lambda: NOW, monotonic=FakeClock())
     admission = Admission(settings, EngineLoad(), max_running=64, accounting=ledger)
     usage = admission.limits.usage(user_key("bo"))
@@ -150,3 +149,22 @@ async def test_what_a_request_holds_is_given_back_on_every_exit() -> None:
         async with admission.admit(API, user_key("bo"), lambda: Demand(300, 1, 1)):
             pytest.fail("a prompt larger than what is left must not run")
     assert ledger.reserved == {} and admission.line.refusals[QUOTA_DAY] == 1
+
+
+@pytest.mark.asyncio
+async def test_a_chat_turn_refused_for_its_tokens_is_a_refusal_not_a_turn() -> None:
+    store = MemoryUsageStore()
+    store.day_budgets["cy"], store.spent["cy"] = 100, (95, 95)
+    ledger = UsageLedger(NO_LINE, store, clock=lambda: NOW, monotonic=FakeClock())
+    admission = Admission(NO_LINE, EngineLoad(), max_running=64, accounting=ledger)
+    chat = admission.engine(WordEngine(), CHAT_TURN)  # type: ignore[arg-type]
+    sampling = SamplingSettings(temperature=0.7, top_p=0.9, max_new_tokens=48)
+    with pytest.raises(Refused) as refused:
+        async with admission.turn(user_key("cy"), documents=1):
+            async for _ in chat.generate([{"role": "user", "content": "one two three"}], sampling, "r"):
+                pytest.fail("4 prompt tokens and 16 answer tokens do not fit in the 5 left")
+    assert refused.value.reason == QUOTA_DAY
+    async with admission.turn(user_key("cy")):
+        pass  # a turn that asks the engine nothing (an unreadable file, say) counts as before
+    counted = dict(zip(USAGE_COUNTERS, ledger.batch.rows[("cy", "2026-12-10")], strict=True))
+    assert (counted["turns"], counted["documents"], counted["refusals"]) == (1, 0, 1), counted
