@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import logging
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -30,7 +31,7 @@ from services.accounts.secret import ensure_auth_secret
 from services.accounts.sign_in import SignIn
 from services.accounts.store import AccountStore
 from services.admission.service import Admission
-from services.api.gate import AdmitAll, ApiGate, SharedAdmission
+from services.api.gate import GENERATING_PATHS, AdmitAll, Admitted, ApiGate, SharedAdmission
 from services.api.metrics import ApiMetrics
 from services.api.models import ModelsServer
 from services.api.remote import RemoteApiServer
@@ -44,7 +45,7 @@ from services.chat.service import ChatService
 from services.chat.store import SessionStore
 from services.chat.turns import ChatTurns, NothingKept
 from services.config import Settings
-from services.engine import ChatEngine, ServedModels, served_models_lifespan
+from services.engine import ChatEngine, ServedModels, UnknownModelError, served_models_lifespan
 from services.engine.backends.local import engine_processes
 from services.history.database import ensure_data_dir
 from services.history.replica_limits import shared_database, shared_limits, shared_line
@@ -248,7 +249,8 @@ class Runtime:
         if self.api is None:
             return None
         engine = models.default
-        api_admission = SharedAdmission(admission, engine.count_tokens)
+        context_of = functools.partial(_context_of, models)
+        api_admission = SharedAdmission(admission, engine.count_tokens, context_of)
         await self.api.server.start(
             models if len(models) > 1 or self.settings.engine_url_list else engine.backend
         )
@@ -315,6 +317,14 @@ def _word_cache_rounds(engine: ChatEngine) -> list[Callable]:
     return [engine.word_caches.round] if engine.word_caches is not None else []
 
 
+def _context_of(models: ServedModels, name: object) -> int:
+    """The context window of the model an API request names; the longest served for another name."""
+    try:
+        return models.get(name).max_model_len
+    except UnknownModelError:
+        return max(engine.max_model_len for _, engine in models)
+
+
 def _max_running(settings: Settings) -> int:
     """The most requests admission may ever run at once: the engine's batch, per server."""
     return settings.max_num_seqs * max(1, len(settings.engine_url_list))
@@ -348,6 +358,6 @@ class _AdmissionWhenServing:
         return serving.api_admission if serving is not None and serving.api_admission else AdmitAll()
 
     def admit(
-        self, holder: KeyHolder, answer: AnswerMeter
-    ) -> contextlib.AbstractAsyncContextManager[int | None]:
-        return self._current().admit(holder, answer)
+        self, holder: KeyHolder, answer: AnswerMeter, path: str = GENERATING_PATHS[0]
+    ) -> contextlib.AbstractAsyncContextManager[Admitted]:
+        return self._current().admit(holder, answer, path)

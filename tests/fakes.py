@@ -166,3 +166,22 @@ class FakePage:
     async def run(self, message_id: str | None) -> AsyncIterator[None]:
         self.shown.append(("run", message_id))
         yield
+
+
+class MemoryUsageStore:
+    """The usage tables as UsageLedger reads them (services/usage/store.py), in memory: each person's
+    tokens used so far today and this month, and their own day budget; writes are kept in `added`."""
+
+    def __init__(self) -> None:
+        self.spent: dict[str, tuple[int, int]] = {}  # person: (today, this month)
+        self.day_budgets: dict[str, int] = {}
+        self.added: list[dict] = []
+
+    async def totals(self, people, today: str) -> dict[str, tuple[int, int]]:
+        return {person: self.spent[person] for person in people if person in self.spent}
+
+    async def budgets(self, people) -> dict[str, tuple[str | None, dict[str, int]]]:
+        return {p: ("user", {"day": self.day_budgets[p]}) for p in people if p in self.day_budgets}
+
+    async def add(self, rows: dict) -> None:
+        self.added.append(dict(rows))

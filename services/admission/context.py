@@ -22,6 +22,8 @@ class TurnContext:
     user_key: str
     usage: UserUsage | None
     started_at: float
+    documents: int = 0  # new uploads it came with
+    counted: bool = False  # told to the keeper of usage as a turn (Admission.turn)
 
 
 _current: contextvars.ContextVar[TurnContext | None] = contextvars.ContextVar("admission_turn", default=None)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from cachetools import TTLCache
 
+from services.admission.grants import Room
 from services.admission.refusals import (
     CAPACITY,
     RESENT_EARLY,
@@ -57,6 +58,7 @@ class UserUsage:
     documents: deque[float] = field(default_factory=deque)  # upload times, last hour only
     messages: deque[float] = field(default_factory=deque)  # message times, last minute only
     told_until: float = 0.0  # a capacity refusal asked them to try again at this time
+    reserved_tokens: int = 0  # answer tokens granted to their requests still running (grants.py)
 
     def tokens_since(self, moment: float) -> int:
         return sum(count for second, count in self.tokens if second >= moment)
@@ -124,6 +126,17 @@ class UserLimits:
         while len(usage.documents) > limit:
             usage.documents.popleft()
 
+    def tokens_room(self, usage: UserUsage) -> Room | None:
+        """What is left of the person's answer tokens this minute, those granted to their running
+        requests counted as received; None without a limit."""
+        limit = self.settings.user_tokens_per_minute
+        if not limit:
+            return None
+        now = self.clock()
+        held = [*usage.tokens, (int(now), usage.reserved_tokens)]
+        left = limit - usage.tokens_since(now - TOKEN_WINDOW_SECONDS) - usage.reserved_tokens
+        return Room(left, False, lambda needed: tokens_over(held, limit, now, needed))
+
     def record_tokens(self, usage: UserUsage, count: int) -> None:
         if count > 0:
             usage.add_tokens(self.clock(), count)
@@ -175,27 +188,39 @@ def turns_refusal(turns: int, limit: int) -> Refused | None:
     )
 
 
-def tokens_refusal(tokens: Iterable[tuple[int, int]], limit: int, now: float) -> Refused | None:
-    """The refusal of a turn for a person who received `tokens` ((second, count), oldest first) lately;
-    None while the last minute holds fewer than `limit` (0 = no limit)."""
+def tokens_refusal(
+    tokens: Iterable[tuple[int, int]], limit: int, now: float, needed: int = 1
+) -> Refused | None:
+    """The refusal of a request that needs `needed` answer tokens, for a person who received `tokens`
+    ((second, count), oldest first) lately; None while the last minute leaves room for them under
+    `limit` (0 = no limit)."""
+    recent = [(second, count) for second, count in tokens if second >= now - TOKEN_WINDOW_SECONDS]
+    if not limit or sum(count for _, count in recent) + needed <= limit:
+        return None
+    return tokens_over(recent, limit, now, needed)
+
+
+def tokens_over(tokens: Iterable[tuple[int, int]], limit: int, now: float, needed: int) -> Refused:
+    """The refusal of a request that needs `needed` answer tokens when the last minute's `tokens`
+    leave less than that under `limit`: with the time when enough of them have aged out."""
     recent = [(second, count) for second, count in tokens if second >= now - TOKEN_WINDOW_SECONDS]
     total = sum(count for _, count in recent)
-    if not limit or total < limit:
-        return None
-    # Retry once enough of the minute's tokens have aged out to be under the limit again.
-    excess = total - limit + 1
+    # Retry once enough of the minute's tokens have aged out to leave room again.
+    excess = total + needed - limit
     retry = TOKEN_WINDOW_SECONDS
     for second, count in recent:
         excess -= count
         if excess <= 0:
             retry = second + TOKEN_WINDOW_SECONDS + 1 - now
             break
-    return Refused(
-        USER_TOKENS_PER_MINUTE,
-        f"You have received over {limit:,} answer tokens in the last minute, the limit per person. "
-        f"Please try again in ~{rounded_seconds(retry)}.",
-        retry,
-    )
+    if total >= limit:
+        told = f"You have received over {limit:,} answer tokens in the last minute, the limit per person."
+    else:
+        told = (
+            f"This request needs at least {needed:,} answer tokens, and {limit - total:,} of your "
+            f"{limit:,} per minute are left (answers still running count in full)."
+        )
+    return Refused(USER_TOKENS_PER_MINUTE, f"{told} Please try again in ~{rounded_seconds(retry)}.", retry)
 
 
 def documents_refusal(times: Sequence[float], documents: int, limit: int, now: float) -> Refused | None:

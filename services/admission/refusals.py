@@ -30,6 +30,7 @@ REASONS = (
     QUOTA_MONTH,
 )
 CAPACITY = (QUEUE_FULL, WAIT_TOO_LONG, ENGINE_QUEUE_FULL)  # the service is full, not the person's share
+TOKEN_LIMITS = (USER_TOKENS_PER_MINUTE, QUOTA_DAY, QUOTA_MONTH)  # what a request's tokens may not pass
 
 
 class Refused(RuntimeError):

@@ -6,28 +6,32 @@ handler opened; the API admits each request as a turn of its own. Per-person lim
 here only: in this process's tables (limits.py), then, with replicas on PostgreSQL, in the shared
 ones (shared_limits.py), so a person gets each limit once across replicas. A turn's context (who asks)
 travels in a context variable, so the summarizer's parallel part requests, which run in tasks of
-their own, are accounted to the turn that started them without being passed anything.
+their own, are accounted to the turn that started them without being passed anything. Each
+request's worst case is held against what its person has left (grants.py): it runs as asked, with
+shorter answers, or not at all, and holds what it was granted until it ends.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from services.admission.accounting import Accounting, NoAccounting
 from services.admission.capacity import DecodeCapacity
 from services.admission.context import TurnContext, current_turn, entered_turn
 from services.admission.feedback import Show, WaitingFeedback
+from services.admission.grants import Demand, Grant, answer_limit
 from services.admission.limits import UserLimits
-from services.admission.refusals import ENGINE_QUEUE_FULL, Refused
+from services.admission.refusals import ENGINE_QUEUE_FULL, TOKEN_LIMITS, Refused
 from services.admission.shared_limits import SharedLimits
 from services.admission.shared_line import SharedLine
 from services.admission.tickets import engine_priority
-from services.admission.waiting_line import CHAT, WaitingLine
+from services.admission.waiting_line import CHAT, DOCUMENT, WaitingLine
 from services.config import Settings
 from services.engine import ChatEngine, EngineLoad, Message, SamplingSettings, StreamStats, is_engine_busy
 from services.engine.warmup import READING_PACE_HEADROOM
@@ -173,48 +177,109 @@ class Admission:
         except Refused as refusal:
             self._refused(user_key, refusal)
             raise
-        self.accounting.started(user_key, api, documents)
         self.limits.record_documents(usage, documents)
         usage.turns += 1
+        refused = False
+        turn = TurnContext(user_key, usage, time.monotonic(), documents, counted=api)
         try:
-            with entered_turn(TurnContext(user_key, usage, time.monotonic())) as context:
+            with entered_turn(turn) as context:
                 yield context
+        except Refused as refusal:
+            refused = not turn.counted and refusal.reason in TOKEN_LIMITS  # before any engine request ran
+            raise
         finally:
+            if not refused:
+                self._count_turn(turn)  # a turn that made no engine request counts too
             usage.turns -= 1
             if self.shared is not None:
                 self.shared.close_turn(lease)
 
     @contextlib.asynccontextmanager
-    async def admit(self, work: str, user_key: str | None = None) -> AsyncIterator[Slot]:
+    async def admit(
+        self, work: str, user_key: str | None = None, demand: Callable[[], Demand] | None = None
+    ) -> AsyncIterator[Slot]:
         """The one way to the engine: a request of `work` (CHAT, DOCUMENT or API) waits for a slot in
         the shared line, runs while the body runs, and gives the slot back on every exit.
 
         `user_key` given (an API request): the request is a turn of that person's own (per-user
         limits). None: it belongs to the turn it runs in, if any (chat and its document parts).
-        Raises Refused over a per-user limit, when the line is full or the wait too long, and when
-        the engine refuses the request for its own full queue before its first token.
+        `demand`: what the request would use at most, asked only when a window of its person limits
+        it; the slot's `grant` says what it may run with (grants.py).
+        Raises Refused over a per-user limit or budget, when the line is full or the wait too long,
+        and when the engine refuses the request for its own full queue before its first token.
         """
         turn_of = (
             self.turn(user_key, api=True) if user_key is not None else contextlib.nullcontext(current_turn())
         )
         async with turn_of as turn:
             try:
-                async with self.line.place(work, owner=turn) as ticket:
-                    slot = Slot(self, ticket, turn)
-                    try:
-                        yield slot
-                    except Exception as error:
-                        if slot.tokens or not is_engine_busy(error):
-                            raise
-                        ahead = len(self.line.waiting)
-                        wait = self.line.estimate_seconds(ahead)
-                        raise self.line.refuse(ENGINE_QUEUE_FULL, ahead, wait) from error
+                grant = self._grant(work, turn, demand)
+                self._count_started(user_key, turn)
+                try:
+                    async with self.line.place(work, owner=turn) as ticket:
+                        slot = Slot(self, ticket, turn, grant)
+                        try:
+                            yield slot
+                        except Exception as error:
+                            if slot.tokens or not is_engine_busy(error):
+                                raise
+                            ahead = len(self.line.waiting)
+                            wait = self.line.estimate_seconds(ahead)
+                            raise self.line.refuse(ENGINE_QUEUE_FULL, ahead, wait) from error
+                finally:
+                    self._release(turn, grant)
             except Refused as refusal:
                 if turn is not None and turn.usage is not None:
                     self.limits.told(turn.usage, refusal)  # resending earlier gets this answer at once
                 if turn is not None:
                     self.accounting.refused(turn.user_key, refusal)
                 raise
+
+    def _grant(self, work: str, turn: TurnContext | None, demand: Callable[[], Demand] | None) -> Grant:
+        """What a request may run with (grants.py), reserved at once in its person's windows: no await
+        comes between reading what is left and holding it. Raise Refused when not even the shortest
+        answer fits."""
+        if demand is None or turn is None:
+            return Grant()
+        minute = self.limits.tokens_room(turn.usage) if turn.usage is not None and work != DOCUMENT else None
+        rooms = [*([minute] if minute is not None else []), *self.accounting.rooms(turn.user_key)]
+        if not rooms:
+            return Grant()
+        asked = demand()
+        try:
+            limit = answer_limit(asked, rooms, self.settings.min_cut_answer_tokens)
+        except Refused as refusal:
+            self.line.refusals[refusal.reason] += 1
+            raise
+        answer = asked.sequences * limit
+        grant = Grant(asked, limit, answer if minute is not None else 0, asked.worst_case(limit))
+        if turn.usage is not None:
+            turn.usage.reserved_tokens += grant.answer_reserved
+        self.accounting.reserve(turn.user_key, grant.budget_reserved)
+        return grant
+
+    def _count_started(self, user_key: str | None, turn: TurnContext | None) -> None:
+        """An engine request was granted: an API request (`user_key`) counts as one call, a chat
+        turn's first request makes it count as a turn."""
+        if user_key is not None:
+            self.accounting.started(user_key, True, 0)
+        elif turn is not None:
+            self._count_turn(turn)
+
+    def _count_turn(self, turn: TurnContext) -> None:
+        """Tell the keeper of usage about a chat turn once: when its first engine request is granted,
+        or when it ends without one; a turn refused for its tokens before any request ran is not one."""
+        if not turn.counted:
+            turn.counted = True
+            self.accounting.started(turn.user_key, False, turn.documents)
+
+    def _release(self, turn: TurnContext | None, grant: Grant) -> None:
+        """The request ended and its tokens were counted: what it held is given back."""
+        if turn is None or grant.demand is None:
+            return
+        if turn.usage is not None:
+            turn.usage.reserved_tokens -= grant.answer_reserved
+        self.accounting.release(turn.user_key, grant.budget_reserved)
 
     def engine_finished(self, stats: StreamStats) -> None:
         """The engine's on_finish listener: a chat or document request's tokens count for the person
@@ -233,9 +298,10 @@ class Admission:
 
 
 class Slot:
-    """An admitted request's hold on the engine: its vLLM priority, its streamed tokens, its charge."""
+    """An admitted request's hold on the engine: its vLLM priority, what it may run with (`grant`),
+    its streamed tokens, its charge."""
 
-    def __init__(self, admission: Admission, ticket: Any, turn: TurnContext | None) -> None:
+    def __init__(self, admission: Admission, ticket: Any, turn: TurnContext | None, grant: Grant) -> None:
         self._line = admission.line
         self._limits = admission.limits
         self._accounting = admission.accounting
@@ -243,6 +309,7 @@ class Slot:
         self._ticket = ticket
         self._turn = turn
         self.priority = engine_priority(admission.settings, ticket.key)  # lower is earlier; 0: priority off
+        self.grant = grant
         self.tokens = 0
 
     def token(self) -> None:
@@ -286,8 +353,13 @@ class AdmittedEngine:
         Other keyword `options` go to the engine's own generate unchanged.
         """
         parts: list[str] = []
-        try:
-            async with self._admission.admit(self.kind) as slot:
+        demand = self._demand(messages, sampling, options.get("answer_prefix", ""))
+        async with self._admission.admit(self.kind, demand=demand) as slot:
+            if (cut := slot.grant.cut) is not None:  # shorter, to fit what its person has left
+                sampling = dataclasses.replace(
+                    sampling, max_new_tokens=cut, min_new_tokens=min(sampling.min_new_tokens, cut)
+                )
+            try:
                 stream = self._engine.generate(
                     messages, sampling, request_id, priority=slot.priority, **options
                 )
@@ -296,6 +368,19 @@ class AdmittedEngine:
                         slot.token()
                         parts.append(delta)
                         yield delta
-        finally:
-            if self.kind == CHAT and parts:  # a chat answer's tokens count against its person's share
-                slot.charge(self._engine.count_tokens("".join(parts)))
+            finally:
+                if self.kind == CHAT and parts:  # a chat answer's tokens count against its person's share
+                    slot.charge(self._engine.count_tokens("".join(parts)))
+
+    def _demand(
+        self, messages: list[Message], sampling: SamplingSettings, prefix: str
+    ) -> Callable[[], Demand]:
+        """The request's worst case, counted only when asked: its templated prompt, and the answer
+        the engine would allow it (chat_engine.token_budget: MAX_NEW_TOKENS within the context)."""
+
+        def demand() -> Demand:
+            engine = self._engine
+            prompt = len(engine.encode_chat(messages)) + (engine.count_tokens(prefix) if prefix else 0)
+            return Demand(prompt, max(1, min(sampling.max_new_tokens, engine.max_model_len - prompt)))
+
+        return demand

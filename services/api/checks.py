@@ -160,10 +160,15 @@ def prompt_count(path: str, request: dict[str, Any]) -> int:
     return max(count, 1)
 
 
+def choice_count(path: str, request: dict[str, Any]) -> int:
+    """`n` as vLLM reads it: the choices it runs of each prompt (1 when vLLM refuses the value)."""
+    choices = as_vllm_reads(path, "n", request.get("n", 1))
+    return choices if isinstance(choices, int) and choices > 1 else 1  # else vLLM refuses, or it is 1
+
+
 def check_sequences(path: str, request: dict[str, Any], max_sequences: int) -> None:
     """Refuse a request that would run more than `max_sequences` sequences: `n` choices of each prompt."""
-    choices = as_vllm_reads(path, "n", request.get("n", 1))
-    choices = choices if isinstance(choices, int) and choices > 1 else 1  # else vLLM refuses, or it is 1
+    choices = choice_count(path, request)
     prompts = prompt_count(path, request)
     if choices * prompts <= max_sequences:
         return

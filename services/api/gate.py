@@ -2,8 +2,10 @@
 
 In order: the API is up (503), the caller holds a key (401), the path is served (404), the body fits
 (413) and passes the checks (400, checks.py), admission lets it in (429 with Retry-After,
-`AdmissionPolicy` below); then vLLM's layer answers, and metrics record the route, status and
-timings. Everything the service decides about an API request is decided here.
+`AdmissionPolicy` below), its worst case fitting what its owner has left of their per-minute tokens
+and budgets, or with shorter answers that fit (demand.py); then vLLM's layer answers, and metrics
+record the route, status and timings. Everything the service decides about an API request is
+decided here.
 """
 
 from __future__ import annotations
@@ -13,17 +15,20 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, MutableMapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from starlette.datastructures import URLPath
 from starlette.routing import BaseRoute, Match, NoMatchFound
 
 from services.accounts.keys import ApiKeyStore, KeyHolder
+from services.admission.grants import Demand
 from services.admission.limits import user_key
 from services.admission.refusals import Refused
 from services.admission.service import Admission
 from services.admission.waiting_line import API
 from services.api.checks import MAX_JSON_DEPTH, check_request, parse_body
+from services.api.demand import request_demand, with_answer_limit
 from services.api.errors import ApiError, with_normalized_errors
 from services.api.metrics import ApiMetrics, route_label
 from services.api.server import SERVED_PATHS
@@ -54,42 +59,70 @@ class Server(Protocol):
     async def stop(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class Admitted:
+    """How an admitted request runs: its engine priority (None: the engine's default) and its answer
+    limit per sequence when it was cut to fit its owner's limits (None: as it asked)."""
+
+    priority: int | None = None
+    answer_tokens: int | None = None
+
+
 class AdmissionPolicy(Protocol):
     """What the gate asks before a generating request runs (the overload rules plug in here)."""
 
     def admit(
-        self, holder: KeyHolder, answer: AnswerMeter
-    ) -> contextlib.AbstractAsyncContextManager[int | None]:
-        """Hold the request's place while it runs and yield its engine priority (None: the engine's
-        default); on exit count `answer`'s tokens against the holder's per-user limits. Raise
-        ApiError(429, retry_after_seconds=...) when it may not run now."""
+        self, holder: KeyHolder, answer: AnswerMeter, path: str = GENERATING_PATHS[0]
+    ) -> contextlib.AbstractAsyncContextManager[Admitted]:
+        """Hold the request's place while it runs and yield how it runs; on exit count `answer`'s
+        tokens against the holder's per-user limits and budgets. Raise ApiError(429,
+        retry_after_seconds=...) when it may not run now. `answer` holds the request to `path`."""
         ...
 
 
 class AdmitAll:
-    """No admission layer: every request runs at once, at the engine's default priority."""
+    """No admission layer: every request runs at once, as asked, at the engine's default priority."""
 
     @contextlib.asynccontextmanager
-    async def admit(self, holder: KeyHolder, answer: AnswerMeter) -> AsyncIterator[int | None]:
-        yield None
+    async def admit(
+        self, holder: KeyHolder, answer: AnswerMeter, path: str = GENERATING_PATHS[0]
+    ) -> AsyncIterator[Admitted]:
+        yield Admitted()
 
 
 class SharedAdmission:
     """Chat's overload rules for API requests, through `Admission.admit`: a request is one turn of its
-    key's owner (USER_MAX_CONCURRENT_TURNS and USER_TOKENS_PER_MINUTE shared with their chat), waits in
-    the same line as chat turns ranked API_AGING_SECONDS later, and runs with that place as vLLM's
-    priority. A refusal becomes 429 with Retry-After."""
+    key's owner (USER_MAX_CONCURRENT_TURNS, USER_TOKENS_PER_MINUTE and budgets shared with their
+    chat), its worst case (every sequence) held against what they have left, waits in the same line as
+    chat turns ranked API_AGING_SECONDS later, and runs with that place as vLLM's priority. A refusal
+    becomes 429 with Retry-After."""
 
-    def __init__(self, admission: Admission, count_tokens: Callable[[str], int]) -> None:
+    def __init__(
+        self,
+        admission: Admission,
+        count_tokens: Callable[[str], int],
+        context_tokens: Callable[[Any], int] | None = None,
+    ) -> None:
+        """`context_tokens`: the context window of the model a request names (default MAX_MODEL_LEN)."""
         self.admission = admission
         self.count_tokens = count_tokens
+        default_context = admission.settings.max_model_len
+        self.context_tokens = context_tokens or (lambda model: default_context)
 
     @contextlib.asynccontextmanager
-    async def admit(self, holder: KeyHolder, answer: AnswerMeter) -> AsyncIterator[int | None]:
+    async def admit(
+        self, holder: KeyHolder, answer: AnswerMeter, path: str = GENERATING_PATHS[0]
+    ) -> AsyncIterator[Admitted]:
+        request = answer.request if isinstance(answer.request, dict) else {}
+
+        def demand() -> Demand:
+            context = self.context_tokens(request.get("model"))
+            return request_demand(path, request, self.count_tokens, context)
+
         try:
-            async with self.admission.admit(API, user_key(holder.user)) as slot:
+            async with self.admission.admit(API, user_key(holder.user), demand) as slot:
                 try:
-                    yield slot.priority or None
+                    yield Admitted(slot.priority or None, slot.grant.cut)
                 finally:
                     answer_tokens = answer.tokens(self.count_tokens)
                     slot.charge(answer_tokens)
@@ -164,9 +197,14 @@ class ApiGate:
         request = parse_body(body, MAX_JSON_DEPTH)
         check_request(path, request, self.settings)
         answer = AnswerMeter(send, request)
-        async with self.admission.admit(holder, answer) as priority:
-            if priority is not None:  # vLLM's own request field, which callers may not set (checks.py)
-                body = json.dumps({**request, "priority": priority}).encode()
+        async with self.admission.admit(holder, answer, path) as admitted:
+            changed = request
+            if admitted.answer_tokens is not None:  # cut to fit what its owner has left
+                changed = with_answer_limit(path, changed, admitted.answer_tokens)
+            if admitted.priority is not None:  # vLLM's field, which callers may not set (checks.py)
+                changed = {**changed, "priority": admitted.priority}
+            if changed is not request:
+                body = json.dumps(changed).encode()
                 scope = {**scope, "headers": with_content_length(scope["headers"], len(body))}
             await self.server.app(scope, replay(body, receive), answer)
 

@@ -22,7 +22,7 @@ class AnswerMeter:
     def __init__(self, send: Callable, request: Any = None) -> None:
         """`request`: the parsed request body, whose prompt is counted when vLLM reports no usage."""
         self._send = send
-        self._request = request
+        self.request = request
         self.reported_prompt_tokens: int | None = None
         self._streaming = False
         self._ok = False  # only successful responses carry an answer
@@ -51,7 +51,7 @@ class AnswerMeter:
             return 0
         if self.reported_prompt_tokens is not None:
             return self.reported_prompt_tokens
-        texts, ids = prompt_parts(self._request)
+        texts, ids = prompt_parts(self.request)
         return ids + (count_tokens("\n".join(texts)) if texts else 0)
 
     def _read(self, body: bytes, finished: bool) -> None:

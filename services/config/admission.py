@@ -67,9 +67,20 @@ class AdmissionSettings:
     user_tokens_per_minute: int = setting(
         4000,
         "USER_TOKENS_PER_MINUTE",
-        "Answer tokens one person may receive per sliding minute; a turn starting beyond it is "
+        "Answer tokens one person may receive per sliding minute (chat and API together). Each engine "
+        "request must fit what is left with its every sequence at its answer limit, answers still "
+        "running counted in full: else its answers are cut to fit (MIN_CUT_ANSWER_TOKENS) or it is "
         "refused with the time to retry. 0 = no limit.",
         0,
+    )
+    min_cut_answer_tokens: int = setting(
+        16,
+        "MIN_CUT_ANSWER_TOKENS",
+        "A request whose worst case (prompt + every sequence at its answer limit) does not fit what is "
+        "left of its person's USER_TOKENS_PER_MINUTE or token budgets runs with shorter answers (a "
+        "lower max_tokens) when at least this many tokens per sequence fit, or all it asked for when "
+        "that is fewer; otherwise it is refused (429 with Retry-After on /v1).",
+        1,
     )
     user_documents_per_hour: int = setting(
         20,

@@ -42,7 +42,8 @@ class UsageSettings:
         2_000_000,
         "QUOTA_TOKENS_PER_DAY_USER",
         "Tokens (prompt + answer, chat and API together) a person of role user may use per UTC day; "
-        "a turn that starts under it may finish over it. 0 = unlimited. "
+        "a request runs only with its worst case within what is left, its answers cut to fit "
+        "(MIN_CUT_ANSWER_TOKENS) or it is refused. 0 = unlimited. "
         "`python -m services.usage quota set` gives one person another budget.",
         0,
     )

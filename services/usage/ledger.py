@@ -8,6 +8,11 @@ USAGE_REFRESH_SECONDS, so usage on other replicas and budgets an administrator c
 USAGE_FLUSH_SECONDS (theirs) + USAGE_REFRESH_SECONDS. One lock keeps loads and writes apart: a load
 then sees every count exactly once (in the database, or still in the batch).
 
+Each request also holds what admission granted it (services/admission/grants.py) in `reserved`
+until it ends, when its tokens are counted instead: the rooms a request is granted from count the
+person's other running requests in full. Only this process's requests are held; other replicas'
+count once written and re-read, as above.
+
 Only signed-in people (`user:<name>`) are kept and budgeted; people known by address are not (no
 account to show it to, and addresses are not stored). While the database is unavailable a person
 not yet loaded is let through (the failure is logged) rather than refused.
@@ -25,11 +30,12 @@ from datetime import datetime, timedelta
 
 from cachetools import TTLCache
 
+from services.admission.grants import Room
 from services.admission.refusals import Refused
 from services.config import Settings
 from services.usage.batch import UsageBatch
 from services.usage.periods import days_of_month_until, utc_day, utc_now
-from services.usage.quotas import Budget, left_text, over_budget, person_budget
+from services.usage.quotas import Budget, budget_rooms, left_text, over_budget, person_budget
 from services.usage.store import UsageStore
 
 logger = logging.getLogger(__name__)
@@ -80,6 +86,7 @@ class UsageLedger:
         self.monotonic = monotonic
         self.batch = UsageBatch(USAGE_PENDING_ROWS)
         self.running: TTLCache[str, Running] = TTLCache(USAGE_CACHE_ENTRIES, IDLE_SECONDS, timer=monotonic)
+        self.reserved: dict[str, int] = {}  # by person: tokens held by running requests (none: no entry)
         self.rows_written_total = 0
         self.write_failures_total = 0
         self.retention_deleted_total = 0
@@ -97,6 +104,28 @@ class UsageLedger:
             refusal = over_budget(running.budget, running.day_tokens, running.month_tokens, self.clock())
             if refusal is not None:
                 raise refusal
+
+    def rooms(self, user_key: str) -> list[Room]:
+        person = person_of(user_key)
+        running = self.running.get(person) if person is not None else None
+        now = self.clock()
+        if person is None or running is None or running.day != utc_day(now):
+            return []
+        reserved = self.reserved.get(person, 0)
+        return budget_rooms(running.budget, running.day_tokens, running.month_tokens, reserved, now)
+
+    def reserve(self, user_key: str, tokens: int) -> None:
+        person = person_of(user_key)
+        if person is not None and tokens > 0:
+            self.reserved[person] = self.reserved.get(person, 0) + tokens
+
+    def release(self, user_key: str, tokens: int) -> None:
+        person = person_of(user_key)
+        if person is None or tokens <= 0:
+            return
+        held = self.reserved.pop(person, 0) - tokens
+        if held > 0:
+            self.reserved[person] = held
 
     def started(self, user_key: str, api: bool, documents: int) -> None:
         self._count(user_key, turns=0 if api else 1, api_calls=1 if api else 0, documents=documents)

@@ -1,5 +1,6 @@
-"""Token budgets per day and per month: a person's budget (their own, else their role's), and the
-refusal that says what is left and when it resets.
+"""Token budgets per day and per month: a person's budget (their own, else their role's), what is left
+of each for a request (admission's `Room`, grants.py), and the refusal that says what is left and
+when it resets.
 
 What counts against a budget is prompt + answer tokens of chat turns (documents' summaries included)
 and API requests: both are work the engine does for the person (reading the prompt, writing the
@@ -10,12 +11,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 
+from services.admission.grants import Room
 from services.admission.refusals import QUOTA_DAY, QUOTA_MONTH, Refused, rounded_seconds
 from services.config import Settings
 from services.usage.periods import DAY, MONTH, reset_of
 
-__all__ = ["QUOTA_DAY", "QUOTA_MONTH", "Budget", "left_text", "over_budget", "person_budget", "role_budget"]
+__all__ = [
+    "QUOTA_DAY",
+    "QUOTA_MONTH",
+    "Budget",
+    "budget_rooms",
+    "left_text",
+    "over_budget",
+    "person_budget",
+    "role_budget",
+]
 
 
 @dataclass(frozen=True)
@@ -51,18 +63,54 @@ def over_budget(budget: Budget, used_day: int, used_month: int, now: datetime) -
     return None
 
 
-def _refusal(period: str, reason: str, limit: int, used: int, now: datetime) -> Refused:
-    reset = reset_of(period, now)
-    wait = (reset - now).total_seconds()
-    span = "today (UTC)" if period == DAY else "this month (UTC)"
-    when = "00:00 UTC" if period == DAY else f"{reset:%Y-%m-%d} 00:00 UTC"
+def budget_rooms(budget: Budget, used_day: int, used_month: int, reserved: int, now: datetime) -> list[Room]:
+    """What is left of each period's budget (the month first), `reserved` tokens of requests still
+    running counted as used; a period without a budget leaves no room to check."""
+    rooms = []
+    for period, used, reason in ((MONTH, used_month, QUOTA_MONTH), (DAY, used_day, QUOTA_DAY)):
+        limit = budget.of(period)
+        if limit:
+            short = partial(_short, period, reason, limit, used, reserved, now)
+            rooms.append(Room(limit - used - reserved, True, short))
+    return rooms
+
+
+def _short(
+    period: str, reason: str, limit: int, used: int, reserved: int, now: datetime, needed: int
+) -> Refused:
+    """The refusal of a request that needs `needed` tokens (its prompt and its shortest answer) when
+    fewer are left of the period's budget."""
+    if used >= limit:
+        return _refusal(period, reason, limit, used, now)
+    resets, wait = _reset(period, now)
+    running = f" ({reserved:,} more are held by answers still running)" if reserved else ""
     return Refused(
         reason,
-        f"You have used {used:,} of your {limit:,} tokens for {span}: none left. Your "
-        f"{'daily' if period == DAY else 'monthly'} budget resets at {when}, in ~{rounded_seconds(wait)}. "
-        "An administrator can raise it.",
+        f"This request needs up to {needed:,} tokens (its prompt and the shortest answer); "
+        f"{max(0, limit - used - reserved):,} of your {limit:,} tokens for {_span(period)} are left"
+        f"{running}. {resets}",
         wait,
     )
+
+
+def _refusal(period: str, reason: str, limit: int, used: int, now: datetime) -> Refused:
+    resets, wait = _reset(period, now)
+    told = f"You have used {used:,} of your {limit:,} tokens for {_span(period)}: none left. {resets}"
+    return Refused(reason, told, wait)
+
+
+def _span(period: str) -> str:
+    return "today (UTC)" if period == DAY else "this month (UTC)"
+
+
+def _reset(period: str, now: datetime) -> tuple[str, float]:
+    """When the period's budget resets, in words, and the seconds until then."""
+    reset = reset_of(period, now)
+    wait = (reset - now).total_seconds()
+    when = "00:00 UTC" if period == DAY else f"{reset:%Y-%m-%d} 00:00 UTC"
+    every = "daily" if period == DAY else "monthly"
+    told = f"Your {every} budget resets at {when}, in ~{rounded_seconds(wait)}."
+    return f"{told} An administrator can raise it.", wait
 
 
 def left_text(budget: Budget, used_day: int, used_month: int, now: datetime) -> str:

@@ -311,8 +311,10 @@ async def test_api_requests_pass_the_chat_admission_of_their_keys_owner() -> Non
     answer = await _metered(
         [_start(b"application/json"), _body(b'{"usage": {"completion_tokens": 4}}', more=False)]
     )
-    async with api.admit(alice, answer) as priority:
-        assert priority is not None and priority >= settings.api_aging_seconds, "ranked after chat"
+    answer.request = {"messages": HELLO, "max_tokens": 8}
+    async with api.admit(alice, answer) as admitted:
+        assert admitted.priority is not None and admitted.priority >= settings.api_aging_seconds, "after chat"
+        assert admitted.answer_tokens is None, "a request within every limit runs as it asked"
     assert admission.limits.usage(user_key("alice")).tokens_since(0) == 4, "her chat's budget"
     assert admission.status()["admitted_total"] == 1 and admission.line.engine_running == 0
 

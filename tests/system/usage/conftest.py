@@ -20,7 +20,7 @@ from harness.server import ROOT, AppServer
 from tests.conftest import ARTIFACTS, TINY_MAX_MODEL_LEN, server_env
 
 ADMIN = ("admin", "admin-password-1")
-DAY_BUDGET = 300  # tokens: one long turn uses it up
+DAY_BUDGET = 300  # tokens: one long turn fits, a second does not
 FLUSH_SECONDS, REFRESH_SECONDS = 1, 2
 
 
