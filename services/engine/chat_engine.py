@@ -163,8 +163,10 @@ class ChatEngine:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def count_tokens(self, text: str) -> int:
-        """Tokens of plain text (no template)."""
-        return len(self.tokenizer.encode(text, add_special_tokens=False))
+        """Tokens of plain text (no template). A client's text may hold lone surrogates (JSON's
+        `"\\ud800"`), which the tokenizer refuses with a TypeError: they count as U+FFFD."""
+        valid = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        return len(self.tokenizer.encode(valid, add_special_tokens=False))
 
     # --- requests ------------------------------------------------------------
     async def generate(

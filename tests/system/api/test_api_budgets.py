@@ -21,6 +21,7 @@ import uuid
 from pathlib import Path
 
 import httpx
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -29,6 +30,10 @@ from tests.conftest import ServerPool, pooled, tiny_server_env
 from tests.system.conftest import accounts
 from tests.system.helpers import data_dir
 from tests.system.security.fuzzing import ServerLog, fuzz_settings
+
+# a server of its own (small budgets): per commit, tests/unit/test_token_budgets.py holds the same
+# requests, the /v1 number fields fuzzed, against the gate and admission
+pytestmark = pytest.mark.long
 
 MODEL = "tiny-llama"
 CHOICES = 8

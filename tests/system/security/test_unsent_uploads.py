@@ -26,6 +26,9 @@ from tests.conftest import ServerPool, pooled
 from tests.system.conftest import tiny_env
 from tests.system.helpers import collect_replies, refusals
 
+# a server of its own (small bounds, a short expiry): per commit, tests/unit/security/test_unsent_uploads.py
+# checks the rule and runs the sweep and the route's refusal on a real Chainlit session in process
+pytestmark = pytest.mark.long
 in_loop = pytest.mark.asyncio(loop_scope="module")
 
 MB = 1024 * 1024
