@@ -45,6 +45,21 @@ class TransferSettings:
         "Longest text of one imported message; a longer one is refused (the whole file).",
         1,
     )
+    import_max_stored_messages: int = setting(
+        20_000,
+        "IMPORT_MAX_STORED_MESSAGES",
+        "Most messages one import stores, all its conversations together (empty ones are left out "
+        "and not counted); a file with more is refused whole. With IMPORT_MAX_STORED_BYTES, what bounds "
+        "one import's database writes.",
+        1,
+    )
+    import_max_stored_bytes: int = setting(
+        8 * 1024 * 1024,
+        "IMPORT_MAX_STORED_BYTES",
+        "Most text one import stores (its titles and messages, in UTF-8 bytes); a file with more is "
+        "refused whole.",
+        1,
+    )
     sharing: bool = setting(
         False,
         "SHARING",

@@ -4,6 +4,7 @@ Every operation names the person it acts for, and touches only that person's con
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from services.transfer.archive import (
 )
 from services.transfer.events import transfer_event
 from services.transfer.markdown import to_markdown
-from services.transfer.reading import read_conversations
+from services.transfer.reading import read_import
 
 FORMATS = {"md": "text/markdown; charset=utf-8", "json": "application/json"}
 
@@ -41,6 +42,8 @@ class ExportFile:
 class Imported:
     thread_ids: list[str]
     titles: list[str]
+    empty_messages: int = 0  # left out of the file
+    empty_conversations: int = 0  # left out: nothing but empty messages
 
 
 def file_stem(title: str) -> str:
@@ -57,6 +60,8 @@ class Transfers:
             settings.import_max_conversations,
             settings.import_max_messages,
             settings.import_max_message_chars,
+            settings.import_max_stored_messages,
+            settings.import_max_stored_bytes,
         )
 
     async def export_one(self, thread_id: str, owner: str, format_name: str) -> ExportFile | None:
@@ -88,18 +93,22 @@ class Transfers:
         yield ARCHIVE_END
 
     async def import_file(self, owner: str, data: bytes, assistant_name: str) -> Imported:
-        """Store the file's conversations as `owner`'s (all or none); BadImport says what is wrong.
-        `assistant_name`: the author of imported answers (the page's assistant)."""
+        """Store the file's conversations as `owner`'s (all or none); BadImport says what is wrong. The
+        file is read in a worker thread: the chat goes on meanwhile. `assistant_name`: the author of
+        imported answers (the page's assistant)."""
         try:
             if len(data) > self.settings.import_max_bytes:
                 raise BadImport(f"The file is larger than {self.settings.import_max_bytes:,} bytes.")
-            conversations = read_conversations(data, self.limits)
+            read = await asyncio.to_thread(read_import, data, self.limits)
         except BadImport as error:
             transfer_event(self.audit, "conversations.import_refused", owner, reason=str(error)[:200])
             raise
-        ids = await store.import_conversations(self.engine, owner, conversations, assistant_name)
-        transfer_event(self.audit, "conversations.imported", owner, conversations=len(ids))
-        return Imported(ids, [c.title for c in conversations])
+        ids = await store.import_conversations(self.engine, owner, read.conversations, assistant_name)
+        transfer_event(
+            self.audit, "conversations.imported", owner, conversations=len(ids), messages=read.stored_messages
+        )
+        titles = [c.title for c in read.conversations]
+        return Imported(ids, titles, read.empty_messages, read.empty_conversations)
 
     async def share(self, thread_id: str, owner: str) -> shares.NewShare | None:
         created = await shares.create_share(self.engine, thread_id, owner, self.settings.share_ttl_days)

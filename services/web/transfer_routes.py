@@ -7,7 +7,8 @@ answers 404, as a missing one does.
 - GET /conversations/{thread_id}/export?format=md|json: one conversation, as a download;
 - GET /conversations/export: all of them (EXPORT_MAX_CONVERSATIONS), one JSON archive, streamed;
 - POST /conversations/import (multipart, field `file`, at most IMPORT_MAX_BYTES): 200 with the new
-  conversations, or 400 with what is wrong with the file (nothing stored);
+  conversations and what was left out (empty messages), or 400 with what is wrong with the file
+  (nothing stored);
 - POST /conversations/{thread_id}/share: a new link (shown once) to a snapshot; DELETE revokes the
   conversation's links; GET /s/{token}: the snapshot's read-only page, no sign-in needed.
 The share routes answer 404 unless SHARING=true.
@@ -93,7 +94,11 @@ class TransferRoutes:
         except BadImport as error:
             raise HTTPException(400, str(error)) from None
         listed = [{"id": i, "title": t} for i, t in zip(imported.thread_ids, imported.titles, strict=True)]
-        return JSONResponse({"imported": len(listed), "conversations": listed})
+        left_out = {
+            "empty_messages": imported.empty_messages,
+            "empty_conversations": imported.empty_conversations,
+        }
+        return JSONResponse({"imported": len(listed), "conversations": listed, "left_out": left_out})
 
     async def share(self, request: Request, thread_id: str, user: Any = signed_in) -> JSONResponse:
         created = await self._transfers(user, sharing=True).share(thread_id, user.identifier)

@@ -1,0 +1,129 @@
+"""Imports that cannot flood, on a real SQLite database: empty messages are left out, one import
+stores at most its caps, and the file is read off the event loop."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import pytest_asyncio
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.config import Settings
+from services.history.database import create_engine
+from services.history.migrations import migrate
+from services.transfer import archive
+from services.transfer.archive import BadImport
+from services.transfer.service import Transfers
+from services.web import transfer_chat
+
+ADD_PERSON = 'INSERT INTO users ("id", "identifier", "metadata", "createdAt") VALUES (:n, :n, \'{}\', \'\')'
+
+
+@pytest_asyncio.fixture
+async def engine(tmp_path: Path) -> AsyncIterator[AsyncEngine]:
+    """A migrated SQLite database with the people bob and eve."""
+    database = create_engine(Settings.from_env({"DATA_DIR": str(tmp_path)}))
+    await migrate(database)
+    async with database.begin() as connection:  # the people's rows, as a sign-in leaves them
+        for name in ("bob", "eve"):
+            await connection.execute(text(ADD_PERSON), {"n": name})
+    yield database
+    await database.dispose()
+
+
+DEFAULTS = Settings.from_env({})
+
+
+def transfers(engine: AsyncEngine, **env: object) -> Transfers:
+    settings = Settings.from_env({"DATA_DIR": "/unused", **{key: str(value) for key, value in env.items()}})
+    return Transfers(engine, settings)
+
+
+def archive_of(*conversations: list[str]) -> bytes:
+    """An archive whose conversations hold these texts, the person's and the answers in turn."""
+    listed = [
+        {"title": f"talk {n}", "messages": [
+            {"role": ("user", "assistant")[i % 2], "content": said} for i, said in enumerate(texts)
+        ]}
+        for n, texts in enumerate(conversations)
+    ]  # fmt: skip
+    return json.dumps({"format": "vllm-chat-archive", "version": 1, "conversations": listed}).encode()
+
+
+async def count(engine: AsyncEngine, table: str, where: str = "") -> int:
+    async with engine.connect() as connection:
+        return (await connection.execute(text(f"SELECT COUNT(*) FROM {table} {where}"))).scalar_one()
+
+
+@pytest.mark.asyncio
+async def test_the_reported_flood_of_empty_messages_stores_nothing(engine: AsyncEngine) -> None:
+    """The reported file's shape (conversations of empty messages only, within every limit then): it
+    stored every message; now empty and white-space messages are left out, and it holds nothing."""
+    flood = archive_of(*[[""] * 700] * 20, *[[" \n\t "] * 700] * 20)
+    with pytest.raises(BadImport, match="holds no message to import"):
+        await transfers(engine).import_file("bob", flood, "Assistant")
+    assert (await count(engine, "threads"), await count(engine, "steps")) == (0, 0)
+
+
+@pytest.mark.asyncio
+async def test_empty_messages_are_left_out_and_the_person_is_told(engine: AsyncEngine) -> None:
+    imported = await transfers(engine).import_file(
+        "bob", archive_of(["hi", "", "  \n", "there"], ["", " "]), "Assistant"
+    )
+    assert imported.titles == ["talk 0"]
+    assert (imported.empty_messages, imported.empty_conversations) == (4, 1)
+    async with engine.connect() as connection:
+        kept = (await connection.execute(text('SELECT "output" FROM steps ORDER BY "createdAt"'))).all()
+    assert [row[0] for row in kept] == ["hi", "there"]
+    runtime = SimpleNamespace(transfers=SimpleNamespace(import_file=_returning(imported)), settings=DEFAULTS)
+    said = await transfer_chat._import(runtime, "bob", [(__file__, "mine.json")])  # type: ignore[arg-type]
+    assert "4 empty message(s) were left out, and 1 conversation(s) that held nothing else." in said
+
+
+def _returning(value: object):
+    async def call(*args: object) -> object:
+        return value
+
+    return call
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("env", "file", "words"),
+    [
+        ({"IMPORT_MAX_STORED_MESSAGES": 5}, archive_of(["a"] * 3, ["b"] * 3), "holds 6 messages"),
+        ({"IMPORT_MAX_STORED_BYTES": 100}, archive_of(["x" * 60, "y" * 60]), "bytes of text"),
+    ],
+    ids=["messages", "bytes"],
+)
+async def test_one_import_stores_at_most_its_caps(
+    engine: AsyncEngine, env: dict, file: bytes, words: str
+) -> None:
+    with pytest.raises(BadImport, match=words) as refused:
+        await transfers(engine, **env).import_file("bob", file, "Assistant")
+    assert "split it into smaller files" in str(refused.value)
+    assert await count(engine, "threads") == 0
+    fits = {key: value * 2 for key, value in env.items()}
+    assert len((await transfers(engine, **fits).import_file("bob", file, "Assistant")).thread_ids) >= 1
+
+
+@pytest.mark.asyncio
+async def test_the_file_is_read_off_the_event_loop(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    readers: list[threading.Thread] = []
+    check_depth = archive.check_depth
+
+    def noting_the_thread(document: object, max_depth: int) -> None:
+        readers.append(threading.current_thread())
+        check_depth(document, max_depth)
+
+    monkeypatch.setattr(archive, "check_depth", noting_the_thread)
+    await transfers(engine).import_file("bob", archive_of(["hi"]), "Assistant")
+    assert readers and threading.main_thread() not in readers
