@@ -94,8 +94,8 @@ class Transfers:
 
     async def import_file(self, owner: str, data: bytes, assistant_name: str) -> Imported:
         """Store the file's conversations as `owner`'s (all or none); BadImport says what is wrong. The
-        file is read in a worker thread: the chat goes on meanwhile. `assistant_name`: the author of
-        imported answers (the page's assistant)."""
+        file is read in a worker thread and stored in short batches: the chat goes on meanwhile.
+        `assistant_name`: the author of imported answers (the page's assistant)."""
         try:
             if len(data) > self.settings.import_max_bytes:
                 raise BadImport(f"The file is larger than {self.settings.import_max_bytes:,} bytes.")

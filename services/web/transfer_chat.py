@@ -16,6 +16,7 @@ from services.runtime import Runtime
 from services.transfer.archive import BadImport
 from services.transfer.reading import FORMATS
 from services.transfer.service import Imported
+from services.transfer.store import PartlyStored
 from services.web.transfer_routes import SHARE_PAGE
 
 logger = logging.getLogger(__name__)
@@ -96,6 +97,13 @@ async def _import(runtime: Runtime, owner: str, files: list[tuple[str, str]]) ->
         imported = await runtime.transfers.import_file(owner, data, chainlit_config.ui.name)
     except BadImport as error:
         return f"«{name}» was not imported (nothing was stored): {error}"
+    except PartlyStored as error:
+        logger.exception("import of a file failed midway")
+        return (
+            f"«{name}» could not be imported: it failed midway, and {len(error.titles)} of its "
+            f"conversation(s) were stored and could not be removed: {_listed(error.titles)}. They are "
+            "in the sidebar: delete them, or keep them and import the rest later."
+        )
     except Exception as error:  # not the file's fault (the database, a bug): the log says what, not the page
         logger.exception("import of a file failed: %s", type(error).__name__)
         return f"«{name}» could not be imported right now (nothing was stored). Try again in a while."

@@ -8,7 +8,7 @@ answers 404, as a missing one does.
 - GET /conversations/export: all of them (EXPORT_MAX_CONVERSATIONS), one JSON archive, streamed;
 - POST /conversations/import (multipart, field `file`, at most IMPORT_MAX_BYTES): 200 with the new
   conversations and what was left out (empty messages), or 400 with what is wrong with the file
-  (nothing stored);
+  (nothing stored); 500 naming what stayed if storing failed midway and could not be undone;
 - POST /conversations/{thread_id}/share: a new link (shown once) to a snapshot; DELETE revokes the
   conversation's links; GET /s/{token}: the snapshot's read-only page, no sign-in needed.
 The share routes answer 404 unless SHARING=true.
@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from services.runtime import Runtime
 from services.transfer.archive import BadImport
 from services.transfer.service import Transfers
+from services.transfer.store import PartlyStored
 from services.web.body_limit import Scope, route_path
 from services.web.routes import move_to_front
 from services.web.share_page import missing_page, shared_page
@@ -93,6 +94,9 @@ class TransferRoutes:
             imported = await transfers.import_file(user.identifier, data, chainlit_config.ui.name)
         except BadImport as error:
             raise HTTPException(400, str(error)) from None
+        except PartlyStored as error:
+            detail = "The import failed midway; these conversations were stored and could not be removed."
+            return JSONResponse({"detail": detail, "stored": error.titles}, status_code=500)
         listed = [{"id": i, "title": t} for i, t in zip(imported.thread_ids, imported.titles, strict=True)]
         left_out = {
             "empty_messages": imported.empty_messages,

@@ -1,8 +1,10 @@
 """Imports that cannot flood, on a real SQLite database: empty messages are left out, one import
-stores at most its caps, and the file is read off the event loop."""
+stores at most its caps, the file is read off the event loop and stored in short transactions that
+let other writers in, and a failure or a cancel midway leaves nothing stored (or says what stayed)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from collections.abc import AsyncIterator
@@ -17,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.config import Settings
 from services.history.database import create_engine
 from services.history.migrations import migrate
-from services.transfer import archive
+from services.transfer import archive, store
 from services.transfer.archive import BadImport
 from services.transfer.service import Transfers
 from services.web import transfer_chat
@@ -93,6 +95,13 @@ def _returning(value: object):
     return call
 
 
+def _raising(error: BaseException):
+    async def call(*args: object) -> object:
+        raise error
+
+    return call
+
+
 @pytest.mark.asyncio
 @pytest.mark.parametrize(
     ("env", "file", "words"),
@@ -127,3 +136,75 @@ async def test_the_file_is_read_off_the_event_loop(
     monkeypatch.setattr(archive, "check_depth", noting_the_thread)
     await transfers(engine).import_file("bob", archive_of(["hi"]), "Assistant")
     assert readers and threading.main_thread() not in readers
+
+
+@pytest.mark.asyncio
+async def test_other_writers_get_in_while_a_large_import_is_stored(engine: AsyncEngine) -> None:
+    """The import used to be one transaction: SQLite's write lock was the import's until its end, so
+    another person's messages waited for all of it (18.75 s in the report)."""
+    large = archive_of(*[["question", "answer"] * 50] * 40)  # 4,000 messages: 21 batches
+    importing = asyncio.create_task(transfers(engine).import_file("bob", large, "Assistant"))
+    while await count(engine, "steps") == 0:  # readers see committed rows only
+        await asyncio.sleep(0.001)
+    async with engine.begin() as connection:  # eve's message, written meanwhile
+        await connection.execute(text("UPDATE service_health SET checked_at = 'now'"))
+    assert not importing.done(), "another writer got in while the import was storing"
+    assert len((await importing).thread_ids) == 40
+    assert await count(engine, "steps") == 4000
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("cleanup_fails", [False, True])
+async def test_a_failure_midway_deletes_what_was_stored_or_says_what_stayed(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch, cleanup_fails: bool
+) -> None:
+    monkeypatch.setattr(store, "BATCH_ROWS", 4)
+    batches = store._batches
+
+    def failing_on_the_third(*args: object):
+        for number, batch in enumerate(batches(*args), 1):  # type: ignore[arg-type]
+            if number == 3:
+                raise RuntimeError("disk full")
+            yield batch
+
+    async def refusing(*args: object) -> None:
+        raise RuntimeError("still full")
+
+    monkeypatch.setattr(store, "_batches", failing_on_the_third)
+    if cleanup_fails:
+        monkeypatch.setattr(store, "delete_threads", refusing)
+    importer = transfers(engine)
+    with pytest.raises(store.PartlyStored if cleanup_fails else RuntimeError) as failed:
+        await importer.import_file("bob", archive_of(*[["q", "a"]] * 6), "Assistant")
+    if cleanup_fails:
+        assert failed.value.titles == ["talk 0", "talk 1", "talk 2"]
+        assert await count(engine, "threads") == 3
+        runtime = SimpleNamespace(
+            transfers=SimpleNamespace(import_file=_raising(failed.value)), settings=DEFAULTS
+        )
+        said = await transfer_chat._import(runtime, "bob", [(__file__, "mine.json")])  # type: ignore[arg-type]
+        assert (
+            "«mine.json» could not be imported: it failed midway, and 3 of its conversation(s) were " in said
+        )
+        assert "«talk 0», «talk 1», «talk 2». They are in the sidebar: delete them" in said
+    else:
+        assert (await count(engine, "threads"), await count(engine, "steps")) == (0, 0)
+        monkeypatch.setattr(store, "_batches", batches)
+        assert len((await importer.import_file("bob", archive_of(*[["q", "a"]] * 6), "A")).thread_ids) == 6
+
+
+@pytest.mark.asyncio
+async def test_a_cancel_midway_deletes_what_was_stored(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stop in the chat cancels the `/import` turn while it stores."""
+    monkeypatch.setattr(store, "BATCH_ROWS", 10)
+    importing = asyncio.create_task(
+        transfers(engine).import_file("bob", archive_of(*[["q", "a"] * 20] * 20), "Assistant")
+    )
+    while await count(engine, "steps") == 0:
+        await asyncio.sleep(0.001)
+    importing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await importing
+    assert (await count(engine, "threads"), await count(engine, "steps")) == (0, 0)
