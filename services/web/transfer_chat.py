@@ -1,6 +1,7 @@
 """`/export`, `/import` (with the file attached) and `/share` [`revoke`] in the chat: the page's way
 to the export, import and share routes. Their answers are never stored (a share link is shown once).
-An import that fails says so in a sentence, never with the exception's text (Chainlit would show it)."""
+An import that fails or is refused (a limit: services/transfer/limits.py) says so in a sentence, never
+with the exception's text (Chainlit would show it)."""
 
 from __future__ import annotations
 

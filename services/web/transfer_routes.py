@@ -7,8 +7,9 @@ answers 404, as a missing one does.
 - GET /conversations/{thread_id}/export?format=md|json: one conversation, as a download;
 - GET /conversations/export: all of them (EXPORT_MAX_CONVERSATIONS), one JSON archive, streamed;
 - POST /conversations/import (multipart, field `file`, at most IMPORT_MAX_BYTES): 200 with the new
-  conversations and what was left out (empty messages), or 400 with what is wrong with the file
-  (nothing stored); 500 naming what stayed if storing failed midway and could not be undone;
+  conversations and what was left out (empty messages), 400 with what is wrong with the file, 429
+  with Retry-After past a limit of the person's (services/transfer/limits.py): nothing stored; 500
+  naming what stayed if storing failed midway and could not be undone;
 - POST /conversations/{thread_id}/share: a new link (shown once) to a snapshot; DELETE revokes the
   conversation's links; GET /s/{token}: the snapshot's read-only page, no sign-in needed.
 The share routes answer 404 unless SHARING=true.
@@ -25,6 +26,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from services.runtime import Runtime
 from services.transfer.archive import BadImport
+from services.transfer.limits import ImportLimited
 from services.transfer.service import Transfers
 from services.transfer.store import PartlyStored
 from services.web.body_limit import Scope, route_path
@@ -92,6 +94,9 @@ class TransferRoutes:
         data = await file.read(self.runtime.settings.import_max_bytes + 1)
         try:
             imported = await transfers.import_file(user.identifier, data, chainlit_config.ui.name)
+        except ImportLimited as error:
+            retry = {"Retry-After": str(error.retry_after_seconds)}
+            raise HTTPException(429, str(error), headers=retry) from None
         except BadImport as error:
             raise HTTPException(400, str(error)) from None
         except PartlyStored as error:

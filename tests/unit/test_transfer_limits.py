@@ -1,6 +1,7 @@
-"""Imports that cannot flood, on a real SQLite database: empty messages are left out, one import
-stores at most its caps, the file is read off the event loop and stored in short transactions that
-let other writers in, and a failure or a cancel midway leaves nothing stored (or says what stayed)."""
+"""Imports that cannot flood, on a real SQLite database: empty messages are left out, one import and
+one person's day store at most their caps, a person runs one import at a time and a few an hour, the
+file is read off the event loop and stored in short transactions that let other writers in, and a
+failure or a cancel midway leaves nothing stored (or says what stayed)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 import json
 import threading
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,6 +23,7 @@ from services.history.database import create_engine
 from services.history.migrations import migrate
 from services.transfer import archive, store
 from services.transfer.archive import BadImport
+from services.transfer.limits import ImportLimited
 from services.transfer.service import Transfers
 from services.web import transfer_chat
 
@@ -123,6 +126,55 @@ async def test_one_import_stores_at_most_its_caps(
 
 
 @pytest.mark.asyncio
+async def test_a_persons_day_is_counted_before_anything_is_stored(engine: AsyncEngine) -> None:
+    importer = transfers(engine, IMPORT_MAX_MESSAGES_PER_DAY=5)
+    await importer.import_file("bob", archive_of(["a", "b", "c"]), "Assistant")
+    with pytest.raises(ImportLimited, match="may store 2 more today") as refused:
+        await importer.import_file("bob", archive_of(["d", "e", "f"]), "Assistant")
+    assert 0 < refused.value.retry_after_seconds <= 24 * 3600
+    assert await count(engine, "steps") == 3
+    await importer.import_file("eve", archive_of(["d", "e", "f"]), "Assistant")  # her own day
+    await importer.import_file("bob", archive_of(["d", "e"]), "Assistant")  # what is left fits
+    assert await count(engine, "steps") == 8
+
+
+@pytest.mark.asyncio
+async def test_imports_an_hour_count_refused_files_and_free_up_after_the_hour(engine: AsyncEngine) -> None:
+    importer = transfers(engine, IMPORT_MAX_PER_HOUR=2, IMPORT_MAX_PER_DAY=3)
+    noon = importer.gate.clock().replace(hour=12, minute=0, second=0, microsecond=0)
+    importer.gate.clock = lambda: noon
+    with pytest.raises(BadImport, match="not JSON"):
+        await importer.import_file("bob", b"not a conversation", "Assistant")
+    await importer.import_file("bob", archive_of(["one"]), "Assistant")
+    with pytest.raises(ImportLimited, match="You can start 2 imports an hour: try again in 60 minutes"):
+        await importer.import_file("bob", archive_of(["two"]), "Assistant")
+    await importer.import_file("eve", archive_of(["hers"]), "Assistant")
+    importer.gate.clock = lambda: noon + timedelta(minutes=61)  # the two are an hour old
+    await importer.import_file("bob", archive_of(["two"]), "Assistant")
+    with pytest.raises(
+        ImportLimited, match="You can start 3 imports a day: try again in 11 hours"
+    ) as refused:
+        await importer.import_file("bob", archive_of(["three"]), "Assistant")
+    assert refused.value.retry_after_seconds == (12 * 60 - 61) * 60
+    assert await count(engine, "steps") == 3
+
+
+@pytest.mark.asyncio
+async def test_one_import_at_a_time_per_person(engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store, "BATCH_ROWS", 10)  # many batches: the first import is still storing
+    importer = transfers(engine)
+    first = asyncio.create_task(importer.import_file("bob", archive_of(*[["q", "a"] * 20] * 20), "Assistant"))
+    while await count(engine, "steps") == 0:
+        await asyncio.sleep(0.001)
+    with pytest.raises(ImportLimited, match="Your previous import is still running"):
+        await importer.import_file("bob", archive_of(["again"]), "Assistant")
+    assert (await importer.import_file("eve", archive_of(["hers"]), "Assistant")).titles == ["talk 0"]
+    assert not first.done(), "the file is stored in many short batches"
+    assert len((await first).thread_ids) == 20
+    await importer.import_file("bob", archive_of(["again"]), "Assistant")  # after it: fine
+
+
+@pytest.mark.asyncio
 async def test_the_file_is_read_off_the_event_loop(
     engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -173,7 +225,7 @@ async def test_a_failure_midway_deletes_what_was_stored_or_says_what_stayed(
     monkeypatch.setattr(store, "_batches", failing_on_the_third)
     if cleanup_fails:
         monkeypatch.setattr(store, "delete_threads", refusing)
-    importer = transfers(engine)
+    importer = transfers(engine, IMPORT_MAX_MESSAGES_PER_DAY=12)
     with pytest.raises(store.PartlyStored if cleanup_fails else RuntimeError) as failed:
         await importer.import_file("bob", archive_of(*[["q", "a"]] * 6), "Assistant")
     if cleanup_fails:
@@ -189,7 +241,7 @@ async def test_a_failure_midway_deletes_what_was_stored_or_says_what_stayed(
         assert "«talk 0», «talk 1», «talk 2». They are in the sidebar: delete them" in said
     else:
         assert (await count(engine, "threads"), await count(engine, "steps")) == (0, 0)
-        monkeypatch.setattr(store, "_batches", batches)
+        monkeypatch.setattr(store, "_batches", batches)  # the failed one gave its day's count back
         assert len((await importer.import_file("bob", archive_of(*[["q", "a"]] * 6), "A")).thread_ids) == 6
 
 
@@ -208,3 +260,17 @@ async def test_a_cancel_midway_deletes_what_was_stored(
     with pytest.raises(asyncio.CancelledError):
         await importing
     assert (await count(engine, "threads"), await count(engine, "steps")) == (0, 0)
+    assert await count(engine, "imports", "WHERE state = 'failed' AND messages = 0") == 1
+
+
+@pytest.mark.asyncio
+async def test_the_chat_tells_a_limit_in_a_sentence() -> None:
+    async def limited(*args: object) -> None:
+        raise ImportLimited("You can start 20 imports an hour: try again in 12 minutes.", 700)
+
+    runtime = SimpleNamespace(transfers=SimpleNamespace(import_file=limited), settings=DEFAULTS)
+    said = await transfer_chat._import(runtime, "bob", [(__file__, "mine.json")])  # type: ignore[arg-type]
+    assert said == (
+        "«mine.json» was not imported (nothing was stored): "
+        "You can start 20 imports an hour: try again in 12 minutes."
+    )
