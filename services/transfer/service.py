@@ -5,7 +5,7 @@ Every operation names the person it acts for, and touches only that person's con
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -29,6 +29,8 @@ from services.transfer.events import transfer_event
 from services.transfer.limits import ImportGate, ImportQuota, Ticket
 from services.transfer.markdown import to_markdown
 from services.transfer.reading import ImportRead, read_import
+
+logger = logging.getLogger(__name__)
 
 FORMATS = {"md": "text/markdown; charset=utf-8", "json": "application/json"}
 
@@ -108,11 +110,11 @@ class Transfers:
                         self.engine, owner, read.conversations, assistant_name
                     )
                 except BaseException as error:
-                    state = "partly stored" if isinstance(error, store.PartlyStored) else "failed"
-                    with contextlib.suppress(Exception):  # the error that matters is the import's
-                        await asyncio.shield(self.gate.finish(ticket, state))
+                    await self._finish(
+                        ticket, "partly stored" if isinstance(error, store.PartlyStored) else "failed"
+                    )
                     raise
-                await self.gate.finish(ticket, "stored")
+                await self._finish(ticket, "stored")
         except BadImport as error:
             transfer_event(self.audit, "conversations.import_refused", owner, reason=str(error)[:200])
             raise
@@ -127,12 +129,24 @@ class Transfers:
         try:
             if len(data) > self.settings.import_max_bytes:
                 raise BadImport(f"The file is larger than {self.settings.import_max_bytes:,} bytes.")
-            read = await asyncio.to_thread(read_import, data, self.limits)
+            reading = asyncio.ensure_future(asyncio.to_thread(read_import, data, self.limits))
+            try:
+                read = await asyncio.shield(reading)
+            except asyncio.CancelledError:  # the thread reads on: the person's import is not over
+                await asyncio.wait({reading})  # until it ends (IMPORT_MAX_RUNNING counts it)
+                raise
             await self.gate.reserve(ticket, read)
         except BadImport:
-            await self.gate.finish(ticket, "refused")
+            await self._finish(ticket, "refused")
             raise
         return read
+
+    async def _finish(self, ticket: Ticket, state: str) -> None:
+        """Record how the import ended; a failure to is logged, never hides what happened to the file."""
+        try:
+            await asyncio.shield(self.gate.finish(ticket, state))
+        except Exception as error:
+            logger.warning("import %s ended %s, not recorded: %s", ticket.id, state, type(error).__name__)
 
     async def share(self, thread_id: str, owner: str) -> shares.NewShare | None:
         created = await shares.create_share(self.engine, thread_id, owner, self.settings.share_ttl_days)

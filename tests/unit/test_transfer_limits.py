@@ -191,6 +191,37 @@ async def test_the_file_is_read_off_the_event_loop(
 
 
 @pytest.mark.asyncio
+async def test_a_stop_while_the_file_is_read_keeps_the_import_until_the_read_ends(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread cannot be cancelled: the person's import goes on until its read does, so Stop and a
+    new /import cannot pile up reads."""
+    reading, release = threading.Event(), threading.Event()
+    check_depth = archive.check_depth
+
+    def slow(document: object, max_depth: int) -> None:
+        reading.set()
+        release.wait(30)
+        check_depth(document, max_depth)
+
+    monkeypatch.setattr(archive, "check_depth", slow)
+    importer = transfers(engine)
+    first = asyncio.create_task(importer.import_file("bob", archive_of(["hi"]), "Assistant"))
+    await asyncio.to_thread(reading.wait, 30)
+    first.cancel()
+    await asyncio.sleep(0.05)
+    assert not first.done(), "it waits for its read"
+    with pytest.raises(ImportLimited, match="still running"):
+        await importer.import_file("bob", archive_of(["again"]), "Assistant")
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    monkeypatch.setattr(archive, "check_depth", check_depth)
+    assert (await importer.import_file("bob", archive_of(["again"]), "Assistant")).titles == ["talk 0"]
+    assert await count(engine, "threads") == 1
+
+
+@pytest.mark.asyncio
 async def test_other_writers_get_in_while_a_large_import_is_stored(engine: AsyncEngine) -> None:
     """The import used to be one transaction: SQLite's write lock was the import's until its end, so
     another person's messages waited for all of it (18.75 s in the report)."""
