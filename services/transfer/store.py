@@ -1,9 +1,10 @@
 """Conversations read for export and written by import, straight from the database.
 
 Reads only ever select rows of the asking person's own conversations (`userIdentifier`). An import
-writes in short transactions of BATCH_ROWS rows, pausing between them, so it takes at most about half
-of the database's writes and of the event loop however large the file; a failure midway deletes
-what it stored: all of a file is stored, or none.
+writes in short transactions of BATCH_ROWS rows, pausing after each PAUSE_PER_BATCH times as long as
+it took, so it takes at most about a quarter of the database's writes (and of the core the app's
+event loop shares with them) however large the file; a failure midway deletes what it stored: all
+of a file is stored, or none.
 Imported rows get new ids (uuid4) and the import's time as their stored time, so retention counts
 an imported conversation as active from its import; the file's times are kept in each message's
 metadata and come back in exports.
@@ -31,9 +32,14 @@ from services.transfer.archive import Conversation, Message
 logger = logging.getLogger(__name__)
 
 # Rows (conversations' and messages') per transaction of an import: SQLite lets one writer in at a
-# time, so another person's messages wait at most one batch (a few milliseconds), never the import.
+# time, so another person's messages wait about one batch at most (tens of milliseconds, the search
+# index's triggers included), never the whole import.
 BATCH_ROWS = 200
-MIN_PAUSE_SECONDS = 0.005  # after each batch, at least; else as long as the batch took
+# After each batch, a pause of this many times the batch's own time: on 2 cores the engine's worker
+# has one and the app's event loop shares the other with the database's work, so the import's share
+# is what everyone else's answers lose.
+PAUSE_PER_BATCH = 3.0
+MIN_PAUSE_SECONDS = 0.005
 
 IMPORTED_AT_KEY = "created_at"  # the file's time of an imported message, in the step's metadata
 USER_NAME = "User"  # the author Chainlit's page gives a person's messages
@@ -128,9 +134,9 @@ class _Batch:
 async def import_conversations(
     engine: AsyncEngine, owner: str, conversations: list[Conversation], assistant_name: str
 ) -> list[str]:
-    """Store `conversations` as `owner`'s, BATCH_ROWS rows per transaction, pausing after each as long
-    as it took; return their new thread ids. A failure (or a cancel) midway deletes what was stored;
-    PartlyStored when even that fails."""
+    """Store `conversations` as `owner`'s, BATCH_ROWS rows per transaction, pausing after each
+    PAUSE_PER_BATCH times as long as it took; return their new thread ids. A failure (or a cancel)
+    midway deletes what was stored; PartlyStored when even that fails."""
     async with engine.connect() as connection:
         user_id = (
             await connection.execute(text('SELECT "id" FROM users WHERE "identifier" = :who'), {"who": owner})
@@ -147,7 +153,7 @@ async def import_conversations(
                     await connection.execute(text(_INSERT_THREAD), batch.threads)
                 if batch.steps:
                     await connection.execute(text(_INSERT_STEP), batch.steps)
-            await asyncio.sleep(max(MIN_PAUSE_SECONDS, time.monotonic() - started))
+            await asyncio.sleep(max(MIN_PAUSE_SECONDS, PAUSE_PER_BATCH * (time.monotonic() - started)))
     except BaseException as error:
         await _delete_stored(engine, stored, error)
         raise

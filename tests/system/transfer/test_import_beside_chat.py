@@ -28,7 +28,7 @@ in_loop = pytest.mark.asyncio(loop_scope="module")
 STALL_SECONDS = 2.0  # the longest wait for another person's next token (the report: 18.75 s)
 HEALTHZ_SECONDS = 2.0  # the longest /healthz may take to answer (a balancer's probe times out)
 # Of Bob's pace just before, what he keeps during the import (and at least reading pace): an import
-# takes at most about half of the event loop by design (measured: he kept about 80%).
+# takes at most about a quarter of the core his stream's event loop runs on (services/transfer/store.py).
 KEPT_PACE = 0.5
 ANSWER_TOKENS = 3000  # Bob's answers: one streams through the import (then he presses Stop)
 
