@@ -91,9 +91,9 @@ class TransferSettings:
     import_max_running: int = setting(
         2,
         "IMPORT_MAX_RUNNING",
-        "Imports this process runs at once, everyone's together (each holds its file and what is read "
-        "from it in memory: about 10 times the file at most); another is refused, to be tried again "
-        "in a minute.",
+        "Imports this process runs at once, everyone's together (each holds its file in memory, and a "
+        "child process reading it about 10 times the file at most); another is refused, to be tried "
+        "again in a minute.",
         1,
     )
     sharing: bool = setting(

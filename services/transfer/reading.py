@@ -1,7 +1,7 @@
 """One imported file to conversations: which format it is, read by that format's reader, then what
 is kept of it (empty messages and conversations left out) held to the file's storage caps.
 
-Reading is plain CPU work with no I/O: the service runs it in a worker thread, off the event loop."""
+Reading is plain CPU work with no I/O: the service runs it in a child process (reader.py)."""
 
 from __future__ import annotations
 

@@ -28,7 +28,8 @@ from services.transfer.archive import (
 from services.transfer.events import transfer_event
 from services.transfer.limits import ImportGate, ImportQuota, Ticket
 from services.transfer.markdown import to_markdown
-from services.transfer.reading import ImportRead, read_import
+from services.transfer.reader import read_in_child
+from services.transfer.reading import ImportRead
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ class Transfers:
     async def import_file(self, owner: str, data: bytes, assistant_name: str) -> Imported:
         """Store the file's conversations as `owner`'s (all or none), within the import limits;
         BadImport (ImportLimited for a limit of the person's) says what is wrong. The file is read in a
-        worker thread and stored in short batches: the chat goes on meanwhile. `assistant_name`: the
+        child process and stored in short batches: the chat goes on meanwhile. `assistant_name`: the
         author of imported answers (the page's assistant)."""
         try:
             async with self.gate.admitted(owner) as ticket:
@@ -125,16 +126,11 @@ class Transfers:
         return Imported(ids, titles, read.empty_messages, read.empty_conversations)
 
     async def _read(self, ticket: Ticket, data: bytes) -> ImportRead:
-        """The file read off the event loop and counted against the person's day; refused: recorded."""
+        """The file read by a child process and counted against the person's day; refused: recorded."""
         try:
             if len(data) > self.settings.import_max_bytes:
                 raise BadImport(f"The file is larger than {self.settings.import_max_bytes:,} bytes.")
-            reading = asyncio.ensure_future(asyncio.to_thread(read_import, data, self.limits))
-            try:
-                read = await asyncio.shield(reading)
-            except asyncio.CancelledError:  # the thread reads on: the person's import is not over
-                await asyncio.wait({reading})  # until it ends (IMPORT_MAX_RUNNING counts it)
-                raise
+            read = await read_in_child(data, self.limits)
             await self.gate.reserve(ticket, read)
         except BadImport:
             await self._finish(ticket, "refused")

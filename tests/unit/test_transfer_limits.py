@@ -1,17 +1,19 @@
 """Imports that cannot flood, on a real SQLite database: empty messages are left out, one import and
 one person's day store at most their caps, a person runs one import at a time and a few an hour, the
-file is read off the event loop and stored in short transactions that let other writers in, and a
+file is read by a child process and stored in short transactions that let other writers in, and a
 failure or a cancel midway leaves nothing stored (or says what stayed)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import threading
+import signal
+import sys
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -21,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.config import Settings
 from services.history.database import create_engine
 from services.history.migrations import migrate
-from services.transfer import archive, store
+from services.transfer import reader, store
 from services.transfer.archive import BadImport
 from services.transfer.limits import ImportLimited
 from services.transfer.service import Transfers
@@ -174,51 +176,61 @@ async def test_one_import_at_a_time_per_person(engine: AsyncEngine, monkeypatch:
     await importer.import_file("bob", archive_of(["again"]), "Assistant")  # after it: fine
 
 
+def children(monkeypatch: pytest.MonkeyPatch, instead: list[str] | None = None) -> list[Any]:
+    """The child processes the import's reader starts from now on (their argv, then the process);
+    `instead`: the argv to run in their place."""
+    started: list[Any] = []
+    start = asyncio.create_subprocess_exec
+
+    async def noting(*argv: str, **options: Any) -> Any:
+        process = await start(*(instead or argv), **options)
+        started.append((argv, process))
+        return process
+
+    monkeypatch.setattr(reader.asyncio, "create_subprocess_exec", noting)
+    return started
+
+
 @pytest.mark.asyncio
-async def test_the_file_is_read_off_the_event_loop(
+async def test_the_file_is_read_in_a_child_process(
     engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    readers: list[threading.Thread] = []
-    check_depth = archive.check_depth
-
-    def noting_the_thread(document: object, max_depth: int) -> None:
-        readers.append(threading.current_thread())
-        check_depth(document, max_depth)
-
-    monkeypatch.setattr(archive, "check_depth", noting_the_thread)
-    await transfers(engine).import_file("bob", archive_of(["hi"]), "Assistant")
-    assert readers and threading.main_thread() not in readers
+    """Not in the app's process: its event loop's interpreter lock and heap stay out of the read."""
+    started = children(monkeypatch)
+    imported = await transfers(engine).import_file("bob", archive_of(["hi", "", "there"]), "Assistant")
+    assert (imported.titles, imported.empty_messages) == (["talk 0"], 1)
+    [(argv, process)] = started
+    assert argv[1:3] == ("-m", "services.transfer.reader") and process.returncode == 0
+    with pytest.raises(BadImport, match="not JSON"):  # a refusal comes back as the sentence it is
+        await transfers(engine).import_file("eve", b"{nope", "Assistant")
 
 
 @pytest.mark.asyncio
-async def test_a_stop_while_the_file_is_read_keeps_the_import_until_the_read_ends(
+async def test_a_stop_while_the_file_is_read_kills_the_reader(
     engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A thread cannot be cancelled: the person's import goes on until its read does, so Stop and a
-    new /import cannot pile up reads."""
-    reading, release = threading.Event(), threading.Event()
-    check_depth = archive.check_depth
-
-    def slow(document: object, max_depth: int) -> None:
-        reading.set()
-        release.wait(30)
-        check_depth(document, max_depth)
-
-    monkeypatch.setattr(archive, "check_depth", slow)
+    """Stop ends the read at once: its child is killed, and the person may import again."""
+    started = children(monkeypatch, instead=[sys.executable, "-c", "import time; time.sleep(60)"])
     importer = transfers(engine)
     first = asyncio.create_task(importer.import_file("bob", archive_of(["hi"]), "Assistant"))
-    await asyncio.to_thread(reading.wait, 30)
+    while not started:
+        await asyncio.sleep(0.01)
     first.cancel()
-    await asyncio.sleep(0.05)
-    assert not first.done(), "it waits for its read"
-    with pytest.raises(ImportLimited, match="still running"):
-        await importer.import_file("bob", archive_of(["again"]), "Assistant")
-    release.set()
     with pytest.raises(asyncio.CancelledError):
-        await first
-    monkeypatch.setattr(archive, "check_depth", check_depth)
+        await asyncio.wait_for(first, 10)
+    assert started[0][1].returncode == -signal.SIGKILL
+    monkeypatch.undo()
     assert (await importer.import_file("bob", archive_of(["again"]), "Assistant")).titles == ["talk 0"]
-    assert await count(engine, "threads") == 1
+
+
+@pytest.mark.asyncio
+async def test_a_reader_that_dies_is_not_the_files_fault(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    children(monkeypatch, instead=[sys.executable, "-c", "import sys; sys.exit(3)"])
+    with pytest.raises(reader.ReaderFailed, match="exited with 3"):
+        await transfers(engine).import_file("bob", archive_of(["hi"]), "Assistant")
+    assert await count(engine, "threads") == 0
 
 
 @pytest.mark.asyncio
