@@ -1,5 +1,6 @@
-"""Export, import and share-by-link settings: how much one export or import may hold, and whether
-read-only share links exist at all (off unless SHARING=true)."""
+"""Export, import and share-by-link settings: how much one export or import may hold, how much
+one person may import per hour and day, and whether read-only share links exist at all (off unless
+SHARING=true)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,56 @@ class TransferSettings:
         100_000,
         "IMPORT_MAX_MESSAGE_CHARS",
         "Longest text of one imported message; a longer one is refused (the whole file).",
+        1,
+    )
+    import_max_stored_messages: int = setting(
+        20_000,
+        "IMPORT_MAX_STORED_MESSAGES",
+        "Most messages one import stores, all its conversations together (empty ones are left out "
+        "and not counted); a file with more is refused whole. With IMPORT_MAX_STORED_BYTES, what bounds "
+        "one import's database writes: it is stored in short batches beside the chat.",
+        1,
+    )
+    import_max_stored_bytes: int = setting(
+        8 * 1024 * 1024,
+        "IMPORT_MAX_STORED_BYTES",
+        "Most text one import stores (its titles and messages, in UTF-8 bytes); a file with more is "
+        "refused whole.",
+        1,
+    )
+    import_max_per_hour: int = setting(
+        20,
+        "IMPORT_MAX_PER_HOUR",
+        "Imports one person may start in an hour (refused files count too: each is read); more are "
+        "refused, saying when to try again. Each person has one import at a time.",
+        1,
+    )
+    import_max_per_day: int = setting(
+        100,
+        "IMPORT_MAX_PER_DAY",
+        "Imports one person may start per UTC day (refused files count too).",
+        1,
+    )
+    import_max_messages_per_day: int = setting(
+        40_000,
+        "IMPORT_MAX_MESSAGES_PER_DAY",
+        "Most messages one person's imports store per UTC day; a file that would pass it is refused "
+        "whole, saying how many are left today.",
+        1,
+    )
+    import_max_stored_bytes_per_day: int = setting(
+        16 * 1024 * 1024,
+        "IMPORT_MAX_STORED_BYTES_PER_DAY",
+        "Most text (UTF-8 bytes) one person's imports store per UTC day. The database grows by about 7 "
+        "times the text (messages' rows and the search index): 16 MiB of text, ~120 MB on SQLite.",
+        1,
+    )
+    import_max_running: int = setting(
+        2,
+        "IMPORT_MAX_RUNNING",
+        "Imports this process runs at once, everyone's together (each holds its file in memory, and a "
+        "child process reading it about 10 times the file at most); another is refused, to be tried "
+        "again in a minute.",
         1,
     )
     sharing: bool = setting(

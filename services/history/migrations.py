@@ -6,8 +6,9 @@ accounts' columns on `users`, `thread_documents` (a conversation's document), `s
 (the write probe), `api_keys` (hashes of the API keys), `users.session_generation` (what ends
 an account's sign-ins), `identity_links` (provider identities an administrator linked to an
 account), `usage_days` and `quotas` (usage_schema.py), `audit_log` (services/audit/:
-append-only), `shares` (read-only snapshots behind share links), the full-text search index
-(search_index.py) and the limits replicas share (limits_schema.py). Ids and JSON are TEXT on both
+append-only), `shares` (read-only snapshots behind share links), `imports` (each import's size, for
+its limits per person), the full-text search index (search_index.py) and the limits replicas share
+(limits_schema.py). Ids and JSON are TEXT on both
 databases, so one set of statements serves both. Each step runs once, recorded in
 `schema_migrations`; every statement is safe to run again (IF NOT EXISTS, columns added only when
 missing), so an existing Chainlit database is upgraded in place. Replicas starting together take
@@ -248,6 +249,19 @@ async def _presets(connection: AsyncConnection) -> None:
     )
 
 
+async def _imports(connection: AsyncConnection) -> None:
+    """Each import a person started, and what it stored: the per-hour and per-day limits of imports
+    (services/transfer/limits.py) count these rows, so replicas on one database count alike."""
+    await connection.execute(
+        text(
+            "CREATE TABLE IF NOT EXISTS imports (id TEXT PRIMARY KEY, owner TEXT NOT NULL, "
+            "started_at TEXT NOT NULL, state TEXT NOT NULL, messages INTEGER NOT NULL, "
+            "stored_bytes INTEGER NOT NULL)"
+        )
+    )
+    await connection.execute(text("CREATE INDEX IF NOT EXISTS imports_owner ON imports (owner, started_at)"))
+
+
 async def _line_share(connection: AsyncConnection) -> None:
     await _ensure_columns(connection, "line_places", LINE_SHARE_COLUMNS)
 
@@ -279,6 +293,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(15, "limits replicas share: turn leases, counts, sign-in attempts", shared_limit_tables),
     Migration(16, "waiting lines replicas share: when each one's waiting turns arrived", line_places_table),
     Migration(17, "waiting lines replicas share: running, documents, slowest stream, pace cap", _line_share),
+    Migration(18, "imports: who started one when, and what it stored", _imports),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

@@ -32,9 +32,13 @@ class BadImport(ValueError):
 
 @dataclass(frozen=True)
 class ImportLimits:
+    """What one file may hold (services/config/transfer.py says why each exists)."""
+
     max_conversations: int
-    max_messages: int
+    max_messages: int  # of one conversation, as the file has them (bounds the reading)
     max_message_chars: int
+    max_stored_messages: int  # of the whole file, empty ones left out (bounds the writing)
+    max_stored_bytes: int  # titles and messages in UTF-8, as stored
     max_depth: int = MAX_JSON_DEPTH
 
 
@@ -105,8 +109,10 @@ def parse_json(data: bytes, max_depth: int) -> Any:
 
 
 def checked_title(value: Any, fallback: str = "Imported conversation") -> str:
+    """The title stripped and cut (and stripped again: a cut may end on a space, which a second import
+    would strip, so the title would not come back as it was kept)."""
     title = value.strip() if isinstance(value, str) else ""
-    return (title or fallback)[:MAX_TITLE_CHARS]
+    return (title or fallback)[:MAX_TITLE_CHARS].rstrip()
 
 
 def check_message(role: Any, content: Any, limits: ImportLimits, where: str) -> None:

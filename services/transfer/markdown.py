@@ -10,7 +10,8 @@ Each message follows a marker line, an HTML comment that Markdown viewers hide:
     the text ...
 
 A line of a message that itself starts like a marker gets one more backslash in front, taken off
-again on import, so no text can pass for a marker.
+again on import, so no text can pass for a marker. Lines end in "\n"; a file's "\r\n" and lone "\r"
+are read as "\n".
 """
 
 from __future__ import annotations
@@ -35,8 +36,13 @@ _UNESCAPE = re.compile(r"^\\(\\*<!-- (?:message |vllm-chat-export))")
 SPEAKERS = {"user": "**You**", "assistant": "**Assistant**"}
 
 
+def _lines(text: str) -> list[str]:
+    """The lines of `text` as a reader of the file sees them: "\r\n" and a lone "\r" end a line too."""
+    return text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+
+
 def _escaped(text: str) -> str:
-    return "\n".join(_MARKER_LIKE.sub(r"\\\1\2", line) for line in text.split("\n"))
+    return "\n".join(_MARKER_LIKE.sub(r"\\\1\2", line) for line in _lines(text))
 
 
 def _unescaped(lines: list[str]) -> str:
@@ -44,7 +50,8 @@ def _unescaped(lines: list[str]) -> str:
 
 
 def to_markdown(conversation: Conversation) -> str:
-    parts = [HEADER, f"# {_escaped(conversation.title.replace(chr(10), ' '))}", ""]
+    title = conversation.title.replace("\r", " ").replace("\n", " ")  # one line: the title line
+    parts = [HEADER, f"# {_escaped(title)}", ""]
     for message in conversation.messages:
         stamp = f" created_at={message.created_at}" if message.created_at else ""
         parts += [
@@ -63,9 +70,10 @@ def is_markdown_export(data: bytes) -> bool:
 
 def read_markdown(data: bytes, limits: ImportLimits) -> list[Conversation]:
     try:
-        lines = data.decode("utf-8-sig").replace("\r\n", "\n").split("\n")
+        text = data.decode("utf-8-sig")
     except UnicodeDecodeError:
         raise BadImport("The file is not UTF-8 text.") from None
+    lines = _lines(text)  # what is kept comes back the same from its export, whose lines end in "\n"
     title = lines[1][2:] if len(lines) > 1 and lines[1].startswith("# ") else ""
     conversation = Conversation(checked_title(_unescaped([title])))
     current: tuple[str, str | None] | None = None

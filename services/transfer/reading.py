@@ -1,6 +1,11 @@
-"""One imported file to conversations: which format it is, read by that format's reader."""
+"""One imported file to conversations: which format it is, read by that format's reader, then what
+is kept of it (empty messages and conversations left out) held to the file's storage caps.
+
+Reading is plain CPU work with no I/O: the service runs it in a child process (reader.py)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from services.transfer.archive import (
     BadImport,
@@ -18,17 +23,68 @@ from services.transfer.markdown import is_markdown_export, read_markdown
 FORMATS = "this app's JSON archive or Markdown export, or ChatGPT's conversations.json"
 
 
+@dataclass(frozen=True)
+class ImportRead:
+    """What a file brings: the conversations to store and what was left out of it."""
+
+    conversations: list[Conversation]
+    empty_messages: int = 0  # left out: nothing but white space
+    empty_conversations: int = 0  # left out: no message left
+
+    @property
+    def stored_messages(self) -> int:
+        return sum(len(c.messages) for c in self.conversations)
+
+    @property
+    def stored_bytes(self) -> int:
+        return sum(conversation_bytes(c) for c in self.conversations)
+
+
+def conversation_bytes(conversation: Conversation) -> int:
+    """The text a conversation stores, in UTF-8 bytes: its title and its messages."""
+    return len(conversation.title.encode()) + sum(len(m.content.encode()) for m in conversation.messages)
+
+
+def read_import(data: bytes, limits: ImportLimits) -> ImportRead:
+    """What `data` brings, every text one the database can keep (`storable`), within the limits; else
+    BadImport, with what to do."""
+    kept: list[Conversation] = []
+    empty_messages = empty_conversations = 0
+    for conversation in _read(data, limits):
+        messages = [
+            Message(m.role, storable(m.content), m.created_at)
+            for m in conversation.messages
+            if m.content.strip()
+        ]
+        empty_messages += len(conversation.messages) - len(messages)
+        if messages:
+            kept.append(Conversation(storable(conversation.title), conversation.created_at, messages))
+        else:
+            empty_conversations += 1
+    read = ImportRead(kept, empty_messages, empty_conversations)
+    check_stored(read, limits)
+    return read
+
+
 def read_conversations(data: bytes, limits: ImportLimits) -> list[Conversation]:
-    """The conversations in `data`, every text one the database can keep (`storable`); BadImport
-    (with what to do) for anything else."""
-    return [
-        Conversation(
-            storable(c.title),
-            c.created_at,
-            [Message(m.role, storable(m.content), m.created_at) for m in c.messages],
+    """The conversations `read_import` keeps."""
+    return read_import(data, limits).conversations
+
+
+def check_stored(read: ImportRead, limits: ImportLimits) -> None:
+    """BadImport when a file brings nothing to store, or more than one import may store."""
+    if not read.conversations:
+        raise BadImport("The file holds no message to import (empty messages are left out).")
+    if read.stored_messages > limits.max_stored_messages:
+        raise BadImport(
+            f"The file holds {read.stored_messages:,} messages, and one import stores at most "
+            f"{limits.max_stored_messages:,}: split it into smaller files."
         )
-        for c in _read(data, limits)
-    ]
+    if read.stored_bytes > limits.max_stored_bytes:
+        raise BadImport(
+            f"The file holds {read.stored_bytes:,} bytes of text, and one import stores at most "
+            f"{limits.max_stored_bytes:,}: split it into smaller files."
+        )
 
 
 def _read(data: bytes, limits: ImportLimits) -> list[Conversation]:

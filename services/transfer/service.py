@@ -4,6 +4,8 @@ Every operation names the person it acts for, and touches only that person's con
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -24,8 +26,12 @@ from services.transfer.archive import (
     archive_text,
 )
 from services.transfer.events import transfer_event
+from services.transfer.limits import ImportGate, ImportQuota, Ticket
 from services.transfer.markdown import to_markdown
-from services.transfer.reading import read_conversations
+from services.transfer.reader import read_in_child
+from services.transfer.reading import ImportRead
+
+logger = logging.getLogger(__name__)
 
 FORMATS = {"md": "text/markdown; charset=utf-8", "json": "application/json"}
 
@@ -41,6 +47,8 @@ class ExportFile:
 class Imported:
     thread_ids: list[str]
     titles: list[str]
+    empty_messages: int = 0  # left out of the file
+    empty_conversations: int = 0  # left out: nothing but empty messages
 
 
 def file_stem(title: str) -> str:
@@ -57,7 +65,10 @@ class Transfers:
             settings.import_max_conversations,
             settings.import_max_messages,
             settings.import_max_message_chars,
+            settings.import_max_stored_messages,
+            settings.import_max_stored_bytes,
         )
+        self.gate = ImportGate(engine, ImportQuota.from_settings(settings))  # who may import now
 
     async def export_one(self, thread_id: str, owner: str, format_name: str) -> ExportFile | None:
         """One conversation of `owner` as Markdown or as an archive of one; None if not theirs."""
@@ -88,18 +99,50 @@ class Transfers:
         yield ARCHIVE_END
 
     async def import_file(self, owner: str, data: bytes, assistant_name: str) -> Imported:
-        """Store the file's conversations as `owner`'s (all or none); BadImport says what is wrong.
-        `assistant_name`: the author of imported answers (the page's assistant)."""
+        """Store the file's conversations as `owner`'s (all or none), within the import limits;
+        BadImport (ImportLimited for a limit of the person's) says what is wrong. The file is read in a
+        child process and stored in short batches: the chat goes on meanwhile. `assistant_name`: the
+        author of imported answers (the page's assistant)."""
         try:
-            if len(data) > self.settings.import_max_bytes:
-                raise BadImport(f"The file is larger than {self.settings.import_max_bytes:,} bytes.")
-            conversations = read_conversations(data, self.limits)
+            async with self.gate.admitted(owner) as ticket:
+                read = await self._read(ticket, data)
+                try:
+                    ids = await store.import_conversations(
+                        self.engine, owner, read.conversations, assistant_name
+                    )
+                except BaseException as error:
+                    await self._finish(
+                        ticket, "partly stored" if isinstance(error, store.PartlyStored) else "failed"
+                    )
+                    raise
+                await self._finish(ticket, "stored")
         except BadImport as error:
             transfer_event(self.audit, "conversations.import_refused", owner, reason=str(error)[:200])
             raise
-        ids = await store.import_conversations(self.engine, owner, conversations, assistant_name)
-        transfer_event(self.audit, "conversations.imported", owner, conversations=len(ids))
-        return Imported(ids, [c.title for c in conversations])
+        transfer_event(
+            self.audit, "conversations.imported", owner, conversations=len(ids), messages=read.stored_messages
+        )
+        titles = [c.title for c in read.conversations]
+        return Imported(ids, titles, read.empty_messages, read.empty_conversations)
+
+    async def _read(self, ticket: Ticket, data: bytes) -> ImportRead:
+        """The file read by a child process and counted against the person's day; refused: recorded."""
+        try:
+            if len(data) > self.settings.import_max_bytes:
+                raise BadImport(f"The file is larger than {self.settings.import_max_bytes:,} bytes.")
+            read = await read_in_child(data, self.limits)
+            await self.gate.reserve(ticket, read)
+        except BadImport:
+            await self._finish(ticket, "refused")
+            raise
+        return read
+
+    async def _finish(self, ticket: Ticket, state: str) -> None:
+        """Record how the import ended; a failure to is logged, never hides what happened to the file."""
+        try:
+            await asyncio.shield(self.gate.finish(ticket, state))
+        except Exception as error:
+            logger.warning("import %s ended %s, not recorded: %s", ticket.id, state, type(error).__name__)
 
     async def share(self, thread_id: str, owner: str) -> shares.NewShare | None:
         created = await shares.create_share(self.engine, thread_id, owner, self.settings.share_ttl_days)

@@ -1,9 +1,11 @@
 """`/export`, `/import` (with the file attached) and `/share` [`revoke`] in the chat: the page's way
 to the export, import and share routes. Their answers are never stored (a share link is shown once).
-An import that fails says so in a sentence, never with the exception's text (Chainlit would show it)."""
+An import that fails or is refused (a limit: services/transfer/limits.py) says so in a sentence, never
+with the exception's text (Chainlit would show it)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from pathlib import Path
@@ -14,6 +16,8 @@ from chainlit.config import config as chainlit_config
 from services.runtime import Runtime
 from services.transfer.archive import BadImport
 from services.transfer.reading import FORMATS
+from services.transfer.service import Imported
+from services.transfer.store import PartlyStored
 from services.web.transfer_routes import SHARE_PAGE
 
 logger = logging.getLogger(__name__)
@@ -90,15 +94,36 @@ async def _import(runtime: Runtime, owner: str, files: list[tuple[str, str]]) ->
     try:
         if path.stat().st_size > limit:
             return f"«{name}» was not imported: it is larger than {limit:,} bytes."
-        imported = await runtime.transfers.import_file(owner, path.read_bytes(), chainlit_config.ui.name)
+        data = await asyncio.to_thread(path.read_bytes)
+        imported = await runtime.transfers.import_file(owner, data, chainlit_config.ui.name)
     except BadImport as error:
         return f"«{name}» was not imported (nothing was stored): {error}"
+    except PartlyStored as error:
+        logger.exception("import of a file failed midway")
+        return (
+            f"«{name}» could not be imported: it failed midway, and {len(error.titles)} of its "
+            f"conversation(s) were stored and could not be removed: {_listed(error.titles)}. They are "
+            "in the sidebar: delete them, or keep them and import the rest later."
+        )
     except Exception as error:  # not the file's fault (the database, a bug): the log says what, not the page
         logger.exception("import of a file failed: %s", type(error).__name__)
         return f"«{name}» could not be imported right now (nothing was stored). Try again in a while."
-    titles = ", ".join(f"«{title}»" for title in imported.titles[:10])
-    more = f" and {len(imported.titles) - 10} more" if len(imported.titles) > 10 else ""
     return (
-        f"Imported {len(imported.thread_ids)} conversation(s): {titles}{more}. "
-        "They are in the sidebar (reload the page if it does not show them yet)."
+        f"Imported {len(imported.thread_ids)} conversation(s): {_listed(imported.titles)}."
+        f"{_left_out(imported)} They are in the sidebar (reload the page if it does not show them yet)."
     )
+
+
+def _listed(titles: list[str]) -> str:
+    shown = ", ".join(f"«{title}»" for title in titles[:10])
+    return shown + (f" and {len(titles) - 10} more" if len(titles) > 10 else "")
+
+
+def _left_out(imported: Imported) -> str:
+    """What the file held that was not stored: empty messages, and conversations of nothing else."""
+    if not imported.empty_messages:
+        return ""
+    empty = f" {imported.empty_messages:,} empty message(s) were left out"
+    if imported.empty_conversations:
+        empty += f", and {imported.empty_conversations:,} conversation(s) that held nothing else"
+    return empty + "."

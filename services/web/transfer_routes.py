@@ -7,7 +7,9 @@ answers 404, as a missing one does.
 - GET /conversations/{thread_id}/export?format=md|json: one conversation, as a download;
 - GET /conversations/export: all of them (EXPORT_MAX_CONVERSATIONS), one JSON archive, streamed;
 - POST /conversations/import (multipart, field `file`, at most IMPORT_MAX_BYTES): 200 with the new
-  conversations, or 400 with what is wrong with the file (nothing stored);
+  conversations and what was left out (empty messages), 400 with what is wrong with the file, 429
+  with Retry-After past a limit of the person's (services/transfer/limits.py): nothing stored; 500
+  naming what stayed if storing failed midway and could not be undone;
 - POST /conversations/{thread_id}/share: a new link (shown once) to a snapshot; DELETE revokes the
   conversation's links; GET /s/{token}: the snapshot's read-only page, no sign-in needed.
 The share routes answer 404 unless SHARING=true.
@@ -24,7 +26,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from services.runtime import Runtime
 from services.transfer.archive import BadImport
+from services.transfer.limits import ImportLimited
 from services.transfer.service import Transfers
+from services.transfer.store import PartlyStored
 from services.web.body_limit import Scope, route_path
 from services.web.routes import move_to_front
 from services.web.share_page import missing_page, shared_page
@@ -90,10 +94,20 @@ class TransferRoutes:
         data = await file.read(self.runtime.settings.import_max_bytes + 1)
         try:
             imported = await transfers.import_file(user.identifier, data, chainlit_config.ui.name)
+        except ImportLimited as error:
+            retry = {"Retry-After": str(error.retry_after_seconds)}
+            raise HTTPException(429, str(error), headers=retry) from None
         except BadImport as error:
             raise HTTPException(400, str(error)) from None
+        except PartlyStored as error:
+            detail = "The import failed midway; these conversations were stored and could not be removed."
+            return JSONResponse({"detail": detail, "stored": error.titles}, status_code=500)
         listed = [{"id": i, "title": t} for i, t in zip(imported.thread_ids, imported.titles, strict=True)]
-        return JSONResponse({"imported": len(listed), "conversations": listed})
+        left_out = {
+            "empty_messages": imported.empty_messages,
+            "empty_conversations": imported.empty_conversations,
+        }
+        return JSONResponse({"imported": len(listed), "conversations": listed, "left_out": left_out})
 
     async def share(self, request: Request, thread_id: str, user: Any = signed_in) -> JSONResponse:
         created = await self._transfers(user, sharing=True).share(thread_id, user.identifier)

@@ -10,6 +10,7 @@ from services.config import Settings, SettingsError
 from services.config.fields import TIERS
 from services.config.reference import README_FILE, REFERENCE_FILE, essential_table, settings_reference
 from services.config.settings import RETIRED_SETTINGS, SECTIONS
+from services.config.transfer import TransferSettings
 
 
 def test_defaults_need_no_environment() -> None:
@@ -78,6 +79,15 @@ def test_the_readme_lists_the_essential_settings_as_generated() -> None:
     assert essential_table(SECTIONS) in README_FILE.read_text(), (
         "regenerate it: python -m services.config.settings"
     )
+
+
+def test_the_readme_names_every_import_limit() -> None:
+    """Import limits are what stands between one person's file and everyone's database: a deployer
+    finds each of them in the README, beyond the essential table (which has no room for them)."""
+    limits = [f.metadata["env"] for f in dataclasses.fields(TransferSettings) if f.name.startswith("import_")]
+    assert len(limits) == 11
+    readme = README_FILE.read_text()
+    assert [env for env in limits if f"`{env}`" not in readme] == []
 
 
 def test_diagnostics_are_off_unless_asked_for() -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from sqlalchemy import text
 
 from services.accounts.store import AccountStore
 from services.config import Settings
@@ -20,7 +21,10 @@ from services.transfer.reading import read_conversations
 from services.transfer.service import Transfers
 from services.web import transfer_chat
 
-LIMITS = ImportLimits(max_conversations=5, max_messages=6, max_message_chars=1000, max_depth=16)
+LIMITS = ImportLimits(
+    max_conversations=5, max_messages=6, max_message_chars=1000, max_stored_messages=20,
+    max_stored_bytes=10_000, max_depth=16,
+)  # fmt: skip
 
 
 def node(key: str, role: str | None, text: str | None, parent: str | None, children: list[str]) -> dict:
@@ -164,7 +168,8 @@ def test_wrong_types_in_optional_fields_are_dropped_not_trusted() -> None:
 
 
 def test_a_huge_title_is_cut() -> None:
-    [conversation] = read_conversations(archive([{"title": "t" * 100_000, "messages": []}]), LIMITS)
+    said = [{"role": "user", "content": "hi"}]
+    [conversation] = read_conversations(archive([{"title": "t" * 100_000, "messages": said}]), LIMITS)
     assert len(conversation.title) == 200
 
 
@@ -196,13 +201,24 @@ SERVER_BAD_FILES = {
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize(("data", "words"), SERVER_BAD_FILES.values(), ids=SERVER_BAD_FILES.keys())
-async def test_the_servers_bad_files_are_refused_before_anything_is_stored(data: bytes, words: str) -> None:
-    """What the import route calls (`Transfers.import_file`, with the default import limits): the
-    file is refused with its message before the database is touched (there is none here)."""
-    transfers = Transfers(None, Settings.from_env({}))  # type: ignore[arg-type]
-    with pytest.raises(BadImport) as refused:
-        await transfers.import_file("bob", data, "Assistant")
-    assert words in str(refused.value)
+async def test_the_servers_bad_files_are_refused_before_anything_is_stored(
+    data: bytes, words: str, tmp_path: Path
+) -> None:
+    """What the import route calls (`Transfers.import_file`, with the default import limits, on a real
+    SQLite database): the file is refused with its message, and no conversation is stored."""
+    settings = Settings.from_env({"DATA_DIR": str(tmp_path)})
+    engine = create_engine(settings)
+    await migrate(engine)
+    try:
+        await AccountStore(engine).add("bob", "bobs-password-1")
+        with pytest.raises(BadImport) as refused:
+            await Transfers(engine, settings).import_file("bob", data, "Assistant")
+        assert words in str(refused.value)
+        async with engine.connect() as connection:
+            stored = await connection.execute(text("SELECT COUNT(*) FROM threads"))
+            assert stored.scalar_one() == 0
+    finally:
+        await engine.dispose()
 
 
 # JSON may carry what UTF-8 cannot: a lone surrogate; and NUL, which PostgreSQL's text refuses.

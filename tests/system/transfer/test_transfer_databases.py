@@ -1,5 +1,5 @@
-"""Import and share links on both databases (SQLite and a real PostgreSQL): an import is one
-transaction (a failure midway leaves nothing), imported rows get new ids and belong to the importer
+"""Import and share links on both databases (SQLite and a real PostgreSQL): an import is stored in
+short transactions (a failure midway leaves nothing), imported rows get new ids and belong to the importer
 only, and a share stores the token's hash and a snapshot, and ends when revoked, expired or deleted."""
 
 from __future__ import annotations
@@ -61,20 +61,23 @@ def archive(count: int) -> bytes:
 
 @in_loop
 async def test_an_import_that_fails_midway_stores_nothing(history: History, monkeypatch) -> None:
+    """An import is stored in short transactions: a failure midway deletes the batches stored before."""
     transfers = Transfers(history.engine, history.settings)  # type: ignore[arg-type]
-    insert, calls = store._insert, []
+    batches, calls = store._batches, []
+    monkeypatch.setattr(store, "BATCH_ROWS", 3)  # 4 conversations of 2 messages: 12 rows, 4 batches
 
-    async def fail_on_the_third(*args, **kwargs):  # the database refusing the third conversation
-        calls.append(1)
-        if len(calls) == 3:
-            raise RuntimeError("disk full")
-        return await insert(*args, **kwargs)
+    def fail_on_the_third(*args):  # the database refusing the third batch
+        for batch in batches(*args):
+            calls.append(1)
+            if len(calls) == 3:
+                raise RuntimeError("disk full")
+            yield batch
 
-    monkeypatch.setattr(store, "_insert", fail_on_the_third)
+    monkeypatch.setattr(store, "_batches", fail_on_the_third)
     with pytest.raises(RuntimeError, match="disk full"):
         await transfers.import_file("alice", archive(4), "Assistant")
     assert (await rows(history, "threads"), await rows(history, "steps")) == (0, 0), "nothing half-imported"
-    monkeypatch.setattr(store, "_insert", insert)
+    monkeypatch.setattr(store, "_batches", batches)
     imported = await transfers.import_file("alice", archive(4), "Assistant")
     assert (await rows(history, "threads"), await rows(history, "steps")) == (4, 8)
     assert len(set(imported.thread_ids)) == 4
