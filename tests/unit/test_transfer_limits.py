@@ -9,6 +9,7 @@ import asyncio
 import json
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -20,6 +21,7 @@ import pytest_asyncio
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from harness.waiting import WAIT_SECONDS, until
 from services.config import Settings
 from services.history.database import create_engine
 from services.history.migrations import migrate
@@ -66,6 +68,14 @@ def archive_of(*conversations: list[str]) -> bytes:
 async def count(engine: AsyncEngine, table: str, where: str = "") -> int:
     async with engine.connect() as connection:
         return (await connection.execute(text(f"SELECT COUNT(*) FROM {table} {where}"))).scalar_one()
+
+
+async def first_batch_stored(engine: AsyncEngine) -> None:
+    """Once an import's first batch is committed (readers see committed rows only)."""
+    deadline = time.monotonic() + WAIT_SECONDS
+    while await count(engine, "steps") == 0:
+        assert time.monotonic() < deadline, f"no batch stored within {WAIT_SECONDS} s"
+        await asyncio.sleep(0.001)
 
 
 @pytest.mark.asyncio
@@ -166,8 +176,7 @@ async def test_one_import_at_a_time_per_person(engine: AsyncEngine, monkeypatch:
     monkeypatch.setattr(store, "BATCH_ROWS", 10)  # many batches: the first import is still storing
     importer = transfers(engine)
     first = asyncio.create_task(importer.import_file("bob", archive_of(*[["q", "a"] * 20] * 20), "Assistant"))
-    while await count(engine, "steps") == 0:
-        await asyncio.sleep(0.001)
+    await first_batch_stored(engine)
     with pytest.raises(ImportLimited, match="Your previous import is still running"):
         await importer.import_file("bob", archive_of(["again"]), "Assistant")
     assert (await importer.import_file("eve", archive_of(["hers"]), "Assistant")).titles == ["talk 0"]
@@ -213,8 +222,7 @@ async def test_a_stop_while_the_file_is_read_kills_the_reader(
     started = children(monkeypatch, instead=[sys.executable, "-c", "import time; time.sleep(60)"])
     importer = transfers(engine)
     first = asyncio.create_task(importer.import_file("bob", archive_of(["hi"]), "Assistant"))
-    while not started:
-        await asyncio.sleep(0.01)
+    await until(lambda: started, "a reader started")
     first.cancel()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(first, 10)
@@ -239,8 +247,7 @@ async def test_other_writers_get_in_while_a_large_import_is_stored(engine: Async
     another person's messages waited for all of it (18.75 s in the report)."""
     large = archive_of(*[["question", "answer"] * 50] * 40)  # 4,000 messages: 21 batches
     importing = asyncio.create_task(transfers(engine).import_file("bob", large, "Assistant"))
-    while await count(engine, "steps") == 0:  # readers see committed rows only
-        await asyncio.sleep(0.001)
+    await first_batch_stored(engine)
     async with engine.begin() as connection:  # eve's message, written meanwhile
         await connection.execute(text("UPDATE service_health SET checked_at = 'now'"))
     assert not importing.done(), "another writer got in while the import was storing"
@@ -297,8 +304,7 @@ async def test_a_cancel_midway_deletes_what_was_stored(
     importing = asyncio.create_task(
         transfers(engine).import_file("bob", archive_of(*[["q", "a"] * 20] * 20), "Assistant")
     )
-    while await count(engine, "steps") == 0:
-        await asyncio.sleep(0.001)
+    await first_batch_stored(engine)
     importing.cancel()
     with pytest.raises(asyncio.CancelledError):
         await importing
