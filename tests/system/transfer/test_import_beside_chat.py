@@ -24,6 +24,11 @@ from services.config import Settings
 from tests.system.conftest import accounts
 from tests.system.helpers import data_dir
 
+# paces and waits measured beside an import (wall-clock bounds with ~4x headroom, not the 5x the
+# per-commit tier asks): per commit, tests/unit/test_transfer_limits.py stores the largest allowed
+# import beside another writer, refuses the reported flood with nothing stored, and reads in a child
+pytestmark = pytest.mark.long
+
 in_loop = pytest.mark.asyncio(loop_scope="module")
 
 # The longest wait for another person's next token, the first one of a turn included (the report:
