@@ -19,10 +19,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs
 
 from chainlit.session import WebsocketSession
 
@@ -33,18 +31,18 @@ from services.web.unsent_uploads import Pending, Refusal, UnsentUploads, UploadB
 from services.web.upload_guard import (
     DEFAULT_UPLOAD_PATH,
     UPLOAD_LINGER_SECONDS,
+    ASGIApp,
+    Message,
+    Receive,
+    Scope,
+    Send,
     answer_detail,
     is_post_on,
     refuse_unread,
+    upload_session_id,
 )
 
 logger = logging.getLogger(__name__)
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 def page_alive(session_id: str) -> bool:
@@ -182,8 +180,7 @@ class UnsentUploadBounds:
 
 def _uploads_session(scope: Scope) -> Any:
     """The Chainlit session an upload names (`?session_id=`), if its page is connected."""
-    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-    session_id = (query.get("session_id") or [""])[0]
+    session_id = upload_session_id(scope)
     return WebsocketSession.get_by_id(session_id) if session_id else None
 
 

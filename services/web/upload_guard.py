@@ -214,11 +214,17 @@ class UploadWaitsForSession:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if is_post_on(scope, self.path):
-            session_id = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("session_id", [""])[0]
+            session_id = upload_session_id(scope)
             deadline = time.monotonic() + self.wait_seconds
             while session_id and not self.session_exists(session_id) and time.monotonic() < deadline:
                 await asyncio.sleep(SESSION_POLL_SECONDS)
         await self.app(scope, receive, send)
+
+
+def upload_session_id(scope: Scope) -> str:
+    """The chat an upload names (`?session_id=`), or "" when it names none."""
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    return (query.get("session_id") or [""])[0]
 
 
 def is_post_on(scope: Scope, path: str) -> bool:
