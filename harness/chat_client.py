@@ -319,6 +319,16 @@ class ChatClient:
             self.thread_id = thread_id
         await self.sio.emit("connection_successful")
 
+    async def conversation_id(self, timeout: float = 30) -> str:
+        """The conversation's id, once the server said it (after its first write, which may come
+        after the first tokens of the answer)."""
+        deadline = time.monotonic() + timeout
+        while not self.thread_id:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the server never said the conversation's id")
+            await asyncio.sleep(0.01)
+        return self.thread_id
+
     async def resume(self, thread_id: str, timeout: float = 30) -> dict[str, Any]:
         """Open a stored conversation as a reloaded page does; return what the server sent back."""
         await self.connect(thread_id)

@@ -107,9 +107,9 @@ async def conversation_of(server: AppServer, who: tuple[str, str], text: str) ->
     client = ChatClient(server.base_url, *who)
     await client.connect()
     assert (await client.ask(text)).final is not None
-    assert client.thread_id
-    await stored_thread(client, client.thread_id, steps=2, containing=text)
-    return client, client.thread_id
+    thread_id = await client.conversation_id()
+    await stored_thread(client, thread_id, steps=2, containing=text)
+    return client, thread_id
 
 
 def said(steps: list[dict], kind: str) -> list[str]:

@@ -198,8 +198,7 @@ async def _deleted_conversation(server: AppServer, secrets: list[str]) -> str:
     await client.connect()
     try:
         assert (await client.ask("A conversation to delete.")).final is not None
-        thread_id = client.thread_id
-        assert thread_id
+        thread_id = await client.conversation_id()
         await stored_thread(client, thread_id, steps=2)
         assert (
             await client.http("DELETE", "/project/thread", json={"threadId": thread_id})

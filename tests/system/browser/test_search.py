@@ -27,10 +27,10 @@ async def conversation(server: AppServer, who: tuple[str, str], *messages: str) 
     await client.connect()
     for text in messages:
         assert (await client.ask(text)).final is not None
-    assert client.thread_id
-    await stored_thread(client, client.thread_id, steps=2 * len(messages), containing=messages[-1])
+    thread_id = await client.conversation_id()
+    await stored_thread(client, thread_id, steps=2 * len(messages), containing=messages[-1])
     await client.close()
-    return client.thread_id
+    return thread_id
 
 
 def search(page: Page, word: str) -> list[dict]:

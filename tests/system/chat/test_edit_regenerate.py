@@ -15,7 +15,7 @@ import pytest
 
 from harness.chat_client import ChatClient
 from harness.server import AppServer
-from harness.waiting import WAIT_SECONDS, until
+from harness.waiting import WAIT_SECONDS
 from services.chat.rewinds import NOT_LAST, NOT_YOURS
 from tests.system.conftest import ALICE, BOB
 from tests.system.helpers import (
@@ -69,8 +69,7 @@ async def test_an_edit_leaves_only_the_new_branch_stored_shown_and_prompted(
     old_answers = {r for r in alice.messages if alice.messages[r].get("type") == "assistant_message"}
     new = await done(await alice.edit(first, "Say hello."))
     assert new.final and new.message_id not in old_answers
-    thread_id = alice.thread_id
-    assert thread_id
+    thread_id = await alice.conversation_id()
     thread = await thread_when(
         alice,
         thread_id,
@@ -95,8 +94,7 @@ async def test_nobody_edits_anothers_message_or_a_made_up_one(password_server: A
     alice, bob = await signed_in(password_server, ALICE), await signed_in(password_server, BOB)
     assert (await alice.ask("Alice's plan stays hers.")).final is not None
     assert (await bob.ask("Bob's own question.")).final is not None
-    alice_thread = alice.thread_id
-    assert alice_thread
+    alice_thread = await alice.conversation_id()
     before = await thread_when(alice, alice_thread, lambda steps: len(answers(steps)) == 1)
     for hostile in (alice.sent[0]["id"], str(uuid.uuid4())):
         await bob.edit(hostile, "Bob was here.")
@@ -140,7 +138,7 @@ async def test_an_edit_sent_at_once_waits_for_its_message_to_be_stored(password_
     alice = await signed_in(password_server, ALICE)
     await alice.update_settings(max_new_tokens=LONG_ANSWER_TOKENS, temperature=1.0)
     await alice.send("Tell me everything you know.")
-    await until(lambda: alice.thread_id, "the conversation's id", interval=0.01)
+    await alice.conversation_id()
     await alice.update_settings(max_new_tokens=8)
     edited = await done(await alice.edit(alice.sent[-1]["id"], "Just say hi."))
     assert edited.final is not None

@@ -43,8 +43,8 @@ async def test_an_edit_removes_the_old_branch_from_postgresql(postgres_server: A
     await client.connect()
     first = await client.ask("Name a river.")
     second = await client.ask("Name a mountain.")
-    thread_id = client.thread_id
-    assert thread_id and first.message_id and second.message_id
+    thread_id = await client.conversation_id()
+    assert first.message_id and second.message_id
     await thread_when(client, thread_id, lambda steps: len(answers(steps)) == 2)
     feedback = {"sessionId": client.session_id, "feedback": {"forId": second.message_id, "value": 0}}
     assert (await client.http("PUT", "/feedback", json=feedback)).status_code == 200

@@ -82,7 +82,7 @@ async def test_a_conversation_goes_on_from_the_other_replica(topology: Topology,
         await topology.replicas[0].poll(lambda s: s["sessions"] >= 1, timeout=15)  # its chat start ran
         assert sessions(topology.replicas[1]) == 0
         assert (await first.ask("Remember the word lighthouse.")).final
-        thread_id = first.thread_id
+        thread_id = await first.conversation_id()
     finally:
         await first.close()
     assert thread_id
@@ -214,8 +214,7 @@ async def test_a_replica_killed_mid_answer_sends_the_page_to_the_other_which_say
     await client.connect()
     try:
         assert (await client.ask("Before the crash.")).final
-        thread_id = client.thread_id
-        assert thread_id
+        thread_id = await client.conversation_id()
         reply = await client.start_long_answer(3000)
         await client.wait_first_token(reply)
         topology.replicas[0].stop(signal.SIGKILL)  # the last test: replica 1 stays down

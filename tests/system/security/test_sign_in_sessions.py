@@ -166,8 +166,7 @@ async def test_an_answer_under_way_when_its_account_is_removed_is_not_stored(tar
     chat = ChatClient(target.base_url, name, password)
     await chat.connect()
     await chat.start_long_answer()
-    thread_id = chat.thread_id
-    assert thread_id
+    thread_id = await chat.conversation_id()
     await until(lambda: stored_rows(target, thread_id), "the new conversation stored", 30, interval=0.1)
     await asyncio.to_thread(operator, target, "remove", name)  # its conversations are deleted
     mark = target.log_path.stat().st_size
