@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from harness.browser import ANSWER, open_chat, send_message
 from harness.chat_client import ChatClient, Reply
@@ -258,13 +259,21 @@ def test_a_person_in_the_browser_sees_their_place_then_the_answer(
     background = LoopThread()
     holders = [ChatClient(small_server.base_url) for _ in range(2)]
     try:
-        for client in holders:  # both running slots taken by long answers
+        # The page first (its load is the slow part), then both running slots taken by long answers,
+        # then the message at once: the random tiny model may end a sampled answer on its own, so the
+        # holders' answers must not have to outlive the page's load.
+        open_chat(page, small_server.base_url)
+        for client in holders:
             background.run(client.connect())
             background.run(start_long(client))
-        open_chat(page, small_server.base_url)
         send_message(page, "Is it my turn yet?")
         status = page.get_by_text("The service is busy")
-        status.first.wait_for(timeout=10_000)
+        try:
+            status.first.wait_for(timeout=10_000)
+        except PlaywrightTimeout:
+            running = small_server.status()["turns_in_flight"]
+            message = f"no place in line shown; turns running: {running} (the holders' two, then)"
+            raise AssertionError(message) from None
         assert "you are next in line" in status.first.inner_text()
         screenshots = ARTIFACTS / "screenshots"
         screenshots.mkdir(parents=True, exist_ok=True)
