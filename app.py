@@ -35,8 +35,9 @@ except SettingsError as error:
     raise SystemExit(str(error)) from None
 sign_in = people.sign_in
 uploads = ChainlitUploads.from_settings(settings, people_sign_in=sign_in.mode != "local")
-runtime = Runtime(settings, people, round_steps=[uploads.sweep])
+runtime = Runtime(settings, people)
 chat = ChatEvents(runtime, sign_in)
+runtime.run_each_round(uploads.sweep, chat.drop_gone_pages)
 install_edge(http_app, runtime, sign_in, origins, chainlit_url, chat, uploads)
 
 

@@ -17,7 +17,7 @@ import contextlib
 import functools
 import logging
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import psutil
@@ -145,12 +145,10 @@ class Runtime:
         self,
         settings: Settings | None = None,
         people: People | None = None,
-        round_steps: Sequence[Callable[[], Awaitable[object]]] = (),
     ) -> None:
-        """`people` None: nothing is kept and nobody signs in (tests and benchmarks of the engine side);
-        `round_steps`: what the rooms above run each maintenance round (the web edge's upload sweep)."""
+        """`people` None: nothing is kept and nobody signs in (tests and benchmarks of the engine side)."""
         self.settings: Settings = settings or Settings.from_env()  # read once, validated here
-        self.round_steps = tuple(round_steps)
+        self.round_steps: list[Callable[[], Awaitable[object]]] = []  # see run_each_round
         self.sign_in = people.sign_in if people is not None else None
         self.history = people.history if people is not None else None
         self.serving: Serving | None = None  # while the engine runs (start to stop)
@@ -171,6 +169,11 @@ class Runtime:
     def running(self) -> Serving | None:
         """The parts that need the engine; None before start and after stop."""
         return self.serving
+
+    def run_each_round(self, *steps: Callable[[], Awaitable[object]]) -> None:
+        """Add what the rooms above run each maintenance round (the web edge's upload sweep, the pages
+        that left unseen); before `start`."""
+        self.round_steps.extend(steps)
 
     async def start(self) -> None:
         """Start the history, the engine (warmed up) and everything that needs it."""
@@ -276,7 +279,7 @@ class Runtime:
     def _maintenance_steps(self, models: ServedModels, usage: UsageLedger | None) -> list[Callable]:
         """What each maintenance round also runs: the copies vLLM's tokenizer pool adds
         (word_caches.py, every model's), the audit log's retention, the history's and usage's, and the
-        rooms' above (`round_steps`)."""
+        rooms' above (`run_each_round`)."""
         steps: list[Callable] = [step for _, each in models for step in _word_cache_rounds(each)]
         if self.history is not None and self.history.audit is not None:
             steps.append(self.history.audit.retention_round)

@@ -148,6 +148,10 @@ class SessionStore:
             self._release(stale, "reconnect_bound")
         return [stale.session_id for stale in dropped]
 
+    def believed_connected(self) -> list[str]:
+        """Ids of the sessions whose page is taken to be there: no disconnect was seen for them."""
+        return [s.session_id for s in self._sessions.values() if s.reconnect_deadline is None]
+
     def expire(self) -> int:
         """Drop sessions idle past the TTL and disconnected ones not back in time; return how many.
 

@@ -9,6 +9,7 @@ from urllib.parse import parse_qs
 from chainlit.chat_context import chat_contexts
 from chainlit.context import ChainlitContextException, context, init_ws_context
 from chainlit.message import ErrorMessage
+from chainlit.server import sio
 from chainlit.session import WebsocketSession, ws_sessions_id
 from chainlit.user_session import user_sessions
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -66,6 +67,16 @@ class ChainlitStateCollector(Collector):
         for name, count in chainlit_session_counts().items():
             family.add_metric([name.removeprefix("chainlit_")], count)
         yield family
+
+
+def socket_state(session_id: str) -> str:
+    """ "connected" when the page with this session id has its socket open now; "away" when its socket
+    closed but Chainlit keeps the session for a reconnect (session_timeout); "gone" when Chainlit
+    dropped it."""
+    session = WebsocketSession.get_by_id(session_id)
+    if session is None:
+        return "gone"
+    return "connected" if sio.manager.is_connected(session.socket_id, "/") else "away"
 
 
 def page_connected(session_id: str) -> bool:

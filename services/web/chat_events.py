@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import chainlit as cl
+from chainlit.config import config as chainlit_config
 
 from services.accounts.key_commands import is_key_command
 from services.accounts.sign_in import SignIn
@@ -19,7 +20,7 @@ from services.history.data_layer import is_uuid
 from services.history.resume import CUT_ANSWER_NOTICE, is_command, unanswered_message
 from services.presets.commands import is_preset_command
 from services.runtime import Runtime
-from services.web.chainlit_state import drop_chainlit_session, forget_chat_context
+from services.web.chainlit_state import drop_chainlit_session, forget_chat_context, socket_state
 from services.web.chat_page import ChainlitPage
 from services.web.key_chat import answer_key_command
 from services.web.presets_chat import (
@@ -138,6 +139,25 @@ class ChatEvents:
         forget_chat_context(cl.context.session.id)
         for session_id in dropped:
             await drop_chainlit_session(session_id)
+
+    async def drop_gone_pages(self) -> int:
+        """A maintenance round's step: sessions whose page is not there, though no disconnect reached
+        them (the page left while its chat start or first message was on the way, so Chainlit's
+        disconnect ran before the session was made), end as if it had: they await their page for
+        session_timeout, within the bound, rather than live until the idle TTL. Returns how many."""
+        serving = self.runtime.running()
+        if serving is None:
+            return 0
+        keep_seconds = chainlit_config.project.session_timeout
+        ended = 0
+        for session_id in serving.turns.sessions.believed_connected():
+            state = socket_state(session_id)
+            if state == "connected":
+                continue
+            ended += 1
+            for dropped in serving.turns.end(session_id, state == "gone", keep_seconds):
+                await drop_chainlit_session(dropped)
+        return ended
 
     def _in_effect(self) -> dict[str, Any]:
         """This tab's chat settings in effect (what `/preset save` and the switch keep)."""

@@ -187,3 +187,15 @@ async def test_settings_are_clamped_and_junk_ignored() -> None:
     assert session.sampling.temperature == 2.0
     assert session.sampling.top_p == 0.9
     assert session.sampling.max_new_tokens == 100
+
+
+def test_sessions_whose_page_is_believed_there_are_those_no_disconnect_reached() -> None:
+    """What the maintenance round checks against the page's socket: sessions awaiting their page are
+    not in it, and one that came back is again."""
+    store, _, _ = make_store()
+    for session_id in ("here", "left", "back"):
+        store.open(session_id)
+    store.disconnect("left", keep_seconds=120)
+    store.disconnect("back", keep_seconds=120)
+    store.open("back")
+    assert sorted(store.believed_connected()) == ["back", "here"]
