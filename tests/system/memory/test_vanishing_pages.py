@@ -1,4 +1,4 @@
-"""Pages that vanish, stop or finish, at once, on the shared servers: nothing is left behind.
+"""Pages that vanish, stop or finish, at once, on the shared tiny server: nothing is left behind.
 
 The per-commit smoke of the soak (test_soak.py, long tier; bench/memory/soak.py the verdict): the
 same leftovers, without the memory slopes. A page that vanished mid-answer keeps its conversation
@@ -12,9 +12,8 @@ import asyncio
 
 import pytest
 
-from harness.chat_client import ChatClient, sign_in
+from harness.chat_client import ChatClient
 from harness.server import AppServer
-from tests.system.conftest import ALICE
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -68,11 +67,10 @@ FRESH_PAGES = 60  # a storm of pages that go away as they arrive: after connecti
 ROUND_SECONDS = 30  # the servers' maintenance round (MAINTENANCE_INTERVAL_SECONDS' default)
 
 
-async def fresh_page(server: AppServer, cookie: str, number: int) -> None:
-    """A signed-in page that connects and vanishes within 0.3 s, at once or after sending a message or
-    a setting: its events and its disconnect reach the server in either order."""
-    client = ChatClient(server.base_url, *ALICE)
-    client.cookie = cookie
+async def fresh_page(server: AppServer, number: int) -> None:
+    """A page that connects and vanishes within 0.3 s, at once or after sending a message or a
+    setting: its events and its disconnect reach the server in either order."""
+    client = ChatClient(server.base_url)
     await client.connect()
     if number % 3 == 1:
         await client.send(f"Question {number}?")
@@ -88,18 +86,16 @@ def not_awaiting(status: dict) -> int:
 
 
 async def test_pages_that_leave_as_they_arrive_leave_no_session_but_one_awaiting_them(
-    password_server: AppServer,
+    tiny_server: AppServer,
 ) -> None:
     """A page gone before its chat start or its message reached the session store (Chainlit's
     disconnect ran first) must not leave a session living until the idle TTL: by the next maintenance
     round it awaits its page like any that went away, and its turn is cancelled. (Before the round's
-    check of the sockets, 22 of 60 such pages left a session nobody awaited.)"""
-    before = await password_server.astatus()
-    cookie = await sign_in(password_server.base_url, *ALICE)
-    assert cookie
-    await asyncio.gather(*(fresh_page(password_server, cookie, number) for number in range(FRESH_PAGES)))
+    check of the sockets, about 20 of 60 such pages left a session nobody awaited.)"""
+    before = await tiny_server.astatus()
+    await asyncio.gather(*(fresh_page(tiny_server, number) for number in range(FRESH_PAGES)))
 
     def settled(status: dict) -> bool:
         return not_awaiting(status) <= not_awaiting(before) and status["turns_in_flight"] == 0
 
-    await password_server.poll(settled, timeout=2 * ROUND_SECONDS + 15)
+    await tiny_server.poll(settled, timeout=2 * ROUND_SECONDS + 15)
