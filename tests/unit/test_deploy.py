@@ -1,15 +1,25 @@
 """The deploy folder, checked without a cluster or a Docker engine: it names only settings that exist,
-with values the app accepts; the balancer routes on readiness; compose pins its images and starts
-each part once those it needs are healthy; the Helm chart carries its probes, disruption budget,
-spreading, network policy and affinity."""
+with values the app accepts; HAProxy's own check passes on haproxy.cfg (its TLS example too) and it
+routes on readiness; compose pins its images and starts each part once those it needs are healthy;
+the Helm chart's templates hold together and carry its probes, disruption budget, spreading, network
+policy and affinity. Not checked here: the chart rendered (no `helm` on these machines) and anything
+a cluster or Docker would say (images pulled, probes answered, policies enforced)."""
 
 from __future__ import annotations
 
+import datetime
+import os
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from services.config import Settings
 from services.config.reference import OTHER_VARIABLES
@@ -18,6 +28,7 @@ from services.config.settings import SECTIONS
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 CHART = DEPLOY / "helm" / "vllm-chat"
+HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"  # Debian's, from scripts/setup.sh --test
 PROBES = {"/readyz", "/livez", "/healthz"}
 SETTING_NAMES = {
     f.metadata["env"] for section in SECTIONS for f in section.declared_in.__dataclass_fields__.values()
@@ -58,6 +69,58 @@ def test_deploy_files_name_only_settings_that_exist_with_values_the_app_accepts(
 
 
 # --- HAProxy ------------------------------------------------------------------------------
+def haproxy_check(config: Path, app1: str, app2: str) -> subprocess.CompletedProcess:
+    """`haproxy -c` (HAProxy's own check of a configuration) with the balancer's variables filled."""
+    assert Path(HAPROXY).exists(), "haproxy is missing: run scripts/setup.sh --test"
+    env = {**os.environ, "BALANCER_BIND": "127.0.0.1:18080", "APP1_ADDRESS": app1, "APP2_ADDRESS": app2}
+    command = [HAPROXY, "-c", "-f", str(config)]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=30, check=False)
+
+
+@pytest.mark.parametrize(
+    ("app1", "app2"),
+    [("127.0.0.1:18001", "127.0.0.1:18002"), ("app-1:8000", "app-2:8000")],
+    ids=["topology", "compose"],
+)
+def test_haproxy_checks_the_config_as_the_topology_and_compose_fill_it(app1: str, app2: str) -> None:
+    checked = haproxy_check(DEPLOY / "haproxy.cfg", app1, app2)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def self_signed_pem(path: Path) -> None:
+    """A throwaway certificate and its key in one PEM file, as `crt` takes them."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "chat.example.com")])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    pem = certificate.public_bytes(serialization.Encoding.PEM) + key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    path.write_bytes(pem)
+
+
+def test_haproxys_commented_tls_example_checks_once_uncommented(tmp_path: Path) -> None:
+    config = (DEPLOY / "haproxy.cfg").read_text()
+    example = re.findall(r"^    #   (.+)$", config, re.MULTILINE)
+    assert any(" ssl crt " in line for line in example), "the TLS example is there"
+    self_signed_pem(tmp_path / "chat.pem")
+    lines = [line.replace("/usr/local/etc/haproxy/certs", str(tmp_path)) for line in example]
+    lines = [line.replace(":443 ", ":18443 ").replace(":80", ":18081") for line in lines]
+    enabled = config.replace('    bind "${BALANCER_BIND}"\n', "".join(f"    {line}\n" for line in lines))
+    (tmp_path / "haproxy.cfg").write_text(enabled)
+    checked = haproxy_check(tmp_path / "haproxy.cfg", "127.0.0.1:18001", "127.0.0.1:18002")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
 def test_the_balancer_routes_on_readiness_and_resolves_names_again() -> None:
     """Engine trouble never takes replicas out (nor cuts their sockets): the check is /readyz; a
     restarted container's new address is found through Docker's DNS."""
@@ -118,6 +181,15 @@ def test_compose_starts_each_part_once_those_it_needs_are_healthy() -> None:
 # --- Helm -----------------------------------------------------------------------------------
 def templates() -> dict[str, str]:
     return {path.name: path.read_text() for path in sorted((CHART / "templates").iterdir())}
+
+
+def test_every_chart_template_closes_what_it_opens() -> None:
+    for name, text in templates().items():
+        actions = re.findall(r"\{\{-?\s*(if|with|range|define|else|end)\b", text)
+        opened = sum(a in ("if", "with", "range", "define") for a in actions)
+        assert opened == actions.count("end"), (
+            f"{name}: {opened} blocks opened, {actions.count('end')} closed"
+        )
 
 
 def test_the_chart_probes_readiness_and_liveness_apart_from_the_engine() -> None:
