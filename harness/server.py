@@ -150,8 +150,12 @@ class AppServer:
 
     def healthz(self) -> tuple[int, dict[str, Any]]:
         """(HTTP status, detail) of GET /healthz, which answers 503 with a JSON detail."""
+        return self.probe("/healthz")
+
+    def probe(self, path: str) -> tuple[int, dict[str, Any]]:
+        """(HTTP status, detail) of a probe route (/healthz, /readyz, /livez): 503 has a detail too."""
         try:
-            return 200, self.get_json("/healthz", timeout=30)
+            return 200, self.get_json(path, timeout=30)
         except urllib.error.HTTPError as error:
             return error.code, json.loads(error.read())
 

@@ -34,7 +34,8 @@ missing_debs() { for pkg in "$@"; do dpkg -s "$pkg" >/dev/null 2>&1 || echo "$pk
 # malloc of vLLM's processes (ENGINE_ALLOCATOR preloads one of these); for tests, jeprof (heap
 # profiles), Debian's chromium and the emoji font (the browser tests: people's browsers have one),
 # postgresql (the tests start throwaway clusters), slapd and ldap-utils (a throwaway directory),
-# haproxy (the scale-out tests) and npm when the machine has none.
+# haproxy (the scale-out tests, and `haproxy -c` on deploy/haproxy.cfg in tests/unit/test_deploy.py)
+# and npm when the machine has none.
 debs=$(missing_debs libjemalloc2 libtcmalloc-minimal4)
 if [[ "$WITH_TEST" == 1 ]]; then
   debs="$debs $(missing_debs libjemalloc-dev fonts-noto-color-emoji slapd ldap-utils haproxy)"

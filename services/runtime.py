@@ -285,10 +285,13 @@ class Runtime:
             steps.append(self.history.audit.retention_round)
         steps += [self.history.retention_round] if self.history is not None else []
         steps += [usage.retention_round] if usage is not None else []
+        if self.settings.engine_url_list:  # the servers' health for /metrics, asked or not by /healthz
+            steps.append(functools.partial(_check_quietly, models.default))
         return steps + list(self.round_steps)
 
     async def stop(self) -> None:
-        """Stop maintenance, cancel every turn, drop every session, shut the engine down."""
+        """Say not ready, stop maintenance, cancel every turn, drop every session, stop the engine."""
+        self.status.draining = True
         serving, self.serving = self.serving, None
         if serving is not None:
             await serving.maintenance.stop()
@@ -314,6 +317,12 @@ def _app_probe(settings: Settings) -> None:
             settings.app_memory_probe_frames,
             settings.app_memory_probe_deep,
         )
+
+
+async def _check_quietly(engine: ChatEngine) -> None:
+    """A health check whose failure is only recorded (RemoteLLM.servers_answering)."""
+    with contextlib.suppress(Exception):
+        await engine.check_health()
 
 
 def _word_cache_rounds(engine: ChatEngine) -> list[Callable]:

@@ -150,7 +150,7 @@ def added(values: list[Any]) -> Any:
 
 
 def marked_down(haproxy_log: str) -> dict[str, dict[str, int]]:
-    """Each time HAProxy marked a replica down (its /healthz check failed or timed out), with the
+    """Each time HAProxy marked a replica down (its /readyz check failed or timed out), with the
     sessions it held then: deploy/haproxy.cfg cuts them (on-marked-down shutdown-sessions)."""
     downs: dict[str, dict[str, int]] = {}
     for replica, sessions in MARKED_DOWN.findall(haproxy_log):

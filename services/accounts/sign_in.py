@@ -301,9 +301,15 @@ class SignIn:
             return
         settings = self.settings
         if settings.admin_username:
-            current = await self.accounts.get(normalize_username(settings.admin_username))
+            name = normalize_username(settings.admin_username)
+            current = await self.accounts.get(name)
             if current is None or current.disabled:
-                await self.accounts.add(settings.admin_username, settings.admin_password, "admin")
+                try:
+                    await self.accounts.add(settings.admin_username, settings.admin_password, "admin")
+                except AccountError:
+                    if current is not None or await self.accounts.get(name) is None:
+                        raise
+                    return  # another replica, starting at the same time, made it first
                 logger.info("created administrator %s (ADMIN_USERNAME)", settings.admin_username)
             return
         if await self.accounts.admins():

@@ -60,7 +60,7 @@ class SharedDatabase:
         self.failed = failed
         self.name = name
         self.fallbacks_total = 0  # checks and counts the database could not take
-        self.failing = False
+        self._failed = False  # the last transaction tried failed
         self._tasks: set[asyncio.Task] = set()
 
     async def run(self, work: Work) -> bool:
@@ -75,15 +75,22 @@ class SharedDatabase:
             raise
         except Exception as error:
             self.fallbacks_total += 1
-            if not self.failing:
+            if not self._failed:
                 logger.warning("%s: %s; each process counts its own meanwhile", self.name, _line(error))
-            self.failing = True
+            self._failed = True
             self.failed(error)
             return False
-        if self.failing:
+        if self._failed:
             logger.warning("%s: the database answers again; counted for every replica again", self.name)
-        self.failing = False
+        self._failed = False
         return True
+
+    @property
+    def failing(self) -> bool:
+        """True while each process counts alone: the last transaction failed, or none is tried because
+        the database is known to be down (the history's breaker is open, or its schema not yet in
+        place), which is most of an outage: the breaker skips every transaction until it closes."""
+        return self._failed or not self.available()
 
     async def _transaction(self, work: Work) -> None:
         async with self.engine.begin() as connection:

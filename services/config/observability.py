@@ -23,8 +23,9 @@ class ObservabilitySettings:
     ops_token: str = setting(
         "",
         "OPS_TOKEN",
-        "GET /status, /metrics, /stats and the detail of /healthz need `Authorization: Bearer <token>` "
-        "(anonymous /healthz says only ok, overloaded or down, for load balancers). Required when the "
+        "GET /status, /metrics, /stats and the detail of the probes (/healthz, /readyz, /livez) need "
+        "`Authorization: Bearer <token>` (anonymous probes say only their status word, for load "
+        "balancers and Kubernetes). Required when the "
         "app is bound to an address other machines can reach (it refuses to start without); empty on "
         "loopback = those routes answer only local requests that no proxy forwarded.",
         tier="essential",

@@ -64,6 +64,18 @@ class History:
         """True while conversations are being saved."""
         return self.enabled and self.migrated and self.health.available
 
+    @property
+    def database_state(self) -> str:
+        """The database for readiness: "none" (there is none), "reachable" (as far as the last
+        statement knew), "fallback" (down: chat goes on unsaved and each replica counts its own limits
+        while the probe retries) or "lost" (down and nothing retries: not started, stopped, or the
+        probe ended)."""
+        if self.engine is None:
+            return "none"
+        if self.migrated and self.health.available:
+            return "reachable"
+        return "fallback" if self._probe is not None and not self._probe.done() else "lost"
+
     def on_ready(self, callback: Callable[[], Awaitable[None]]) -> None:
         """Run `callback` once the schema is in place (at start, or when the database comes back)."""
         self._ready_callbacks.append(callback)

@@ -29,6 +29,7 @@ from services.engine import ChatEngine, StreamStats
 from services.observability.admission_metrics import admission_metrics
 from services.observability.maintenance import Maintenance
 from services.observability.memory import PROCESS_KINDS, MemorySample
+from services.observability.readiness import readiness_metrics
 from services.observability.series import SampleRing
 
 # Buckets as vLLM's own histograms, so chat_* and vllm:* compare bucket by bucket.
@@ -166,6 +167,10 @@ class ServiceParts(Protocol):
 
     def status(self) -> dict[str, Any]: ...
 
+    def readiness(self) -> tuple[bool, dict[str, Any]]: ...
+
+    def tier_detail(self, parts: Any) -> dict[str, Any]: ...
+
 
 class ServiceCollector(Collector):
     """Gauges read from the parts at scrape time (it holds the parts weakly)."""
@@ -176,7 +181,9 @@ class ServiceCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         parts = self._parts()
         running = parts.running() if parts is not None else None
-        yield _gauge("chat_ready", "1 once the engine and sessions are up.", 1 if running is not None else 0)
+        ready = parts is not None and parts.readiness()[0]
+        tier = parts.tier_detail(running) if parts is not None and running is not None else None
+        yield from readiness_metrics(ready, tier)
         if parts is None or running is None:
             return
         engine = running.engine

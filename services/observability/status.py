@@ -1,5 +1,5 @@
-"""What GET /status and GET /healthz say: counts that show whether anything is held that should not
-be, and whether the engine answers."""
+"""What GET /status, /healthz, /readyz and /livez say: counts that show whether anything is held that
+should not be, whether the engine answers, and whether this replica can serve pages (readiness.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from services.history.service import History
 from services.memory import pymalloc_counters
 from services.observability.maintenance import malloc_info
 from services.observability.metrics import RunningParts
+from services.observability.readiness import SOME, database_detail, engine_tier, liveness, readiness
 
 # /healthz counts an engine that produced output this recently as answering, without a ping.
 HEALTH_RECENT_OUTPUT_SECONDS = 30.0
@@ -44,11 +45,29 @@ class ServiceStatus:
         self.history = history
         self.running = running
         self.started_at = time.time()
+        self.draining = False  # set when the replica begins to stop: /readyz says not ready from then
         self._ping: asyncio.Task | None = None  # one health ping shared by concurrent checks
 
-    @property
-    def ready(self) -> bool:
-        return self.running() is not None
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """(ready, detail) for /readyz: can this replica serve pages (readiness.py); never the engine."""
+        state = self.history.database_state if self.history is not None else "none"
+        return readiness(self.running() is not None, self.draining, state)
+
+    def liveness(self) -> tuple[bool, dict[str, Any]]:
+        """(alive, detail) for /livez: the loop answered this; an in-process engine's processes run."""
+        parts = self.running()
+        if parts is None:  # starting (the port opens after the start) or stopping
+            return True, {"status": "alive"}
+        return liveness(parts.engine.alive, all(is_running(p) for p in parts.engine_processes))
+
+    def tier_detail(self, parts: RunningService) -> dict[str, Any]:
+        """The engine tier and the database, as /healthz's detail and the gauges show them."""
+        engine = parts.engine
+        alive = engine.alive and all(is_running(p) for p in parts.engine_processes)
+        return {
+            "engine_servers": engine_tier(engine.backend, alive, time.monotonic()).detail(),
+            "database": database_detail(self.history, parts.admission.shared),
+        }
 
     @property
     def uptime_seconds(self) -> float:
@@ -90,17 +109,22 @@ class ServiceStatus:
         }
 
     async def health(self) -> tuple[bool, dict[str, Any]]:
-        """(healthy, detail) for /healthz; detail["status"] is "ok", "overloaded" or "down".
+        """(healthy, detail) for /healthz; detail["status"]: "ok", "overloaded", "degraded" or "down".
 
         Down: not started or warming up, or the engine is dead or does not answer.
+        Degraded: some of the model servers (ENGINE_URLS, or a router's) do not answer.
         Overloaded: serving, but turns wait in our queue or were refused for capacity
-        lately. Load balancers keep an overloaded replica (taking it out would push
-        its load onto the others); /healthz answers 503 only when it is down.
+        lately. /healthz answers 503 only when it is down; balancers route on /readyz.
         """
         parts = self.running()
         healthy, detail = await self._engine_health(parts)
-        if not healthy or parts is None:
+        if parts is None:
             return False, {"status": "down", **detail}
+        detail.update(self.tier_detail(parts))
+        if not healthy:
+            return False, {"status": "down", **detail}
+        if detail["engine_servers"]["state"] == SOME:
+            return True, {"status": "degraded", **detail}
         return True, {"status": "overloaded" if parts.admission.overloaded else "ok", **detail}
 
     async def _engine_health(self, parts: RunningService | None) -> tuple[bool, dict[str, Any]]:

@@ -1,5 +1,6 @@
-"""Operators' HTTP routes: GET /status, /metrics, /healthz, /stats; all but /healthz need OPS_TOKEN,
-and /healthz tells only its state (ok, overloaded, down) to anyone without it. FastAPI's API
+"""Operators' HTTP routes: GET /status, /metrics, /healthz, /readyz, /livez, /stats. The probes
+(/healthz: the engine; /readyz: can this replica serve pages; /livez: would a restart help) are open
+and tell only their status to anyone without OPS_TOKEN; the rest need it. FastAPI's API
 documentation is off."""
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from services.web.chainlit_state import ChainlitStateCollector, chainlit_session
 def install_routes(app: FastAPI, runtime: Runtime) -> None:
     """Add the operators' routes in front of Chainlit's catch-all page route.
 
-    All but /healthz answer 401 without `Authorization: Bearer <OPS_TOKEN>` (without OPS_TOKEN,
-    403 to requests that are not local: services/observability/ops_access.py); /healthz gives its
-    detail to the same callers. /metrics serves vLLM's own metrics (the default registry), then the
-    app's `chat_*`.
+    All but the probes answer 401 without `Authorization: Bearer <OPS_TOKEN>` (without OPS_TOKEN,
+    403 to requests that are not local: services/observability/ops_access.py); the probes give their
+    detail to the same callers (services/observability/readiness.py says what each one asks).
+    /metrics serves vLLM's own metrics (the default registry), then the app's `chat_*`.
     """
     chainlit_registry = CollectorRegistry()
     chainlit_registry.register(ChainlitStateCollector())
@@ -46,11 +47,21 @@ def install_routes(app: FastAPI, runtime: Runtime) -> None:
         )
         return Response(text, media_type=CONTENT_TYPE_LATEST)
 
-    async def healthz_route(request: Request) -> JSONResponse:
-        # 200 "ok" or "overloaded" (keep it in rotation), 503 "down" (take it out): see ServiceStatus.health.
-        healthy, detail = await runtime.status.health()
+    def probe_answer(request: Request, passed: bool, detail: dict) -> JSONResponse:
         shown = {"status": detail["status"]} if refusal(request) else detail
-        return JSONResponse(shown, status_code=200 if healthy else 503)
+        return JSONResponse(shown, status_code=200 if passed else 503)
+
+    async def healthz_route(request: Request) -> JSONResponse:
+        # 200 "ok", "overloaded" or "degraded", 503 "down": the engine (ServiceStatus.health).
+        return probe_answer(request, *await runtime.status.health())
+
+    async def readyz_route(request: Request) -> JSONResponse:
+        # 200 "ready", 503 "not ready": what balancers route on; never asks the engine.
+        return probe_answer(request, *runtime.status.readiness())
+
+    async def livez_route(request: Request) -> JSONResponse:
+        # 200 "alive", 503 "dead": what restarts the replica; never asks remote servers.
+        return probe_answer(request, *runtime.status.liveness())
 
     async def stats_route() -> JSONResponse:
         summary = runtime.report.summary()
@@ -62,6 +73,8 @@ def install_routes(app: FastAPI, runtime: Runtime) -> None:
         ("/status", status_route, guarded),
         ("/metrics", metrics_route, guarded),
         ("/healthz", healthz_route, []),
+        ("/readyz", readyz_route, []),
+        ("/livez", livez_route, []),
         ("/stats", stats_route, guarded),
     ):
         app.add_api_route(path, endpoint, methods=["GET"], include_in_schema=False, dependencies=dependencies)

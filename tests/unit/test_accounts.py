@@ -264,6 +264,25 @@ async def test_first_admin_is_generated_once_and_printed(
 
 
 @pytest.mark.asyncio(loop_scope="module")
+async def test_replicas_starting_together_make_the_named_administrator_once(store: AccountStore) -> None:
+    """Both looked before either added it (deploy/topology.py and compose start replicas together):
+    the one that comes second finds it made, and says nothing."""
+    settings = Settings.from_env(
+        {"AUTH_MODE": "password", "ADMIN_USERNAME": "ops", "ADMIN_PASSWORD": "a long secret"}
+    )
+    await store.add("ops", "a long secret", "admin")  # the other replica, just now
+    looked = []
+
+    class LookedBefore(AccountStore):
+        async def get(self, identifier: str):  # type: ignore[no-untyped-def]
+            looked.append(identifier)
+            return None if len(looked) == 1 else await super().get(identifier)
+
+    await SignIn(settings, "password", LookedBefore(store.engine)).ensure_first_accounts()
+    assert (await store.get("ops")).role == "admin"  # type: ignore[union-attr]
+
+
+@pytest.mark.asyncio(loop_scope="module")
 async def test_the_local_user_has_an_account_for_its_keys(store: AccountStore) -> None:
     """Local mode keeps no conversations with CHAT_HISTORY=false, yet `/key new` needs an owner row."""
     local = SignIn(Settings.from_env({"CHAT_HISTORY": "false"}), "local", store)

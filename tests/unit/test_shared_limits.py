@@ -4,13 +4,17 @@ count gives the refusals this process's tables give for the same use."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
 import pytest
 
 from services.accounts.limits import SignInLimiter
 from services.admission.limits import UserLimits
 from services.admission.refusals import Refused
-from services.admission.shared_database import digest, lock_key
-from services.admission.shared_limits import spread, turn_refusal
+from services.admission.shared_database import SharedDatabase, digest, lock_key
+from services.admission.shared_limits import SharedLimits, spread, turn_refusal
 from services.config import Settings, SettingsError
 from tests.fakes import FakeClock
 
@@ -93,3 +97,40 @@ def test_a_sign_in_attempt_the_shared_count_let_go_is_kept_here_for_a_fallback()
     assert limiter.attempt("alice", "10.0.0.1") == 300, "the database down: this process's count decides"
     clock.now += 301
     assert limiter.attempt("alice", "10.0.0.1") == 0
+
+
+class Connection:
+    """A connection on which every statement succeeds and finds no rows."""
+
+    async def execute(self, *_: Any) -> list:
+        return []
+
+
+class Database:
+    """An AsyncEngine whose transactions succeed (finding no rows), or raise while `down`."""
+
+    def __init__(self) -> None:
+        self.down = False
+
+    @contextlib.asynccontextmanager
+    async def begin(self) -> AsyncIterator[Any]:
+        if self.down:
+            raise ConnectionRefusedError("connection refused")
+        yield Connection()
+
+
+@pytest.mark.asyncio
+async def test_shared_limits_say_failing_through_a_whole_outage_not_only_after_their_own_error() -> None:
+    """The history's breaker opens on the first failed statement (anyone's) and then every shared
+    transaction is skipped: /status must say the replicas count alone all that time."""
+    database, breaker_open = Database(), [False]
+    shared = SharedDatabase(database, 1.0, available=lambda: not breaker_open[0])  # type: ignore[arg-type]
+    limits = SharedLimits(settings(user_messages_per_minute=10), shared)
+    assert await limits.count_message("user:ann") and limits.status()["failing"] is False
+    database.down = breaker_open[0] = True  # the history noticed first: nothing is tried
+    assert await limits.count_message("user:ann") is False
+    assert limits.status() == {"leases_held": 0, "fallbacks": 1, "failing": True}
+    breaker_open[0] = False  # the breaker's probe got through, but the database fails again
+    assert await limits.count_message("user:ann") is False and limits.status()["failing"] is True
+    database.down = False
+    assert await limits.count_message("user:ann") and limits.status()["failing"] is False

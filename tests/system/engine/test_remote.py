@@ -215,3 +215,6 @@ async def test_a_server_lost_mid_answer_gives_a_clear_message_and_the_app_stays_
     assert status["ready"] and status["engine_unfinished_requests"] == 0 and status["turns_in_flight"] == 0
     code, detail = remote_app.healthz()
     assert code == 503 and "ServerUnreachableError" in detail["error"], detail
+    assert detail["engine_servers"]["state"] == "none" and detail["engine_servers"]["remote"], detail
+    assert remote_app.probe("/readyz")[0] == 200, "a balancer keeps the replica: it serves pages"
+    assert remote_app.probe("/livez")[0] == 200, "a restart would not bring the server back"

@@ -1,4 +1,5 @@
-"""Maintenance on a real server: idle sessions expire, and /healthz turns 503 when the engine dies.
+"""Maintenance on a real server: idle sessions expire, and /healthz and /livez turn 503 when the
+engine dies while /readyz stays 200.
 
 The tests share one dedicated server with a 5 s session TTL and 1 s maintenance rounds; its last
 test kills the engine, so it must stay last (the maths and the process-level parts:
@@ -83,5 +84,10 @@ async def test_healthz_turns_503_when_the_engine_core_is_killed(short_ttl_server
         await asyncio.sleep(0.2)
         code, detail = await asyncio.to_thread(server.healthz)
     assert code == 503
-    assert "error" in detail
+    assert "error" in detail and detail["engine_servers"]["state"] == "none"
     assert (await server.astatus())["engine_alive"] is False, "/status still answers, telling why"
+    assert (await asyncio.to_thread(server.probe, "/readyz"))[0] == 200, "pages are still served"
+    assert await asyncio.to_thread(server.probe, "/livez") == (
+        503,
+        {"status": "dead", "error": "the engine process is not running"},
+    ), "a restart brings a new engine"

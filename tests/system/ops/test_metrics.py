@@ -1,8 +1,10 @@
-"""/metrics, /healthz and /stats on the shared tiny-model server, read as operators read them."""
+"""/metrics, the probes (/healthz, /readyz, /livez) and /stats on the shared tiny-model server, read as
+operators and balancers read them."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import urllib.error
 import urllib.request
@@ -117,16 +119,41 @@ async def test_healthz_is_200_with_detail_while_the_engine_answers(tiny_server: 
     assert "last_output_seconds_ago" in detail or "ping_seconds" in detail
 
 
-async def test_ops_routes_need_the_token_and_healthz_does_not(tiny_server: AppServer) -> None:
+async def test_ops_routes_need_the_token_and_the_probes_do_not(tiny_server: AppServer) -> None:
     for path in ("/status", "/metrics", "/stats"):
         for header in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TINY_OPS_TOKEN}):
             request = urllib.request.Request(tiny_server.base_url + path, headers=header)
             with pytest.raises(urllib.error.HTTPError) as refused:
                 await asyncio.to_thread(urllib.request.urlopen, request, timeout=10)
             assert refused.value.code == 401, (path, header)
-    request = urllib.request.Request(tiny_server.base_url + "/healthz")  # load balancers have no token
-    with await asyncio.to_thread(urllib.request.urlopen, request, timeout=30) as response:
-        assert response.status == 200
+    for path, statuses in (
+        ("/healthz", ("ok", "overloaded")),
+        ("/readyz", ("ready",)),
+        ("/livez", ("alive",)),
+    ):
+        request = urllib.request.Request(tiny_server.base_url + path)  # load balancers have no token
+        with await asyncio.to_thread(urllib.request.urlopen, request, timeout=30) as response:
+            shown = json.loads(response.read())
+            assert response.status == 200 and list(shown) == ["status"] and shown["status"] in statuses, path
+
+
+async def test_readyz_tells_operators_what_it_checked_and_metrics_export_the_tiers(
+    tiny_server: AppServer,
+) -> None:
+    """/readyz (what balancers route on) never asks the engine; /healthz's detail and /metrics say
+    how many model servers answer and what the database is doing (engine dead, router down, a
+    database outage: tests/unit/test_readiness.py)."""
+    assert await asyncio.to_thread(tiny_server.probe, "/readyz") == (
+        200,
+        {"status": "ready", "started": True, "draining": False, "database": "reachable"},
+    )
+    detail = await asyncio.to_thread(tiny_server.get_json, "/healthz", 30)
+    assert detail["engine_servers"]["state"] == "all" and detail["engine_servers"]["remote"] is False
+    assert detail["database"] == {"kind": "sqlite", "state": "reachable", "shared": False}
+    _, samples = await asyncio.to_thread(scrape, tiny_server)
+    assert total(samples, "chat_ready") == 1 and total(samples, "chat_engine_servers_answering") == 1
+    assert total(samples, "chat_database_state", state="reachable") == 1
+    assert total(samples, "chat_database_shared") == 0, "SQLite: each process counts its own"
 
 
 async def test_stats_summarises_latency_memory_and_uptime(tiny_server: AppServer) -> None:

@@ -3,7 +3,8 @@
 replicas and resumes from the database; the router keeps each conversation on one server and
 admission reads those servers' load; a person's limits hold once for both replicas; a replica, a
 vLLM server or the router going away costs one answer (kept as far as it came, with a clear
-message), never the service; nothing is left behind."""
+message), never the service (the balancer keeps every replica and their sockets while the router is
+down); nothing is left behind."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ pytestmark = pytest.mark.topology
 
 NOT_AVAILABLE = "The model is not available right now"
 CONVERSATIONS = 12  # all of them on one server by chance: 2 in 2**12
+# deploy/haproxy.cfg's checks: three failures 2 s apart take a replica out (and cut its sockets)
+BALANCER_OUT_SECONDS = 10
 REPLICA_COOKIE = "CHAT_REPLICA"  # deploy/haproxy.cfg's sticky cookie; its values are app1, app2
 in_loop = pytest.mark.asyncio(loop_scope="module")
 
@@ -148,6 +151,12 @@ async def test_the_router_restarted_costs_the_turns_meanwhile_only(
         topology.router.stop()
         refused = await client.ask("Is the router there?", timeout=60)
         assert refused.final is not None and NOT_AVAILABLE in refused.final, refused.final
+        await asyncio.sleep(BALANCER_OUT_SECONDS)  # a replica failing its checks would be out by now
+        for path in ("/readyz", "/login"):  # the balancer still has both: pages and sign-in are served
+            with await asyncio.to_thread(urllib.request.urlopen, topology.url + path, timeout=10) as page:
+                assert page.status == 200, path
+        still = await client.ask("Still no router?", timeout=60)
+        assert still.final is not None and NOT_AVAILABLE in still.final, "the same socket, not cut"
         topology.router.start()
         again = await client.ask("And now?", timeout=60)
         assert again.final and NOT_AVAILABLE not in again.final, again.final

@@ -1,6 +1,6 @@
 """What the server gives away without credentials: its files are private to its user whatever modes
-they had before, anonymous /healthz says only up, down or overloaded, and a server other machines
-can reach does not start with its operators' routes open."""
+they had before, anonymous probes (/healthz, /readyz, /livez) say only their state, and a server
+other machines can reach does not start with its operators' routes open."""
 
 from __future__ import annotations
 
@@ -40,15 +40,20 @@ def test_data_dir_and_database_files_are_private(target: AppServer) -> None:
 
 
 @in_loop
-async def test_anonymous_healthz_says_only_the_state(target: AppServer) -> None:
+async def test_anonymous_probes_say_only_the_state(target: AppServer) -> None:
     async with httpx.AsyncClient(base_url=target.base_url, timeout=30) as http:
-        anonymous = await http.get("/healthz")
-        wrong = await http.get("/healthz", headers={"Authorization": "Bearer wrong"})
-        operator = await http.get("/healthz", headers={"Authorization": f"Bearer {OPS_TOKEN}"})
-    for response in (anonymous, wrong):
-        assert response.status_code == 200 and response.json() == {"status": "ok"}, response.text
-    detail = operator.json()
-    assert operator.status_code == 200 and detail["status"] == "ok" and detail["engine_processes"], detail
+        for path, state, shown in (
+            ("/healthz", "ok", "engine_processes"),
+            ("/readyz", "ready", "database"),
+            ("/livez", "alive", "status"),
+        ):
+            anonymous = await http.get(path)
+            wrong = await http.get(path, headers={"Authorization": "Bearer wrong"})
+            operator = await http.get(path, headers={"Authorization": f"Bearer {OPS_TOKEN}"})
+            for response in (anonymous, wrong):
+                assert response.status_code == 200 and response.json() == {"status": state}, response.text
+            detail = operator.json()
+            assert operator.status_code == 200 and detail["status"] == state and shown in detail, detail
 
 
 def test_a_public_address_without_ops_token_refuses_to_start(tmp_path: Path) -> None:

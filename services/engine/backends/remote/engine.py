@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -76,6 +77,10 @@ class RemoteLLM:
         self._client = httpx.AsyncClient(timeout=timeout, limits=limits)
         self._probe_timeout = connect_timeout
         self._responses: dict[str, httpx.Response] = {}  # open streams; each removes itself
+        # Model servers that answered the last check_health, of those known (behind a router: the
+        # servers it lists), and when (monotonic); None before the first check.
+        self.servers_answering: tuple[int, int] | None = None
+        self.servers_checked_at: float | None = None
 
     async def connect(self, limit: int = 1) -> None:
         """Learn each server's models (at most `limit` of each listing) and context windows; fail
@@ -229,33 +234,44 @@ class RemoteLLM:
         return sum(len(s.in_flight) for s in self.servers)
 
     async def check_health(self) -> None:
-        """GET /health on every server, in parallel; raise unless at least one answers."""
+        """GET /health on every server, in parallel (behind a router: its list of servers); note how
+        many answer in `servers_answering`; raise unless at least one does."""
 
         async def probe(server: Server) -> None:
             try:
-                if self.router:  # its /health fails while any one server is down: ask for one that is up
-                    server.healthy = await self._router_serves(server)
-                    return
                 response = await self._client.get(f"{server.url}/health", timeout=self._probe_timeout)
                 server.healthy = response.status_code == 200
-            except (httpx.HTTPError, ValueError):
+            except httpx.HTTPError:
                 server.healthy = False
 
-        await asyncio.gather(*(probe(s) for s in self.servers))
+        if self.router:  # its /health fails while any one server is down: ask it which are up
+            answering = await self._router_servers(self.servers[0])
+        else:
+            await asyncio.gather(*(probe(s) for s in self.servers))
+            answering = (sum(s.healthy for s in self.servers), len(self.servers))
+        self.servers_answering, self.servers_checked_at = answering, time.monotonic()
         if not any(s.healthy for s in self.servers):
             raise ServerUnreachableError("no vLLM server answered /health")
 
-    async def _router_serves(self, router: Server) -> bool:
-        """A router serves while at least one of its servers is healthy (vLLM's router lists them at
-        /workers); a router without that page, while it lists a model."""
-        response = await self._client.get(f"{router.url}/workers", timeout=self._probe_timeout)
-        if response.status_code == 200:
-            workers = response.json().get("workers")
-            return isinstance(workers, list) and any(
-                isinstance(w, dict) and w.get("is_healthy") is True for w in workers
-            )
-        models = await self._client.get(f"{router.url}/v1/models", timeout=self._probe_timeout)
-        return models.status_code == 200
+    async def _router_servers(self, router: Server) -> tuple[int, int]:
+        """(healthy, listed) servers behind a router, from vLLM's router's /workers; a router without
+        that page counts as one server, healthy while it lists a model. A router that does not answer
+        has none healthy (of as many as it listed last)."""
+        known = self.servers_answering[1] if self.servers_answering else 1
+        try:
+            response = await self._client.get(f"{router.url}/workers", timeout=self._probe_timeout)
+            if response.status_code == 200:
+                workers = response.json().get("workers")
+                workers = [w for w in workers if isinstance(w, dict)] if isinstance(workers, list) else []
+                healthy = sum(w.get("is_healthy") is True for w in workers)
+                router.healthy = healthy > 0
+                return healthy, len(workers)
+            models = await self._client.get(f"{router.url}/v1/models", timeout=self._probe_timeout)
+            router.healthy = models.status_code == 200
+            return int(router.healthy), 1
+        except (httpx.HTTPError, ValueError, AttributeError):
+            router.healthy = False
+            return 0, known
 
     async def aclose(self) -> None:
         """Stop polling, close open streams and the connection pool."""
