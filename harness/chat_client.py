@@ -35,6 +35,10 @@ COOKIE_NAME = "access_token"  # Chainlit's sign-in cookie
 _addresses = itertools.count(1)
 
 
+# What Chainlit 2.12's page emits on every socket connect, in order (favorites on or not).
+PAGE_CONNECT_EVENTS = ("connection_successful", "fetch_favorites")
+
+
 def new_address() -> str:
     """A client address of its own (10.x.y.z), for a client that should be a person of its own."""
     number = next(_addresses)
@@ -138,7 +142,8 @@ def connect_sync(
         headers=client_headers(address, cookie),
         wait_timeout=timeout,
     )
-    sio.emit("connection_successful")
+    for name in PAGE_CONNECT_EVENTS:
+        sio.emit(name)
 
 
 def user_message_payload(
@@ -324,7 +329,8 @@ class ChatClient:
         )
         if thread_id:
             self.thread_id = thread_id
-        await self.sio.emit("connection_successful")
+        for name in PAGE_CONNECT_EVENTS:
+            await self.sio.emit(name)
 
     async def conversation_id(self, timeout: float = 30) -> str:
         """The conversation's id, once the server said it (after its first write, which may come
