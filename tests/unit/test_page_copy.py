@@ -62,3 +62,8 @@ def test_the_product_has_its_own_logo_and_icon(name: str, size: tuple[int, int] 
     with Image.open(ROOT / "public" / f"{name}.png") as image:
         assert image.format == "PNG" and image.mode == "RGBA"
         assert image.size == size if size else image.width > 3 * image.height >= 100
+
+
+def test_the_composer_calls_the_menu_commands_not_tools() -> None:
+    english = json.loads((ROOT / ".chainlit" / "translations" / "en-US.json").read_text(encoding="utf-8"))
+    assert english["chat"]["commands"]["button"] == "Commands"
