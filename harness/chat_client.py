@@ -35,6 +35,10 @@ COOKIE_NAME = "access_token"  # Chainlit's sign-in cookie
 _addresses = itertools.count(1)
 
 
+# What Chainlit 2.12's page emits on every socket connect, in order (favorites on or not).
+PAGE_CONNECT_EVENTS = ("connection_successful", "fetch_favorites")
+
+
 def new_address() -> str:
     """A client address of its own (10.x.y.z), for a client that should be a person of its own."""
     number = next(_addresses)
@@ -138,23 +142,27 @@ def connect_sync(
         headers=client_headers(address, cookie),
         wait_timeout=timeout,
     )
-    sio.emit("connection_successful")
+    for name in PAGE_CONNECT_EVENTS:
+        sio.emit(name)
 
 
-def user_message_payload(text: str, file_ids: list[str] | None = None) -> dict[str, Any]:
-    """The `client_message` payload the page sends for a user message (Chainlit 2.12)."""
-    return {
-        "message": {
-            "id": str(uuid.uuid4()),
-            "type": "user_message",
-            "output": text,
-            "createdAt": datetime.now(UTC).isoformat(),
-            "name": "User",
-            "threadId": "",
-            "metadata": {},
-        },
-        "fileReferences": [{"id": file_id} for file_id in file_ids or []],
+def user_message_payload(
+    text: str, file_ids: list[str] | None = None, command: str | None = None
+) -> dict[str, Any]:
+    """The `client_message` payload the page sends for a user message (Chainlit 2.12); `command`: the
+    id of a command picked from the page's `/` menu, `text` then what was typed after it."""
+    message = {
+        "id": str(uuid.uuid4()),
+        "type": "user_message",
+        "output": text,
+        "createdAt": datetime.now(UTC).isoformat(),
+        "name": "User",
+        "threadId": "",
+        "metadata": {},
     }
+    if command is not None:
+        message["command"] = command
+    return {"message": message, "fileReferences": [{"id": file_id} for file_id in file_ids or []]}
 
 
 @dataclass
@@ -221,6 +229,7 @@ class ChatClient:
         self._status_ids: set[str] = set()  # ids of status messages of the current turn
         self.sent: list[dict[str, Any]] = []  # the user messages this client sent (newest last), as sent
         self.actions: dict[str, dict[str, Any]] = {}  # the action buttons the server shows now, by id
+        self.commands: list[dict[str, Any]] | None = None  # the page's `/` menu, once the server sent it
         for name in (
             "stream_start",
             "stream_token",
@@ -235,6 +244,7 @@ class ChatClient:
             "chat_settings",
             "action",
             "remove_action",
+            "set_commands",
         ):
             self.sio.on(name, self._handler(name))
 
@@ -249,6 +259,8 @@ class ChatClient:
     def _on_event(self, name: str, data: Any) -> None:
         if name == "chat_settings" and isinstance(data, list):
             self.settings_widgets = data
+        if name == "set_commands" and isinstance(data, list):
+            self.commands = data
         if name in ("action", "remove_action") and isinstance(data, dict):
             self.actions.pop(data.get("id"), None)
             if name == "action":
@@ -317,7 +329,8 @@ class ChatClient:
         )
         if thread_id:
             self.thread_id = thread_id
-        await self.sio.emit("connection_successful")
+        for name in PAGE_CONNECT_EVENTS:
+            await self.sio.emit(name)
 
     async def conversation_id(self, timeout: float = 30) -> str:
         """The conversation's id, once the server said it (after its first write, which may come
@@ -337,10 +350,11 @@ class ChatClient:
             raise AssertionError(f"resume refused: {self.resume_error}")
         return self.resumed
 
-    async def send(self, text: str, file_ids: list[str] | None = None) -> Reply:
-        """Send a user message; the returned Reply fills in as the answer streams."""
+    async def send(self, text: str, file_ids: list[str] | None = None, command: str | None = None) -> Reply:
+        """Send a user message (`command`: as picked from the `/` menu); the returned Reply fills in as
+        the answer streams."""
         reply = self._expect_reply()
-        payload = user_message_payload(text, file_ids)
+        payload = user_message_payload(text, file_ids, command)
         self.sent.append(payload["message"])
         await self.sio.emit("client_message", payload)
         return reply
@@ -385,10 +399,21 @@ class ChatClient:
         response.raise_for_status()
         return response.json()["id"]
 
-    async def ask(self, text: str, timeout: float = 120, file_ids: list[str] | None = None) -> Reply:
-        reply = await self.send(text, file_ids)
+    async def ask(
+        self, text: str, timeout: float = 120, file_ids: list[str] | None = None, command: str | None = None
+    ) -> Reply:
+        reply = await self.send(text, file_ids, command)
         await asyncio.wait_for(reply.done.wait(), timeout)
         return reply
+
+    async def offered_commands(self, timeout: float = 30) -> list[dict[str, Any]]:
+        """The commands of the page's `/` menu, once the server sent them (after the chat started)."""
+        deadline = time.monotonic() + timeout
+        while self.commands is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the server sent no command menu")
+            await asyncio.sleep(0.05)
+        return self.commands
 
     async def wait_first_token(self, reply: Reply, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout

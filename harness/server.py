@@ -83,13 +83,14 @@ class AppServer:
         self.engine_processes: list[psutil.Process] = []
 
     def _private_app_root(self) -> str:
-        """A folder of links to the app's config, so this server gets its own `.files`.
+        """A folder of links to the app's config, readme page and public files (logo, icon, styles), so
+        this server gets its own `.files`.
 
         Chainlit deletes `<app root>/.files` (every session's uploads) when it shuts
         down, so servers sharing a folder would delete each other's uploads.
         """
         root = Path(tempfile.mkdtemp(prefix="chainlit-root-"))
-        for name in (".chainlit", "chainlit.md"):
+        for name in (".chainlit", "chainlit.md", "public"):
             (root / name).symlink_to(ROOT / name)
         return str(root)
 

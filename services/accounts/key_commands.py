@@ -12,16 +12,11 @@ from services.accounts.store import AccountError
 from services.audit import actions
 from services.audit.log import AuditLog
 
-KEY_COMMAND = "/key"
 HELP = (
     "API keys for the OpenAI-compatible API at `/v1`:\n\n"
     "- `/key new`: a new key, shown once\n- `/key list`: your keys, by prefix\n"
     "- `/key revoke <prefix>`: stop a key at once"
 )
-
-
-def is_key_command(text: str) -> bool:
-    return text.strip().split(maxsplit=1)[:1] == [KEY_COMMAND]
 
 
 async def run_key_command(

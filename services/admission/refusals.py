@@ -56,9 +56,11 @@ def rounded_seconds(seconds: float) -> str:
 
 
 def busy(reason: str, ahead: int, wait_seconds: float) -> Refused:
-    """The refusal of a full service: how many are ahead and when a retry has a chance."""
-    message = (
-        f"The service is busy: about {ahead} request{'s' if ahead != 1 else ''} ahead of yours. "
-        f"Please try again in ~{rounded_seconds(wait_seconds)}."
-    )
+    """The refusal of a full service: what it is full of (the requests waiting ahead, else those
+    running) and when a retry has a chance."""
+    if ahead == 0:  # the line is empty (or all behind): what holds it up is what already runs
+        why = "every place is taken by requests already running"
+    else:
+        why = f"{ahead} request{' is' if ahead == 1 else 's are'} waiting ahead of yours"
+    message = f"The service is busy: {why}. Please try again in ~{rounded_seconds(wait_seconds)}."
     return Refused(reason, message, wait_seconds)

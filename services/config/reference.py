@@ -60,7 +60,8 @@ OTHER_VARIABLES = (
     (
         "`CHAINLIT_APP_ROOT`",
         "Chainlit",
-        "The folder Chainlit runs from, `.files` (uploads) inside it: one per replica.",
+        "The folder Chainlit runs from (the app's `.chainlit`, `chainlit.md` and `public/` in it), "
+        "`.files` (uploads) inside it: one per replica.",
     ),
     (
         "`FORWARDED_ALLOW_IPS`",

@@ -51,7 +51,7 @@ from sqlalchemy.orm import sessionmaker
 from services.audit import actions
 from services.audit.log import AuditLog
 from services.config import Settings
-from services.history import thread_list, thread_search
+from services.history import search_snippets, thread_list, thread_search
 from services.history.database import POOL_SIZE
 from services.history.health import HistoryHealth, _first_line
 from services.history.owned_writes import (
@@ -319,7 +319,21 @@ class ChatDataLayer(SQLAlchemyDataLayer):
         parameters = thread_search.search_parameters(dialect, words, pagination, filters, size)
         statement = thread_search.search_statement(dialect, words, pagination, filters)
         rows = await self.execute_sql(statement, parameters)
-        return thread_list.page_response(rows if isinstance(rows, list) else [], size)
+        rows = rows if isinstance(rows, list) else []
+        messages = await self._message_texts([row["best"] for row in rows[:size] if row.get("best")])
+        named = search_snippets.with_snippets(rows, messages, words, thread_search.MIN_PREFIX_CHARS)
+        return thread_list.page_response(named, size)
+
+    async def _message_texts(self, step_ids: list[Any]) -> dict[str, str]:
+        """The texts of these messages (a search page's best matches), by id; none while the
+        database cannot answer."""
+        if not step_ids:
+            return {}
+        names = {f"m{index}": str(step_id) for index, step_id in enumerate(step_ids)}
+        listed = ", ".join(f":{name}" for name in names)
+        rows = await self.execute_sql(f'SELECT "id", "output" FROM steps WHERE "id" IN ({listed})', names)
+        listed_rows = rows if isinstance(rows, list) else []
+        return {str(row["id"]): row["output"] for row in listed_rows if isinstance(row.get("output"), str)}
 
     async def step_exists(self, step_id: str) -> bool:
         """True when a message with this id is stored (False too when the database cannot say)."""

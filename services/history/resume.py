@@ -13,23 +13,15 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from services.chat.commands import is_command
 from services.engine import Message
 
 ANSWER_KEY = "answer"
 ANSWER_METADATA: dict[str, Any] = {ANSWER_KEY: True}  # on every reply that joins the model's history
-COMMANDS = ("/stats", "/quota")
 CUT_ANSWER_NOTICE = (
     "Your last message has no complete answer: it was cut off when the page closed or the server "
     "answering it stopped. Send it again to get one."
 )
-COMMAND_WORDS = (
-    "/key",
-    "/export",
-    "/import",
-    "/share",
-    "/preset",
-    "/template",
-)  # a message starting with one is a command
 
 
 def stored_dict(value: Any) -> dict[str, Any]:
@@ -40,13 +32,6 @@ def stored_dict(value: Any) -> dict[str, Any]:
         except ValueError:
             return {}
     return value if isinstance(value, dict) else {}
-
-
-def is_command(text: str) -> bool:
-    """/stats, /quota, /key ... (API keys), /export, /import, /share, /preset and /template ...: said to
-    the service, never to the model."""
-    words = text.strip().split(maxsplit=1)[:1]
-    return text.strip() in COMMANDS or (bool(words) and words[0] in COMMAND_WORDS)
 
 
 def summary_request(document_name: str | None) -> str:

@@ -14,7 +14,9 @@ Conversations are ranked by their best-matching message or name (SQLite: the sho
 every word; PostgreSQL: ts_rank, which also counts repeats) among the person's newest
 THREAD_SEARCH_MAX_MATCHES matching messages (so a word found in nearly every message costs no more
 than a rarer one), then by their newest message, and paged as the plain list is (thread_list.py):
-at most THREAD_LIST_PAGE_MAX, `cursor` the id of the previous page's last conversation.
+at most THREAD_LIST_PAGE_MAX, `cursor` the id of the previous page's last conversation. Each row also
+names its best-matching message (`best`, none when the name matched best), whose words around the
+match are shown with the result (search_snippets.py).
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ WORD = re.compile(r"[^\W_]+")
 SQLITE_HITS = (
     "matched AS MATERIALIZED (SELECT rowid AS entry, 1.0 / (1 + length(body)) AS score "
     "FROM conversation_search WHERE conversation_search MATCH :match ORDER BY rowid DESC LIMIT :matches), "
-    "hits AS (SELECT r.thread_id AS thread_id, MAX(m.score) AS score FROM matched m "
+    "hits AS (SELECT r.thread_id AS thread_id, MAX(m.score) AS score, "
+    "CASE WHEN r.kind = 's' THEN r.source_id END AS best FROM matched m "  # of the MAX's row (SQLite)
     "JOIN conversation_search_rows r ON r.entry = m.entry GROUP BY r.thread_id)"
 )
 PG_QUERY = f"to_tsquery('{PG_CONFIGURATION}', :tsquery)"
@@ -57,15 +60,17 @@ POSTGRES_HITS = (  # the newest matching messages, at most :matches, then ranked
     f"sample AS MATERIALIZED (SELECT COUNT(*) AS n FROM (SELECT s.search_vector FROM steps s "
     f'WHERE s.search_owner = :user_id ORDER BY s."createdAt" DESC LIMIT {SAMPLE_MESSAGES}) x '
     f"WHERE x.search_vector @@ {PG_QUERY}), "
-    f"matched AS (SELECT m.thread_id, ts_rank(m.vector, {PG_QUERY}) AS score FROM ("
-    '(SELECT s."threadId" AS thread_id, s.search_vector AS vector FROM steps s '
+    f"matched AS (SELECT m.thread_id, m.best, ts_rank(m.vector, {PG_QUERY}) AS score FROM ("
+    '(SELECT s."threadId" AS thread_id, s."id" AS best, s.search_vector AS vector FROM steps s '
     f"WHERE s.search_owner = :user_id AND CASE WHEN s.search_vector @@ {PG_QUERY} THEN TRUE ELSE FALSE END "
     f'AND (SELECT n FROM sample) >= {DENSE_OF_SAMPLE} ORDER BY s."createdAt" DESC LIMIT :matches) '
-    f'UNION ALL (SELECT s."threadId", s.search_vector FROM steps s WHERE s.search_vector @@ {PG_OWNED} '
+    'UNION ALL (SELECT s."threadId", s."id", s.search_vector FROM steps s '
+    f"WHERE s.search_vector @@ {PG_OWNED} "
     f'AND (SELECT n FROM sample) < {DENSE_OF_SAMPLE} ORDER BY s."createdAt" DESC LIMIT :matches) '
-    'UNION ALL (SELECT o."id", o.search_vector FROM threads o '
+    'UNION ALL (SELECT o."id", NULL, o.search_vector FROM threads o '
     f'WHERE o."userId" = :user_id AND o.search_vector @@ {PG_QUERY} LIMIT :matches)) m), '
-    "hits AS (SELECT thread_id, MAX(score) AS score FROM matched GROUP BY thread_id)"
+    "hits AS (SELECT DISTINCT ON (thread_id) thread_id, score, best FROM matched "
+    "ORDER BY thread_id, score DESC, best NULLS FIRST)"
 )
 AFTER_CURSOR = (
     "WHERE NOT EXISTS (SELECT 1 FROM listed c WHERE c.id = :cursor) "
@@ -133,10 +138,10 @@ def search_statement(dialect: str, words: list[str], pagination: Pagination, fil
         f'WITH {hits}, listed AS (SELECT t."id" AS id, t."createdAt" AS created_at, '
         'SUBSTR(t."name", 1, :name_chars) AS name, t."userId" AS user_id, '
         f't."userIdentifier" AS user_identifier, t."tags" AS tags, {SHARED} AS shared, '
-        f"hits.score AS score, {LAST_MESSAGE} AS active "
+        f"hits.score AS score, hits.best AS best, {LAST_MESSAGE} AS active "
         'FROM hits JOIN threads t ON t."id" = hits.thread_id '
         f"WHERE {' AND '.join(conditions)}) "
-        "SELECT id, created_at, name, user_id, user_identifier, tags, shared FROM listed "
+        "SELECT id, created_at, name, user_id, user_identifier, tags, shared, best FROM listed "
         f"{AFTER_CURSOR if pagination.cursor else ''} ORDER BY score DESC, active DESC, id DESC LIMIT :limit"
     )
 

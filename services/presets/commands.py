@@ -16,15 +16,10 @@ from typing import Any
 from services.presets.store import PresetStore
 from services.presets.validation import PresetError
 
-COMMAND_WORDS = ("/preset", "/template")
 USAGE = (
     "Presets: `/preset save` (the settings in effect become your default), `/preset show`, "
     "`/preset clear`; templates: `/template save NAME | TEXT`, `/template delete NAME`, `/template list`."
 )
-
-
-def is_preset_command(text: str) -> bool:
-    return text.strip().split(maxsplit=1)[:1] in ([word] for word in COMMAND_WORDS)
 
 
 def describe(values: Mapping[str, Any]) -> str:

@@ -26,8 +26,9 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.chat.commands import is_command
 from services.history.conversations import LAST_ACTIVE, delete_threads, timestamp
-from services.history.resume import ANSWER_KEY, ANSWER_METADATA, is_command, stored_dict
+from services.history.resume import ANSWER_KEY, ANSWER_METADATA, stored_dict
 from services.transfer.archive import Conversation, Message
 
 logger = logging.getLogger(__name__)

@@ -1,24 +1,25 @@
 """Chainlit's chat events, one method each for app.py's handlers: a tab whose sign-in ended is told so,
-the chat commands (`/key ...`, `/quota`, `/stats`, `/export`, `/import`, `/share`) are answered
-here, and everything else is a chat turn (services/chat/turns.py) on this tab's page."""
+the chat commands (services/chat/commands.py's table: `/help`, `/key ...`, `/quota`, `/export`, ...)
+are offered as the page's `/` menu and answered here, and everything else is a chat turn
+(services/chat/turns.py) on this tab's page."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
 from typing import Any
 
 import chainlit as cl
 from chainlit.config import config as chainlit_config
 
-from services.accounts.key_commands import is_key_command
 from services.accounts.sign_in import SignIn
 from services.admission.refusals import Refused
 from services.chat import rewinds
+from services.chat.commands import Command, command_of, help_text, is_command, menu, offered
 from services.chat.turns import ChatTurns
 from services.history.data_layer import is_uuid
-from services.history.resume import CUT_ANSWER_NOTICE, is_command, unanswered_message
-from services.presets.commands import is_preset_command
+from services.history.resume import CUT_ANSWER_NOTICE, unanswered_message
 from services.runtime import Runtime
 from services.web.chainlit_state import drop_chainlit_session, forget_chat_context, socket_state
 from services.web.chat_page import ChainlitPage
@@ -30,8 +31,10 @@ from services.web.presets_chat import (
     save_if_asked,
     starters,
 )
-from services.web.quota_chat import answer_quota_command, is_quota_command
-from services.web.transfer_chat import answer_transfer_command, is_transfer_command
+from services.web.quota_chat import answer_quota_command
+from services.web.transfer_chat import answer_transfer_command
+
+Files = list[tuple[str, str]]  # (path, name) of a message's attachments
 
 
 class ChatEvents:
@@ -50,10 +53,12 @@ class ChatEvents:
     async def chat_start(self) -> None:
         if not await self._sign_in_ended():  # a new chat starts with the person's default settings
             await self._turns().start(self.page, await default_settings(self.runtime.presets))
+            await cl.context.emitter.set_commands(menu(await self._commands()))
 
     async def chat_resume(self, thread: Mapping[str, Any]) -> None:
         if not await self._sign_in_ended():
             await self._turns().resume(self.page, thread)
+            await cl.context.emitter.set_commands(menu(await self._commands()))
             if unanswered_message(thread.get("steps") or []) is not None:  # e.g. its replica went down
                 await self.page.notice(CUT_ANSWER_NOTICE)
 
@@ -65,25 +70,33 @@ class ChatEvents:
         if await self._sign_in_ended():  # an open tab's sign-in ended since it connected
             return
         files = [(e.path, e.name) for e in message.elements if getattr(e, "path", None)]
-        if is_key_command(message.content):  # the person's own API keys
-            await answer_key_command(self.runtime, message.content)
-        elif is_quota_command(message.content):  # the person's tokens used and left
-            await answer_quota_command(self.runtime, self.page.person())
-        elif is_transfer_command(message.content):  # export, import, share links
-            await answer_transfer_command(self.runtime, message.content, files)
-        elif is_preset_command(message.content):  # the person's own presets and templates
-            await answer_preset_command(self.runtime.presets, message.content, self._in_effect())
-        elif is_command(message.content):  # operators' view; admins only
-            await self._show_stats()
+        command = command_of(message.content)  # a command picked from the menu arrives typed out
+        if command is not None:  # said to the service, never to the model
+            await self.answers(message.content, files)[command.word]()
         else:
             await self._turns().answer(self.page, message.content, files, message.id)
+
+    def answers(self, text: str, files: Files) -> dict[str, Callable[[], Awaitable[None]]]:
+        """Who answers each command of services/chat/commands.py's table, for this message."""
+        transfer = partial(answer_transfer_command, self.runtime, text, files)  # export, import, links
+        return {
+            "/help": self._help,
+            "/export": transfer,
+            "/import": transfer,
+            "/share": transfer,
+            "/preset": partial(self._preset, text),
+            "/template": partial(self._preset, text),
+            "/quota": self._quota,
+            "/key": partial(answer_key_command, self.runtime, text),
+            "/stats": self._show_stats,  # operators' view; admins only
+        }
 
     async def edit(self, message_id: str, text: str) -> None:
         """An edited message (its id and text checked by services/web/socket_guard.py): answered again
         in place of what followed it."""
         if await self._sign_in_ended():
             return
-        if is_key_command(text) or is_command(text):  # said to the service, not the model: sent anew
+        if is_command(text):  # said to the service, not the model: sent anew
             await self.page.error("A command cannot be edited in: send it as a new message.")
             return
         await rewinds.edit(self._turns(), self.page, message_id, text)
@@ -164,6 +177,25 @@ class ChatEvents:
         sessions = self._turns().sessions
         session = sessions.get(cl.context.session.id)
         return sessions.chat_settings(session) if session is not None else {}
+
+    async def _commands(self) -> list[Command]:
+        """The commands this person may use here (administrators get /stats)."""
+        admin = self.sign_in.required and await self.sign_in.role_of(cl.user_session.get("user")) == "admin"
+        return offered(admin=admin, sharing=self.runtime.settings.sharing)
+
+    async def _preset(self, text: str) -> None:
+        """The person's own presets and templates, with this tab's settings in effect."""
+        await answer_preset_command(self.runtime.presets, text, self._in_effect())
+
+    async def _quota(self) -> None:
+        """The person's tokens used and left."""
+        await answer_quota_command(self.runtime, self.page.person())
+
+    async def _help(self) -> None:
+        """/help, answered by the service: the commands and what each does (not stored)."""
+        reply = cl.Message(author="help", content=help_text(await self._commands()))
+        reply.persisted = True  # a view of the moment, not part of the conversation
+        await reply.send()
 
     async def _show_stats(self) -> None:
         if await self.sign_in.role_of(cl.user_session.get("user")) != "admin" or not self.sign_in.required:

@@ -7,9 +7,12 @@ Chainlit 2.12 builds the stored message from the client's `client_message` paylo
 `command`, `modes`, `language`. Chainlit 2.12's page sends a user message as
 `{"id": uuid4, "threadId": "", "type": "user_message", "name": <user>, "output": text,
 "createdAt": iso, "metadata": {"location": page URL}, "command": <a command the app offered>,
-"modes": <the app's modes>}` with `fileReferences: [{"id": file id}]`. This app offers no commands
-and no modes, so a message is rebuilt from its id, its text, the page's location and its file
-references; everything else is the server's.
+"modes": <the app's modes>}` with `fileReferences: [{"id": file id}]`. This app offers no modes, and
+its commands (services/chat/commands.py) are read as typed: a command picked from the page's `/`
+menu becomes the words it stands for (`command` "export", output "json" -> "/export json"), so it
+is stored, resumed, exported and answered as the typed one; a command the app does not offer is
+dropped. A message is rebuilt from its id, that text, the page's location and its file references;
+everything else is the server's.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 
 from chainlit.utils import utc_now
 
+from services.chat.commands import typed
 from services.history.data_layer import is_uuid
 
 MAX_LOCATION_CHARS = 2048  # the page's URL, kept in the message's metadata as the page sends it
@@ -47,9 +51,11 @@ class SocketRules:
 
 
 def _text(message: Mapping[str, Any], rules: SocketRules) -> str:
+    """The message's text, a command picked from the menu written out in front; refused when too long."""
     text = message.get("output")
     if not isinstance(text, str):
         raise MessageRefused(MALFORMED, "This message cannot be read (it has no text).")
+    text = typed(message.get("command"), text) or text
     if len(text) > rules.max_message_chars:
         raise MessageRefused(
             TOO_LONG,

@@ -7,12 +7,7 @@ import chainlit as cl
 
 from services.runtime import Runtime
 
-QUOTA_COMMAND = "/quota"
 NOT_KEPT = "No token budget applies here: usage is kept for signed-in people only."
-
-
-def is_quota_command(text: str) -> bool:
-    return text.strip().split(maxsplit=1)[:1] == [QUOTA_COMMAND]
 
 
 async def answer_quota_command(runtime: Runtime, person: str) -> None:

@@ -12,7 +12,9 @@ Chainlit 2.12's socket handlers trust the page (SECURITY.md, known upstream issu
 - python-socketio logs a traceback for every frame it cannot decode (not JSON, nested past
   Python's recursion limit, a packet type only servers send): such frames are dropped here;
 - `edit_message`, the favorites events and the audio events run whatever the feature switches of
-  .chainlit/config.toml say (the page only hides them);
+  .chainlit/config.toml say (the page only hides them): here they are dropped while switched off.
+  The page asks `fetch_favorites` on every connect, switched on or not, and Chainlit's handler then
+  answers nothing: so does this edge, without a warning (`ASKED_WHATEVER_THE_SWITCH`);
 - a lone surrogate in a text (JSON's `"\\ud800"`) failed the turn in the tokenizer, with a traceback,
   and every database write of it: such characters become U+FFFD here.
 """
@@ -134,6 +136,12 @@ EVENT_RULES: dict[str, tuple[Check, Callable[[], bool]]] = {
 }
 
 
+# Events Chainlit's page sends whether their feature is on or not: switched off, one is not a client's
+# mistake, and is dropped as Chainlit's own handler would ignore it, without a word in the log.
+ASKED_WHATEVER_THE_SWITCH = frozenset({"fetch_favorites"})
+SWITCHED_OFF = "switched off in .chainlit/config.toml"
+
+
 def depth_of(value: Any, limit: int) -> int:
     """How deeply `value` nests lists and objects (counted without recursion), up to `limit` + 1."""
     deepest = 0
@@ -157,8 +165,17 @@ def event_problem(name: Any, args: tuple[Any, ...]) -> str | None:
         return None  # no handler: python-socketio ignores it
     shape, enabled = rule
     if not enabled():
-        return "switched off in .chainlit/config.toml"
+        return SWITCHED_OFF
     return shape(args)
+
+
+def asked_while_off(name: Any, args: tuple[Any, ...]) -> bool:
+    """An event the page sends on its own while its feature is off (`ASKED_WHATEVER_THE_SWITCH`), of
+    the page's shape: Chainlit would answer nothing, and nothing is wrong."""
+    if name not in ASKED_WHATEVER_THE_SWITCH or event_problem(name, args) != SWITCHED_OFF:
+        return False
+    shape, _ = EVENT_RULES[name]
+    return shape(args) is None
 
 
 def valid_unicode(value: Any) -> Any:
@@ -221,7 +238,8 @@ def guard_socket_events() -> None:
     async def handle_event(eio_sid: str, namespace: str | None, ack_id: int | None, data: Any) -> None:
         name, args = (data[0], tuple(data[1:])) if isinstance(data, list) and data else (None, ())
         if problem := event_problem(name, args):
-            logger.warning("socket event %.40r dropped: %s", name, problem)
+            if not asked_while_off(name, args):
+                logger.warning("socket event %.40r dropped: %s", name, problem)
             return
         await dispatch(eio_sid, namespace, ack_id, valid_unicode(data))
 

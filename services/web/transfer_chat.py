@@ -22,12 +22,7 @@ from services.web.transfer_routes import SHARE_PAGE
 
 logger = logging.getLogger(__name__)
 
-TRANSFER_COMMANDS = ("/export", "/import", "/share")
 HELP = "Commands: `/export`, `/import` (attach the file), `/share`, `/share revoke`."
-
-
-def is_transfer_command(text: str) -> bool:
-    return text.strip().split(maxsplit=1)[:1] in ([c] for c in TRANSFER_COMMANDS)
 
 
 def base_url() -> str:

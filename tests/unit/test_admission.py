@@ -20,7 +20,7 @@ from services.admission.limits import UserLimits, user_key
 from services.admission.other_replicas import OtherReplicas
 from services.admission.pace import ADJUST_SECONDS, PROBE_SECONDS
 from services.admission.promises import MAX_KEPT, MIN_TURNS, PROMISE_WINDOW_SECONDS, WaitPromises
-from services.admission.refusals import Refused, rounded_seconds
+from services.admission.refusals import WAIT_TOO_LONG, Refused, busy, rounded_seconds
 from services.admission.service import Admission
 from services.admission.tickets import Ticket, engine_priority
 from services.admission.waiting_line import API, CHAT, DOCUMENT, WaitingLine
@@ -278,7 +278,7 @@ async def test_a_full_queue_refuses_at_once_with_place_and_retry_time() -> None:
             pass
     message = str(refused.value)
     assert refused.value.reason == "queue_full" and queue.line.refusals["queue_full"] == 1
-    assert "busy: about 2 requests ahead of yours" in message and "try again in ~" in message
+    assert "busy: 2 requests are waiting ahead of yours" in message and "try again in ~" in message
     assert refused.value.retry_after_seconds and refused.value.retry_after_seconds > 0
     await queue.finish("running")
     await queue.finish("w1")
@@ -313,6 +313,40 @@ async def test_a_chat_turn_facing_too_long_a_wait_is_refused_once_turns_were_mea
             pass
     assert refused.value.reason == "wait_too_long" and refused.value.retry_after_seconds > 30
     await queue.finish("long", "w1")
+
+
+@pytest.mark.parametrize(
+    ("ahead", "said"),
+    [
+        (0, "The service is busy: every place is taken by requests already running. "),
+        (1, "The service is busy: 1 request is waiting ahead of yours. "),
+        (7, "The service is busy: 7 requests are waiting ahead of yours. "),
+    ],
+)
+def test_a_busy_refusal_says_what_holds_the_service_up_in_plain_words(ahead: int, said: str) -> None:
+    message = str(busy(WAIT_TOO_LONG, ahead, 42))
+    assert message == said + "Please try again in ~45 s."
+
+
+@aio
+async def test_a_turn_refused_with_nobody_waiting_ahead_is_not_told_of_0_requests() -> None:
+    """Nothing waits, but the one running turn takes longer than the longest wait allowed."""
+    clock = FakeClock()
+    line = line_with(1, clock, admission_max_wait_seconds=30)
+    queue = Queue(line, clock)
+    for number in range(4):  # turns of 60 s each, measured
+        await queue.submit(f"t{number}", CHAT)
+        clock.now += 60
+        await queue.finish(f"t{number}")
+    await queue.submit("running", CHAT)
+    assert not line.waiting
+    with pytest.raises(Refused) as refused:
+        async with line.place(CHAT):
+            pass
+    assert refused.value.reason == "wait_too_long"
+    assert "every place is taken by requests already running" in str(refused.value)
+    assert "0 request" not in str(refused.value)
+    await queue.finish("running")
 
 
 @aio

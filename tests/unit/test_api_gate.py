@@ -17,7 +17,7 @@ import pytest_asyncio
 from prometheus_client import CollectorRegistry
 from starlette.routing import Route, Router
 
-from services.accounts.key_commands import is_key_command, run_key_command
+from services.accounts.key_commands import run_key_command
 from services.accounts.keys import KEY_MARK, ApiKeyStore, KeyHolder, key_hash
 from services.accounts.store import AccountError, AccountStore
 from services.admission.limits import user_key
@@ -30,11 +30,11 @@ from services.api.models import ModelsServer
 from services.api.remote import RemoteApiServer
 from services.api.server import OpenAiServer, model_name, vllm_args
 from services.api.usage import AnswerMeter
+from services.chat.commands import command_of, is_command
 from services.config import Settings
 from services.engine.load import EngineLoad
 from services.history.database import create_engine
 from services.history.migrations import migrate
-from services.history.resume import is_command
 from tests.conftest import TINY_MAX_MODEL_LEN
 
 in_loop = pytest.mark.asyncio(loop_scope="module")
@@ -101,7 +101,8 @@ async def test_keys_are_bounded_and_die_with_their_account(stores) -> None:
 @in_loop
 async def test_the_key_command_in_chat(stores) -> None:
     _, keys = stores
-    assert is_key_command(" /key new") and is_key_command("/key") and not is_key_command("/keys are fun")
+    assert all(command_of(text).word == "/key" for text in (" /key new", "/key"))
+    assert command_of("/keys are fun") is None
     assert is_command("/key list"), "a /key message is never replayed to the model on resume"
     made = await run_key_command(keys, "admin", "/key new", "http://127.0.0.1:8000")
     key = next(word.strip("`") for word in made.split() if word.strip("`").startswith(KEY_MARK))

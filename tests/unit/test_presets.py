@@ -8,8 +8,9 @@ import math
 
 import pytest
 
+from services.chat.commands import command_of
 from services.config import Settings
-from services.presets.commands import describe, is_preset_command, run_preset_command
+from services.presets.commands import describe, run_preset_command
 from services.presets.validation import (
     PRESETS_MAX_NAME_CHARS,
     PresetError,
@@ -66,9 +67,8 @@ def test_texts_and_names_are_bounded_and_clean() -> None:
 
 
 def test_preset_commands_are_told_apart_from_messages() -> None:
-    assert is_preset_command("/preset save") and is_preset_command("  /template list")
-    assert not is_preset_command("/presets") and not is_preset_command("what is a /preset?")
-    assert not is_preset_command("/key list")
+    assert command_of("/preset save").word == "/preset" and command_of("  /template list").word == "/template"
+    assert command_of("/presets") is None and command_of("what is a /preset?") is None
 
 
 def test_without_a_database_or_sign_in_nothing_is_kept() -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.history.resume import history_from_steps, is_command
+from services.chat.commands import is_command
+from services.history.resume import history_from_steps
 from services.web.transfer_routes import IMPORT_PATH, MULTIPART_OVERHEAD_BYTES, with_import_limit
 
 

@@ -79,6 +79,14 @@ archives = st.fixed_dictionaries(
 )
 
 
+CHATGPT_PARTS = [  # parts of a multimodal_text message besides strings, as ChatGPT writes them
+    {"content_type": "image_asset_pointer", "asset_pointer": "file-service://file-1"},
+    {"content_type": "audio_transcription", "text": "spoken"},
+    {"content_type": "audio_transcription", "text": None},
+    {"content_type": ["odd"]},
+]
+
+
 @st.composite
 def chatgpt_nodes(draw: st.DrawFn) -> tuple[dict[str, Any], str]:
     """A mapping of nodes, each the child of an earlier one (else of any, or of none), and the node
@@ -86,8 +94,10 @@ def chatgpt_nodes(draw: st.DrawFn) -> tuple[dict[str, Any], str]:
     keys = draw(st.lists(st.sampled_from("abcdefgh"), min_size=1, max_size=8, unique=True))
     mapping: dict[str, Any] = {}
     for index, key in enumerate(keys):
-        content = {"content_type": draw(maybe(st.sampled_from(["text", "text", "code"]))),
-                   "parts": draw(maybe(st.lists(maybe(texts), max_size=3)))}  # fmt: skip
+        kinds = st.sampled_from(["text", "text", "code", "multimodal_text"])
+        part = st.one_of(maybe(texts), st.sampled_from(CHATGPT_PARTS))
+        content = {"content_type": draw(maybe(kinds)), "parts": draw(maybe(st.lists(part, max_size=3))),
+                   "text": draw(maybe(texts))}  # fmt: skip
         message = {"author": {"role": draw(roles)}, "content": draw(maybe(st.just(content))),
                    "create_time": draw(maybe(times))}  # fmt: skip
         anywhere = st.sampled_from([*keys, "zz"])  # a cycle, or a node that is not there

@@ -93,12 +93,73 @@ def test_chatgpt_branch_longer_than_the_limit_is_refused_without_walking_it_all(
         read_conversations(chatgpt(mapping, "n49999"), LIMITS)
 
 
-def test_chatgpt_non_text_parts_and_tool_messages_are_skipped() -> None:
+def test_chatgpt_tool_messages_are_skipped() -> None:
     mapping = branched()
-    mapping["q2"]["message"]["content"] = {"content_type": "multimodal_text", "parts": [{"asset": "x"}]}
     mapping["a-new"]["message"]["author"]["role"] = "tool"
     [conversation] = read_conversations(chatgpt(mapping, "q2"), LIMITS)
-    assert [m.content for m in conversation.messages] == ["First question"]
+    assert [m.content for m in conversation.messages] == ["First question", "Second question"]
+
+
+IMAGE = {"content_type": "image_asset_pointer", "asset_pointer": "file-service://file-1", "width": 800}
+
+
+def test_chatgpt_words_beside_an_image_are_kept_with_a_note_of_what_was_left_out() -> None:
+    mapping = branched()
+    mapping["q2"]["message"]["content"] = {
+        "content_type": "multimodal_text",
+        "parts": [IMAGE, "What is in this picture?", IMAGE, {"content_type": "something_new"}],
+    }
+    [conversation] = read_conversations(chatgpt(mapping, "q2"), LIMITS)
+    assert conversation.messages[-1].content == (
+        "What is in this picture?\n\n[2 images and 1 attachment not imported]"
+    )
+
+
+def test_chatgpt_a_message_of_only_an_image_says_so() -> None:
+    mapping = branched()
+    mapping["q2"]["message"]["content"] = {"content_type": "multimodal_text", "parts": [IMAGE]}
+    [conversation] = read_conversations(chatgpt(mapping, "q2"), LIMITS)
+    assert conversation.messages[-1].content == "[1 image not imported]"
+
+
+def test_chatgpt_voice_messages_keep_their_transcript() -> None:
+    mapping = branched()
+    mapping["q2"]["message"]["content"] = {"content_type": "multimodal_text", "parts": [
+        {"content_type": "audio_transcription", "text": "Tell me a joke", "direction": "in"},
+        {"content_type": "audio_asset_pointer", "asset_pointer": "sediment://file-2"},
+    ]}  # fmt: skip
+    [conversation] = read_conversations(chatgpt(mapping, "q2"), LIMITS)
+    assert conversation.messages[-1].content == "Tell me a joke\n\n[1 voice recording not imported]"
+
+
+CODE = "print('`a```')\n"
+
+
+def test_chatgpt_code_the_assistant_ran_is_kept_as_a_block_and_tool_traffic_is_not() -> None:
+    """Code sent to python is what the person saw the assistant write; its output, a browsing call
+    and quote, an image prompt, custom instructions and hidden messages are not the conversation."""
+    said = [
+        ("user", {"content_type": "user_editable_context", "user_profile": "I am Ann"}, "all", True),
+        ("assistant", {"content_type": "code", "language": "python", "text": CODE}, "python", False),
+        ("tool", {"content_type": "execution_output", "text": "`a```"}, "all", False),
+        ("assistant", {"content_type": "code", "language": "unknown", "text": "search(1)"}, "web", False),
+        ("tool", {"content_type": "tether_quote", "title": "x", "text": "quoted"}, "all", False),
+        ("assistant", {"content_type": "text", "parts": ['{"prompt": "a cat"}']}, "dalle.text2im", False),
+        ("assistant", {"content_type": "thoughts", "thoughts": [{"content": "hmm"}]}, "all", False),
+        ("assistant", {"content_type": "text", "parts": ["It printed it."]}, "all", False),
+    ]
+    mapping = {"q": node("q", "user", "Run it", None, [])}
+    for index, (role, content, recipient, hidden) in enumerate(said):
+        parent = f"n{index - 1}" if index else "q"
+        mapping[f"n{index}"] = node(f"n{index}", role, None, parent, [])
+        message = mapping[f"n{index}"]["message"]
+        message.update(content=content, recipient=recipient)
+        if hidden:
+            message["metadata"] = {"is_visually_hidden_from_conversation": True}
+    [conversation] = read_conversations(chatgpt(mapping, f"n{len(said) - 1}"), LIMITS)
+    assert [m.content for m in conversation.messages] == [
+        "Run it", "````python\nprint('`a```')\n````", "It printed it.",
+    ]  # fmt: skip
 
 
 def test_ids_in_the_file_are_never_part_of_what_is_read() -> None:

@@ -143,7 +143,9 @@ async def test_a_full_queue_refuses_at_once_and_the_service_keeps_serving(small_
         refused = await fourth.ask("And me?", timeout=10)
         assert refused.refused == "queue_full" and refused.done_at - sent < 1.0, "told at once"
         assert re.search(
-            r"busy: about \d+ requests? ahead of yours\. Please try again in ~\d+ (s|min)", refused.final
+            r"busy: (1 request is|\d+ requests are) waiting ahead of yours\. "
+            r"Please try again in ~\d+ (s|min)",
+            refused.final,
         )
         sent = time.monotonic()
         early = await fourth.ask("Now?", timeout=10)  # resent at once: the same answer, no new work

@@ -1,5 +1,6 @@
 """The sidebar's search in a real Chromium, on the shared password server: Alice finds her conversation
-by a word of a later message (not its name), and Bob, searching the same word, sees none of hers."""
+by a word of a later message (not its name), shown with that message's words, and Bob, searching the
+same word, sees none of hers."""
 
 from __future__ import annotations
 
@@ -71,7 +72,9 @@ def test_a_person_finds_only_their_own_conversation_by_a_word_of_a_message(
         answered = search(page, word)
         assert [thread["id"] for thread in answered] == [found_id]
         expect(page.locator(RESULT)).to_have_count(1, timeout=10_000)
-        expect(page.locator(RESULT)).to_have_text("Plans for the trip to Guatemala")
+        expect(page.locator(RESULT)).to_have_text(
+            f"Plans for the trip to Guatemala — Remind me to photograph a {word} there"
+        )
         screenshot(page, "search-alice.png")
         page.locator(RESULT).click()
         page.wait_for_url(f"**/thread/{found_id}", timeout=10_000)
@@ -83,7 +86,9 @@ def test_a_person_finds_only_their_own_conversation_by_a_word_of_a_message(
         wait_for_session(page)
         answered = [thread["id"] for thread in search(page, word)]
         assert found_id not in answered and answered == [bobs], "Bob sees only his own (a prefix match)"
-        expect(page.locator(RESULT)).to_have_text(f"My own {word}x3 notes", timeout=10_000)
+        expect(page.locator(RESULT)).to_have_text(
+            f"My own {word}x3 notes", timeout=10_000
+        )  # the name says it
         screenshot(page, "search-bob.png")
         page.locator(RESULT).click()
         page.wait_for_url(f"**/thread/{bobs}", timeout=10_000)

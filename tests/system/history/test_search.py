@@ -62,6 +62,32 @@ async def test_search_finds_by_name_and_by_words_of_any_message_only_of_its_pers
 
 
 @in_loop
+async def test_a_result_found_by_a_message_is_named_with_its_words(history: History) -> None:
+    """The search dialog shows only a result's name: one found by a message carries its words."""
+    alice, _ = await people(history)
+    river = "Try the pastel de nata at the bakery near the river."
+    lisbon = await conversation(history, alice, "Holiday plans in Lisbon", ["Where should we eat?", river])
+    untitled = await conversation(history, alice, "", ["A note on the Bakery hours, for later."])
+    assert history.layer is not None
+
+    async def named(search: str) -> dict[str, str]:
+        assert history.layer is not None
+        page = await history.layer.list_threads(
+            Pagination(first=20), ThreadFilter(userId=alice, search=search)
+        )
+        return {thread["id"]: thread["name"] for thread in page.data}
+
+    assert await named("bakery") == {
+        lisbon: f"Holiday plans in Lisbon — {river}",
+        untitled: "A note on the Bakery hours, for later.",
+    }
+    assert await named("pastel bak") == {lisbon: f"Holiday plans in Lisbon — {river}"}, "as typed: a prefix"
+    assert await named("holiday") == {lisbon: "Holiday plans in Lisbon"}, "found by its name: the name"
+    listed = await history.layer.list_threads(Pagination(first=20), ThreadFilter(userId=alice))
+    assert {t["id"]: t["name"] for t in listed.data}[lisbon] == "Holiday plans in Lisbon", "the sidebar's own"
+
+
+@in_loop
 async def test_the_last_word_matches_as_a_prefix_while_typing(history: History) -> None:
     alice, bob = await people(history)
     lisbon = await conversation(history, alice, "Trip", ["The bakery near the river", "Pastries!"])
