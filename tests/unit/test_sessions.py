@@ -189,7 +189,7 @@ async def test_settings_are_clamped_and_junk_ignored() -> None:
     assert session.sampling.max_new_tokens == 100
 
 
-def test_sessions_whose_page_is_believed_there_are_those_no_disconnect_reached() -> None:
+async def test_sessions_whose_page_is_believed_there_are_those_no_disconnect_reached() -> None:
     """What the maintenance round checks against the page's socket: sessions awaiting their page are
     not in it, and one that came back is again."""
     store, _, _ = make_store()

@@ -250,7 +250,7 @@ def test_browser_signs_in_chats_reloads_and_continues(people_server: AppServer) 
         browser, page = browser_page(playwright, blocked)
         try:
             sign_in_on_page(page, people_server, (BOB[0], "a wrong password"))
-            page.get_by_text("Wrong username or password.").wait_for(timeout=15_000)
+            page.get_by_text("Wrong user name or password.").wait_for(timeout=15_000)
             page.screenshot(path=str(screenshots / "sign-in-refused.png"))
             sign_in_on_page(page, people_server, BOB)
             wait_for_session(page)
