@@ -69,14 +69,11 @@ class ChainlitStateCollector(Collector):
         yield family
 
 
-def socket_state(session_id: str) -> str:
-    """ "connected" when the page with this session id has its socket open now; "away" when its socket
-    closed but Chainlit keeps the session for a reconnect (session_timeout); "gone" when Chainlit
-    dropped it."""
+def socket_connected(session_id: str) -> bool:
+    """Whether the page with this session id has its socket open now (Chainlit keeps a session whose
+    socket closed for session_timeout, for a reconnect)."""
     session = WebsocketSession.get_by_id(session_id)
-    if session is None:
-        return "gone"
-    return "connected" if sio.manager.is_connected(session.socket_id, "/") else "away"
+    return session is not None and sio.manager.is_connected(session.socket_id, "/")
 
 
 def page_connected(session_id: str) -> bool:

@@ -11,7 +11,6 @@ from functools import partial
 from typing import Any
 
 import chainlit as cl
-from chainlit.config import config as chainlit_config
 
 from services.accounts.sign_in import SignIn
 from services.admission.refusals import Refused
@@ -21,7 +20,7 @@ from services.chat.turns import ChatTurns
 from services.history.data_layer import is_uuid
 from services.history.resume import CUT_ANSWER_NOTICE, unanswered_message
 from services.runtime import Runtime
-from services.web.chainlit_state import drop_chainlit_session, forget_chat_context, socket_state
+from services.web.chainlit_state import drop_chainlit_session, forget_chat_context, socket_connected
 from services.web.chat_page import ChainlitPage
 from services.web.key_chat import answer_key_command
 from services.web.presets_chat import (
@@ -155,22 +154,17 @@ class ChatEvents:
 
     async def drop_gone_pages(self) -> int:
         """A maintenance round's step: sessions whose page is not there, though no disconnect reached
-        them (the page left while its chat start or first message was on the way, so Chainlit's
-        disconnect ran before the session was made), end as if it had: they await their page for
-        session_timeout, within the bound, rather than live until the idle TTL. Returns how many."""
+        them (the page left while its chat start, message or setting was on the way, so Chainlit's
+        disconnect ran before the session was made or touched again), end now with Chainlit's copy,
+        rather than live until the idle TTL. Returns how many."""
         serving = self.runtime.running()
         if serving is None:
             return 0
-        keep_seconds = chainlit_config.project.session_timeout
-        ended = 0
-        for session_id in serving.turns.sessions.believed_connected():
-            state = socket_state(session_id)
-            if state == "connected":
-                continue
-            ended += 1
-            for dropped in serving.turns.end(session_id, state == "gone", keep_seconds):
-                await drop_chainlit_session(dropped)
-        return ended
+        gone = [s for s in serving.turns.sessions.believed_connected() if not socket_connected(s)]
+        for session_id in gone:
+            serving.turns.end(session_id, True, 0)
+            await drop_chainlit_session(session_id)
+        return len(gone)
 
     def _in_effect(self) -> dict[str, Any]:
         """This tab's chat settings in effect (what `/preset save` and the switch keep)."""

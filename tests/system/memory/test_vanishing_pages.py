@@ -90,7 +90,7 @@ async def test_pages_that_leave_as_they_arrive_leave_no_session_but_one_awaiting
 ) -> None:
     """A page gone before its chat start or its message reached the session store (Chainlit's
     disconnect ran first) must not leave a session living until the idle TTL: by the next maintenance
-    round it awaits its page like any that went away, and its turn is cancelled. (Before the round's
+    round it ends, with Chainlit's copy and its turn. (Before the round's
     check of the sockets, about 20 of 60 such pages left a session nobody awaited.)"""
     before = await tiny_server.astatus()
     await asyncio.gather(*(fresh_page(tiny_server, number) for number in range(FRESH_PAGES)))
