@@ -77,7 +77,8 @@ def socket_connected(session_id: str) -> bool:
 
 
 def page_connected(session_id: str) -> bool:
-    """Whether the page with this session id has its socket connected (Chainlit knows the session)."""
+    """Whether Chainlit knows the session: its page connected, or gone less than session_timeout ago
+    (socket_connected says which)."""
     return WebsocketSession.get_by_id(session_id) is not None
 
 

@@ -160,9 +160,10 @@ class ChatEvents:
         serving = self.runtime.running()
         if serving is None:
             return 0
-        gone = [s for s in serving.turns.sessions.believed_connected() if not socket_connected(s)]
+        sessions = serving.turns.sessions
+        gone = [s for s in sessions.believed_connected() if not socket_connected(s)]
         for session_id in gone:
-            serving.turns.end(session_id, True, 0)
+            sessions.close(session_id)
             await drop_chainlit_session(session_id)
         return len(gone)
 
